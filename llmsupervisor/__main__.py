@@ -1,0 +1,3 @@
+from llmsupervisor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,495 @@
+"""One engine's life: preflight, spawn, readiness, watch, crash handling, stop ladder.
+
+Each engine is one asyncio task (``EngineRunner.run``) in the daemon's single loop. It owns the
+engine's state (changed only through ``state.transition``) and its current process. Commands
+reach it as desired-state changes (``request_stop``, ``request_start``) and wake it at once.
+
+A start attempt ends in one of three ways, and the loop below maps each to a state edge:
+
+    ready     STARTING -> READY, then watch until the process dies or /health says dead
+    stopped   an operator or shutdown asked: STOPPING -> STOPPED
+    failed    unrequested exit (any code: vLLM exits 0 when EngineCore dies), startup deadline,
+              failed canary, foreign port holder: -> BACKOFF (delay grows) or FATAL (budget spent)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import random
+import re
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import httpx
+
+from llmsupervisor import process
+from llmsupervisor.clock import Clock
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.errors import PortHeld
+from llmsupervisor.probes import health
+from llmsupervisor.restarts import (
+    FailureHistory,
+    RestartPolicy,
+    backoff_delay_s,
+    is_crash_loop,
+    should_reset,
+)
+from llmsupervisor.state import EngineState, StateChange, transition
+
+log = logging.getLogger("llmsupervisor.engine")
+engine_output_log = logging.getLogger("llmsupervisor.engine.output")
+
+S = EngineState
+READINESS_POLL_S: Final = 1.0
+# vLLM log lines: optional "(EngineCore pid=12) " prefix, then the level word.
+_LEVEL_RE: Final = re.compile(r"^(?:\(\S+(?: pid=\d+)?\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+_LEVELS: Final = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+OUTPUT_LINE_LIMIT: Final = 64 * 1024
+
+
+class Outcome(enum.Enum):
+    READY = "ready"
+    STOP = "stop requested"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopLadder:
+    """SIGTERM the API server (vLLM drains only then), then SIGTERM the group, then SIGKILL it."""
+
+    main_term_timeout_s: float
+    group_term_timeout_s: float
+    kill_timeout_s: float
+
+    @classmethod
+    def for_spec(cls, spec: EngineSpec) -> StopLadder:
+        return cls(
+            main_term_timeout_s=spec.stop_timeout_s,
+            group_term_timeout_s=spec.group_term_timeout_s,
+            kill_timeout_s=spec.kill_timeout_s,
+        )
+
+    def quick(self) -> StopLadder:
+        """For a second SIGINT, or an engine that is already dead: no drain."""
+        return StopLadder(
+            main_term_timeout_s=min(self.main_term_timeout_s, 1.0),
+            group_term_timeout_s=min(self.group_term_timeout_s, 1.0),
+            kill_timeout_s=self.kill_timeout_s,
+        )
+
+
+def policy_for(spec: EngineSpec) -> RestartPolicy:
+    return RestartPolicy(
+        backoff_initial_s=spec.backoff_initial_s,
+        backoff_max_s=spec.backoff_max_s,
+        backoff_jitter_ratio=spec.backoff_jitter_ratio,
+        max_failures=spec.max_failures,
+        failure_window_s=spec.failure_window_s,
+        stable_after_s=spec.stable_after_s,
+    )
+
+
+def engine_log_level(line: str, previous: int) -> int:
+    match = _LEVEL_RE.match(line)
+    return _LEVELS[match.group(1)] if match else previous
+
+
+class EngineRunner:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        state_dir: Path,
+        http: httpx.AsyncClient,
+        clock: Clock,
+        tick_interval_s: float,
+        on_change: Callable[[StateChange], None] = lambda change: None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.spec = spec
+        self.state_dir = state_dir
+        self.http = http
+        self.clock = clock
+        self.tick_interval_s = tick_interval_s
+        self.on_change = on_change
+        self.rng = rng or random.Random()
+        self.policy = policy_for(spec)
+        self.state = S.STOPPED
+        self.state_since_s = clock.monotonic()
+        self.state_reason = "not started"
+        self.proc: process.EngineProcess | None = None
+        self.failures = FailureHistory()
+        self.ready_since_s: float | None = None
+        self.restarts_total = 0
+        self.last_exit: str | None = None
+        self.last_failure: str | None = None
+        self._want_running = spec.enabled
+        self._shutdown = False
+        self._quick = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._readers: list[asyncio.Task[None]] = []
+
+    # ---- commands (called from the supervisor; they only set desired state) ----
+
+    def request_stop(self, *, shutdown: bool = False) -> None:
+        self._want_running = False
+        self._shutdown = self._shutdown or shutdown
+        self._wake.set()
+
+    def request_start(self) -> None:
+        if not self._shutdown:
+            if self.state is S.FATAL:
+                self.failures = self.failures.reset()  # the operator vouches for a fresh try
+            self._want_running = True
+            self._wake.set()
+
+    def escalate(self) -> None:
+        """Make a stop in progress quick (second SIGINT)."""
+        self._quick.set()
+        self._wake.set()
+
+    @property
+    def pids(self) -> list[int]:
+        return process.group_members(self.proc.pgid) if self.proc and not self._group_gone() else []
+
+    # ---- state ----
+
+    def _set_state(self, to: EngineState, reason: str) -> None:
+        now = self.clock.monotonic()
+        change = transition(self.spec.name, self.state, to, reason=reason, now=now)
+        level = logging.WARNING if to in (S.BACKOFF, S.FATAL) else logging.INFO
+        log.log(level, "%s -> %s: %s", self.state, to, reason, extra={"engine": self.spec.name})
+        self.state, self.state_since_s, self.state_reason = to, now, reason
+        self.ready_since_s = now if to is S.READY else None
+        self.on_change(change)
+
+    # ---- the loop ----
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self._want_running:
+                    if self.state is S.BACKOFF:
+                        self._set_state(S.STOPPED, "stop requested during backoff")
+                    if self._shutdown:
+                        return
+                    await self._wait_wake()
+                    continue
+                outcome, reason = await self._start_once()
+                if outcome is Outcome.READY:
+                    outcome, reason = await self._serve()
+                if outcome is Outcome.STOP:
+                    await self._stop(reason, to=S.STOPPED)
+                    continue
+                await self._after_failure(reason)
+        finally:
+            # Whatever happened (a bug, cancellation), leave no process behind.
+            if self.proc is not None and not self._group_gone():
+                await asyncio.shield(self._terminate(StopLadder.for_spec(self.spec).quick()))
+
+    async def _wait_wake(self, timeout_s: float | None = None) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._wake.wait()
+
+    async def _start_once(self) -> tuple[Outcome, str]:
+        spec = self.spec
+        reason = "start" if self.state in (S.STOPPED, S.FATAL) else f"restart after {self.state_reason}"
+        self._set_state(S.STARTING, reason)
+        try:
+            await self._preflight_port()
+        except PortHeld as exc:
+            return Outcome.FAILED, str(exc)
+        cache_dir = self.state_dir / "engines" / spec.name / "vllm-cache"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        env = process.engine_environment(
+            base=os.environ,
+            engine=spec.name,
+            gpus=spec.gpus,
+            state_dir=self.state_dir,
+            cache_dir=cache_dir,
+            extra=spec.env,
+            daemon_pid=os.getpid(),
+        )
+        argv = spec.argv()
+        try:
+            self.proc = process.spawn(argv, env)
+        except OSError as exc:
+            return Outcome.FAILED, f"cannot execute {argv[0]!r}: {exc.strerror or exc}"
+        log.info("spawned pid %d: %s", self.proc.pid, " ".join(argv), extra={"engine": spec.name})
+        self._start_readers(self.proc)
+        return await self._await_ready(self.proc)
+
+    async def _preflight_port(self) -> None:
+        """Before binding: a leftover engine of ours on the port is killed; anyone else fails us."""
+        spec = self.spec
+        for pid in process.port_holders(spec.port):
+            ours, engine = process.is_ours(pid, self.state_dir) if pid is not None else (False, None)
+            if pid is None or not ours:
+                raise PortHeld(spec.port, pid, process.describe_pid(pid) if pid is not None else "")
+            leftovers = [
+                pid,
+                *process.marker_processes(self.state_dir, engine=engine, exclude_daemon_pid=os.getpid()),
+            ]
+            log.warning(
+                "port %d is held by pid %d, a leftover engine %r of an earlier run: killing its tree",
+                spec.port,
+                pid,
+                engine,
+                extra={"engine": spec.name},
+            )
+            alive = await process.kill_trees(leftovers, timeout_s=spec.kill_timeout_s)
+            if alive:
+                raise PortHeld(spec.port, alive[0], "leftover engine that survived SIGKILL")
+
+    async def _await_ready(self, proc: process.EngineProcess) -> tuple[Outcome, str]:
+        """/health 200, then /v1/models lists the model, then one canary completion; all before
+        the startup deadline, while the process lives and nobody asked us to stop."""
+        spec = self.spec
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.start_timeout_s
+        stage = "waiting for /health"
+        while True:
+            if not self._want_running:
+                return Outcome.STOP, "stop requested during start"
+            if proc.returned:
+                return Outcome.FAILED, f"process {self._exit_text(proc)} during start ({stage})"
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Outcome.FAILED, f"not ready within start_timeout_s={spec.start_timeout_s:g} ({stage})"
+            timeout_s = min(spec.health_timeout_s, remaining)
+            result = await health.check_health(self.http, spec.base_url, timeout_s=timeout_s)
+            if result.ok:
+                stage = "checking /v1/models"
+                models = await health.check_models(
+                    self.http, spec.base_url, spec.model_id, timeout_s=timeout_s
+                )
+                if not models.ok:
+                    return Outcome.FAILED, f"/v1/models: {models.detail}"
+                stage = "canary completion"
+                result = await health.canary(
+                    self.http,
+                    spec.base_url,
+                    spec.model_id,
+                    prompt=spec.canary_prompt,
+                    timeout_s=min(spec.canary_timeout_s, max(remaining, 0.1)),
+                )
+                if result.ok:
+                    return Outcome.READY, (
+                        f"/health 200, model listed, canary answered in {result.latency_s * 1000:.0f} ms"
+                    )
+                return Outcome.FAILED, f"canary failed: {result.detail}"
+            await self._wait_exit_or_wake(proc, READINESS_POLL_S)
+
+    async def _wait_exit_or_wake(self, proc: process.EngineProcess, timeout_s: float) -> None:
+        self._wake.clear()
+        exited = asyncio.ensure_future(proc.wait())
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({exited, woken}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (exited, woken):
+                task.cancel()
+
+    async def _serve(self) -> tuple[Outcome, str]:
+        assert self.proc is not None
+        proc = self.proc
+        self._set_state(S.READY, "ready")
+        while True:
+            await self._wait_exit_or_wake(proc, self.tick_interval_s)
+            if not self._want_running:
+                return Outcome.STOP, "stop requested"
+            if proc.returned:
+                return Outcome.FAILED, f"process {self._exit_text(proc)} unexpectedly"
+            now = self.clock.monotonic()
+            if self.failures.times_s and should_reset(self.ready_since_s, now, self.policy):
+                log.info(
+                    "ready for %.0f s: failure count reset",
+                    now - (self.ready_since_s or now),
+                    extra={"engine": self.spec.name},
+                )
+                self.failures = self.failures.reset()
+            result = await health.check_health(
+                self.http, self.spec.base_url, timeout_s=self.spec.health_timeout_s
+            )
+            if result.engine_dead:
+                # vLLM's own watchdog would exit ~5 s later; restart now (vllm-facts §6.3).
+                return Outcome.FAILED, "/health 503: engine core is dead"
+
+    async def _after_failure(self, reason: str) -> None:
+        self.last_failure = reason
+        now = self.clock.monotonic()
+        self.failures = self.failures.record(now, self.policy)
+        count = self.failures.count(now, self.policy)
+        give_up = is_crash_loop(self.failures, now, self.policy)
+        if self.proc is not None:
+            if not self._group_gone():
+                # The engine is failing; there is nothing to drain.
+                self._set_state(S.STOPPING, f"cleaning up after failure: {reason}")
+            await self._terminate(StopLadder.for_spec(self.spec).quick())
+        if give_up:
+            self._want_running = False
+            self._set_state(
+                S.FATAL,
+                f"{reason}; {count} failures within {self.policy.failure_window_s:g} s, "
+                f"giving up (llm-supervisor start {self.spec.name} retries)",
+            )
+            return
+        delay_s = backoff_delay_s(count, self.policy, self.rng.random())
+        self._set_state(
+            S.BACKOFF, f"{reason}; failure {count}/{self.policy.max_failures}, restarting in {delay_s:.1f} s"
+        )
+        deadline = self.clock.monotonic() + delay_s
+        while self._want_running and (left := deadline - self.clock.monotonic()) > 0:
+            await self._wait_wake(left)
+        if self._want_running:
+            self.restarts_total += 1
+
+    async def _stop(self, reason: str, *, to: EngineState) -> None:
+        self._set_state(S.STOPPING, reason)
+        ladder = StopLadder.for_spec(self.spec)
+        await self._terminate(ladder)
+        self._set_state(to, f"{reason}: stopped")
+
+    # ---- processes ----
+
+    def _exit_text(self, proc: process.EngineProcess) -> str:
+        assert proc.exit_status is not None
+        self.last_exit = proc.exit_status.describe()
+        return self.last_exit
+
+    def _group_gone(self) -> bool:
+        return self.proc is None or (self.proc.returned and not process.group_members(self.proc.pgid))
+
+    async def _terminate(self, ladder: StopLadder) -> None:
+        """Run the stop ladder on the current incarnation; return once no process of it is left."""
+        proc = self.proc
+        if proc is None:
+            return
+        name = self.spec.name
+        if self._quick.is_set():
+            ladder = ladder.quick()
+        steps: list[tuple[str, Callable[[], None], float]] = [
+            (
+                "SIGTERM to the API server",
+                lambda: proc.signal_main(signal.SIGTERM),
+                ladder.main_term_timeout_s,
+            ),
+            (
+                "SIGTERM to the process group",
+                lambda: proc.signal_group(signal.SIGTERM),
+                ladder.group_term_timeout_s,
+            ),
+            (
+                "SIGKILL to the process group",
+                lambda: proc.signal_group(signal.SIGKILL),
+                ladder.kill_timeout_s,
+            ),
+        ]
+        for i, (what, send, timeout_s) in enumerate(steps):
+            if i == 0 and proc.returned:
+                continue  # the leader is gone: its orphans get the group signals
+            log.info("%s (pid %d), waiting up to %g s", what, proc.pid, timeout_s, extra={"engine": name})
+            send()
+            if await self._wait_group_gone(proc, timeout_s, escalatable=i < 2):
+                break
+        else:
+            left = process.group_members(proc.pgid)
+            log.error("processes %s of the engine survived SIGKILL", left, extra={"engine": name})
+        # Processes that left the group (setsid) but carry this engine's marker.
+        strays = [p for p in process.marker_processes(self.state_dir, engine=name) if p != proc.pid]
+        if strays:
+            log.warning(
+                "killing %d stray process(es) of the engine outside its group: %s",
+                len(strays),
+                strays,
+                extra={"engine": name},
+            )
+            await process.kill_trees(strays, timeout_s=ladder.kill_timeout_s)
+        await self._stop_readers()
+        if proc.exit_status is not None:
+            log.info(
+                "engine processes gone (API server %s)", proc.exit_status.describe(), extra={"engine": name}
+            )
+        self.proc = None
+
+    async def _wait_group_gone(
+        self, proc: process.EngineProcess, timeout_s: float, *, escalatable: bool
+    ) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            members = process.group_members(proc.pgid)
+            process.reap_adopted(members, skip=proc.pid)
+            if proc.returned and not [p for p in members if p != proc.pid and psutil_alive(p)]:
+                return True
+            if loop.time() >= deadline or (escalatable and self._quick.is_set()):
+                return False
+            await asyncio.sleep(0.1)
+
+    # ---- output ----
+
+    def _start_readers(self, proc: process.EngineProcess) -> None:
+        self._readers = [
+            asyncio.create_task(self._forward(proc.stdout_fd, logging.INFO, proc.pid)),
+            asyncio.create_task(self._forward(proc.stderr_fd, logging.WARNING, proc.pid)),
+        ]
+
+    async def _stop_readers(self) -> None:
+        if not self._readers:
+            return
+        _done, pending = await asyncio.wait(self._readers, timeout=2.0)
+        for task in pending:
+            task.cancel()
+        self._readers = []
+
+    async def _forward(self, fd: int, default_level: int, pid: int) -> None:
+        """Forward one pipe line by line into the daemon's log, tagged with the engine's name."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT, loop=loop)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", buffering=0)
+        )
+        level = default_level
+        extra = {"engine": self.spec.name, "engine_pid": pid}
+        try:
+            while True:
+                try:
+                    raw = await reader.readline()
+                except ValueError:  # a line longer than the limit: forward what fits
+                    raw = await reader.read(OUTPUT_LINE_LIMIT)
+                if not raw:
+                    return
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line:
+                    continue
+                # Continuation lines (tracebacks) keep the level of the line that began them.
+                level = engine_log_level(
+                    line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
+                )
+                engine_output_log.log(level, "%s", line, extra=extra)
+        finally:
+            transport.close()
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,53 @@
+"""Exceptions of the daemon.
+
+::
+
+    SupervisorError
+     ├── ConfigError          a config file that does not validate; carries every ConfigProblem
+     ├── IllegalTransition    an engine state change the transition table does not allow (a bug)
+     └── PortHeld             an engine's port is held by a process that is not ours
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EX_CONFIG = 78  # os.EX_CONFIG; the unit lists it in RestartPreventExitStatus=
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.field}: {self.message}"
+
+
+class SupervisorError(Exception):
+    pass
+
+
+class ConfigError(SupervisorError):
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = sorted(problems, key=lambda p: p.line)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class IllegalTransition(SupervisorError):
+    def __init__(self, engine: str, from_state: object, to_state: object) -> None:
+        super().__init__(f"engine {engine}: illegal transition {from_state} -> {to_state}")
+        self.engine = engine
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+class PortHeld(SupervisorError):
+    def __init__(self, port: int, pid: int | None, cmdline: str) -> None:
+        who = f"pid {pid} ({cmdline})" if pid is not None else "a process this user cannot see"
+        super().__init__(f"port {port} is held by {who}, which is not an engine of this supervisor")
+        self.port = port
+        self.pid = pid
+        self.cmdline = cmdline

@@ -1,0 +1,346 @@
+"""Engine processes: spawn isolated, watch for exit, signal, kill whole trees, find leftovers.
+
+Every engine runs in its own session and process group (``setsid``), so its whole tree
+(API server, EngineCore, workers, resource tracker) can be signalled as one. The daemon is a
+child subreaper (``PR_SET_CHILD_SUBREAPER``): when vLLM's API server dies, its EngineCore and
+workers are reparented to the daemon instead of PID 1 (vllm-facts §6.4), so they can be killed
+and reaped here. Each engine carries marker variables in its environment (``MARKER_*``); a
+process with our state dir in its environment is ours, whoever its parent is now.
+
+We spawn with ``os.posix_spawnp`` rather than ``subprocess``/asyncio subprocesses: the daemon
+owns every ``waitpid`` for its children (pidfds), which it needs anyway to reap adopted orphans,
+and no ``preexec_fn`` runs in a process that has threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+MARKER_ENGINE: Final = "LLMSUPERVISOR_ENGINE"
+MARKER_STATE_DIR: Final = "LLMSUPERVISOR_STATE_DIR"
+MARKER_DAEMON_PID: Final = "LLMSUPERVISOR_DAEMON_PID"
+
+# The daemon's own systemd plumbing; an engine that inherited these could mark the unit READY,
+# feed its watchdog or steal its sockets (host-facts §2.6).
+STRIPPED_ENV: Final = (
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+)
+
+ENGINE_OOM_SCORE_ADJ: Final = 500  # the kernel should pick an engine, not the supervisor
+
+PR_SET_CHILD_SUBREAPER: Final = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants reparent to this process. Returns False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """A decoded wait status: exactly one of ``code`` and ``signal`` is set."""
+
+    code: int | None
+    signal: int | None
+
+    @classmethod
+    def from_wait_status(cls, status: int) -> ExitStatus:
+        if os.WIFSIGNALED(status):
+            return cls(code=None, signal=os.WTERMSIG(status))
+        return cls(code=os.WEXITSTATUS(status), signal=None)
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"killed by {name}"
+        return f"exited with code {self.code}"
+
+
+def engine_environment(
+    *,
+    base: Mapping[str, str],
+    engine: str,
+    gpus: Iterable[int],
+    state_dir: Path,
+    cache_dir: Path,
+    extra: Mapping[str, str],
+    daemon_pid: int,
+) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
+    env.update(
+        {
+            # NVML numbers GPUs in PCI bus order; CUDA would otherwise use FASTEST_FIRST.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            # The python -m entry points skip the CLI's spawn default; fork after CUDA init breaks.
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+            # Persistent compile cache: a warm cache cut engine init from 66 s to 22 s (vllm-facts §1.2).
+            "VLLM_CACHE_ROOT": str(cache_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    # Markers last, so an operator's env cannot hide an engine from the sweeps.
+    env[MARKER_ENGINE] = engine
+    env[MARKER_STATE_DIR] = str(state_dir)
+    env[MARKER_DAEMON_PID] = str(daemon_pid)
+    return env
+
+
+class EngineProcess:
+    """One incarnation of an engine: its API-server PID (the group leader) and output pipes."""
+
+    def __init__(self, pid: int, stdout_fd: int, stderr_fd: int) -> None:
+        self.pid = pid
+        self.pgid = pid  # setsid: the leader's pid is the group id
+        self.stdout_fd = stdout_fd
+        self.stderr_fd = stderr_fd
+        self.exit_status: ExitStatus | None = None
+        self._exited = asyncio.get_running_loop().create_future()
+        self._pidfd: int | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+
+    @property
+    def returned(self) -> bool:
+        return self.exit_status is not None
+
+    async def wait(self) -> ExitStatus:
+        return await asyncio.shield(self._exited)
+
+    def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (OSError, AttributeError):
+            self._poll_task = loop.create_task(self._poll())
+            return
+        loop.add_reader(self._pidfd, self._on_pidfd)
+
+    def _on_pidfd(self) -> None:
+        self._try_reap()
+
+    async def _poll(self) -> None:
+        # Only where pidfd_open is missing (Linux < 5.3): poll, there is no event to wait on.
+        while not self._try_reap():  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+
+    def _try_reap(self) -> bool:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Reaped elsewhere (should not happen); report as unknown exit.
+            pid, status = self.pid, 255 << 8
+        if pid == 0:
+            return False
+        self._finish(ExitStatus.from_wait_status(status))
+        return True
+
+    def _finish(self, status: ExitStatus) -> None:
+        self.exit_status = status
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self._exited.done():
+            self._exited.set_result(status)
+
+    def signal_main(self, sig: int) -> None:
+        """Signal the API server only: vLLM drains on SIGTERM to its main PID, while a group
+        SIGTERM makes the workers exit and fails in-flight requests (vllm#32420)."""
+        if self.returned:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def signal_group(self, sig: int) -> None:
+        signal_group(self.pgid, sig)
+
+
+def spawn(argv: list[str], env: Mapping[str, str], *, cwd_fallback: Path | None = None) -> EngineProcess:
+    """Start ``argv`` in a new session with stdout/stderr on pipes; raises OSError if exec fails."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        file_actions = [
+            (os.POSIX_SPAWN_DUP2, devnull, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ]
+        pid = os.posix_spawnp(argv[0], argv, dict(env), file_actions=file_actions, setsid=True)
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, devnull):
+            os.close(fd)
+    proc = EngineProcess(pid, out_r, err_r)
+    proc._watch()
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(ENGINE_OOM_SCORE_ADJ))
+    except OSError as exc:
+        log.debug("cannot raise oom_score_adj of pid %d: %s", pid, exc)
+    return proc
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every live PID (zombies included) whose process group is ``pgid``."""
+    members = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid:
+                members.append(pid)
+        except ProcessLookupError:
+            continue
+    return members
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def reap_adopted(pids: Iterable[int], *, skip: int | None = None) -> None:
+    """Reap zombies among ``pids`` that were reparented to us (we are their subreaper).
+
+    Only the given PIDs: a blanket ``waitpid(-1)`` would steal the exit status of children that
+    other code waits for. ``skip`` is the engine leader, whose pidfd watcher reaps it.
+    """
+    me = os.getpid()
+    for pid in pids:
+        if pid == skip:
+            continue
+        try:
+            if psutil.Process(pid).ppid() != me:
+                continue
+            os.waitpid(pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            continue
+
+
+def marker_processes(
+    state_dir: Path, *, engine: str | None = None, exclude_daemon_pid: int | None = None
+) -> list[int]:
+    """PIDs whose environment says they belong to an engine of the supervisor using ``state_dir``.
+
+    ``exclude_daemon_pid`` skips processes spawned by that daemon (the live one, at startup).
+    Processes whose environment we may not read are not ours to kill.
+    """
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get(MARKER_STATE_DIR) != str(state_dir):
+            continue
+        if engine is not None and env.get(MARKER_ENGINE) != engine:
+            continue
+        if exclude_daemon_pid is not None and env.get(MARKER_DAEMON_PID) == str(exclude_daemon_pid):
+            continue
+        found.append(proc.pid)
+    return found
+
+
+def is_ours(pid: int, state_dir: Path) -> tuple[bool, str | None]:
+    """(is this PID an engine process of ours, its engine name)."""
+    try:
+        env = psutil.Process(pid).environ()
+    except (psutil.Error, OSError):
+        return False, None
+    if env.get(MARKER_STATE_DIR) == str(state_dir):
+        return True, env.get(MARKER_ENGINE)
+    return False, None
+
+
+def describe_pid(pid: int) -> str:
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return "?"
+    text = " ".join(cmd)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+async def kill_trees(pids: Iterable[int], *, timeout_s: float) -> list[int]:
+    """SIGKILL every PID's process group and the PID itself; wait until they are gone.
+
+    Returns the PIDs still alive (non-zombie) at the deadline, which the caller reports.
+    """
+    pids = list(pids)
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    for pgid in groups:
+        if pgid not in (os.getpgid(0), 0, 1):
+            signal_group(pgid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return await wait_gone(pids, timeout_s=timeout_s)
+
+
+async def wait_gone(pids: Iterable[int], *, timeout_s: float, poll_s: float = 0.1) -> list[int]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = list(pids)
+    while True:
+        reap_adopted(pending)
+        pending = [p for p in pending if psutil.pid_exists(p) and not _is_zombie(p)]
+        if not pending or loop.time() >= deadline:
+            return pending
+        await asyncio.sleep(poll_s)
+
+
+def port_holders(port: int) -> list[int | None]:
+    """PIDs listening on TCP ``port`` (None where the kernel hides the owner from us)."""
+    holders: list[int | None] = []
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError) as exc:
+        if getattr(exc, "errno", None) not in (None, errno.EACCES, errno.EPERM):
+            raise
+        return holders
+    for conn in conns:
+        listening = conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+        if listening and conn.pid not in holders:
+            holders.append(conn.pid)
+    return holders

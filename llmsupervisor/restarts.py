@@ -1,0 +1,59 @@
+"""Restart policy for crashes: exponential backoff with jitter, a failure budget, a stability reset.
+
+Pure functions over plain numbers; the caller passes ``now`` (monotonic seconds) and a random
+draw in [0, 1), so tests need neither a clock nor a seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartPolicy:
+    backoff_initial_s: float = 10.0
+    backoff_max_s: float = 300.0
+    backoff_jitter_ratio: float = 0.2
+    max_failures: int = 5
+    failure_window_s: float = 900.0
+    stable_after_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class FailureHistory:
+    """Monotonic times of recent failures, oldest first."""
+
+    times_s: tuple[float, ...] = field(default=())
+
+    def record(self, now: float, policy: RestartPolicy) -> FailureHistory:
+        recent = tuple(t for t in self.times_s if now - t < policy.failure_window_s)
+        return replace(self, times_s=(*recent, now))
+
+    def count(self, now: float, policy: RestartPolicy) -> int:
+        return sum(1 for t in self.times_s if now - t < policy.failure_window_s)
+
+    def reset(self) -> FailureHistory:
+        return FailureHistory()
+
+
+def backoff_delay_s(failures: int, policy: RestartPolicy, random_draw: float) -> float:
+    """Delay before restart number ``failures`` (1 = first failure).
+
+    initial * 2^(failures-1), capped at max, then spread by +-jitter_ratio so that engines that
+    failed together (a shared cause: driver, disk, network) do not all restart in the same second.
+    """
+    if failures <= 0:
+        return 0.0
+    base = min(policy.backoff_initial_s * (2.0 ** min(failures - 1, 30)), policy.backoff_max_s)
+    spread = policy.backoff_jitter_ratio * (2.0 * random_draw - 1.0)
+    return max(0.0, base * (1.0 + spread))
+
+
+def is_crash_loop(history: FailureHistory, now: float, policy: RestartPolicy) -> bool:
+    """True once the budget is spent: the engine goes to FATAL instead of BACKOFF."""
+    return history.count(now, policy) >= policy.max_failures
+
+
+def should_reset(ready_since_s: float | None, now: float, policy: RestartPolicy) -> bool:
+    """An engine READY for ``stable_after_s`` has earned a clean slate."""
+    return ready_since_s is not None and now - ready_since_s >= policy.stable_after_s

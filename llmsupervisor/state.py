@@ -1,0 +1,82 @@
+"""Engine states and the one table of legal transitions.
+
+::
+
+                 start                 checks pass
+    STOPPED ───────────► STARTING ─────────────────► READY ◄──────┐
+       ▲  ▲                │  │                      │  │        │ drain cancelled
+       │  │   stop         │  │ failed start         │  │ drain  │
+       │  └── STOPPING ◄───┘  │ (exit, timeout,      │  ▼        │
+       │        ▲  ▲  │       │  canary, port held)  │ DRAINING ─┘
+       │        │  │  │       ▼                      │  │
+       │        │  │  └──► BACKOFF ◄── crash ────────┘  │
+       │        │  └────────  │  ▲                      │
+       │        └─────────────┼──┼──────────────────────┘ stop
+       │                      │  │ failure budget spent
+       └──── stop ─────── FATAL ◄┘ (operator `start` leaves it)
+
+STOPPING ends in STOPPED (asked for), BACKOFF (a restart after a failure) or FATAL.
+Every change goes through ``transition()``, which logs it with its reason; the exporter
+publishes the state as one series per state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from llmsupervisor.errors import IllegalTransition
+
+
+class EngineState(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    FATAL = "fatal"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+S = EngineState
+EDGES: Final[Mapping[EngineState, frozenset[EngineState]]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    # STARTING -> FATAL: a failed start that spends the failure budget.
+    S.STARTING: frozenset({S.READY, S.BACKOFF, S.STOPPING, S.FATAL}),
+    S.READY: frozenset({S.DRAINING, S.STOPPING, S.BACKOFF, S.FATAL}),
+    # DRAINING -> BACKOFF: the engine died while draining.
+    S.DRAINING: frozenset({S.READY, S.STOPPING, S.BACKOFF, S.FATAL}),
+    S.STOPPING: frozenset({S.STOPPED, S.BACKOFF, S.FATAL}),
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FATAL}),
+    S.FATAL: frozenset({S.STARTING, S.STOPPED}),
+}
+
+# States in which the engine has (or may have) live processes.
+RUNNING_STATES: Final = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    engine: str
+    from_state: EngineState
+    to_state: EngineState
+    reason: str
+    at_s: float  # monotonic
+
+
+def check_transition(engine: str, from_state: EngineState, to_state: EngineState) -> None:
+    if to_state not in EDGES[from_state]:
+        raise IllegalTransition(engine, from_state, to_state)
+
+
+def transition(
+    engine: str, from_state: EngineState, to_state: EngineState, *, reason: str, now: float
+) -> StateChange:
+    """Validate one edge and describe it; the caller applies and logs it."""
+    check_transition(engine, from_state, to_state)
+    return StateChange(engine, from_state, to_state, reason, now)

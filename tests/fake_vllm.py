@@ -1,0 +1,345 @@
+"""A fake vLLM OpenAI-compatible API server, run as a real process by the system tests.
+
+Standard library only: it must run under any python3, including interpreters without the daemon's packages.
+
+It accepts the command line the supervisor renders for real vLLM (``--model M --host H --port P
+[--served-model-name N ...]`` plus arbitrary other flags, which it ignores) and a few ``--fake-*``
+options that reproduce behaviours documented in docs/vllm-facts.md:
+
+``--fake-startup-delay-s F``    listen only after F seconds (real vLLM refuses connections while loading)
+``--fake-refuse-canary``        ready, but the first POST /v1/completions is HTTP 500 and the process exits 0
+``--fake-crash-after-s F``      exit with ``--fake-exit-code`` (default 0) F seconds after becoming ready
+``--fake-ignore-sigterm``       ignore SIGTERM, so only SIGKILL stops it
+``--fake-child``                spawn a ``fake-enginecore`` child in the same process group that
+                                survives a SIGKILL of this process (the EngineCore orphan problem);
+                                SIGTERM kills it
+``--fake-completion-delay-s F`` each completion takes F seconds
+
+Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behind), ``POST /fake/hang``
+(completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
+exit 0 four seconds later, like vLLM's launcher watchdog).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, NoReturn
+from urllib.parse import parse_qs, urlsplit
+
+VERSION = "0.32.0"
+CHILD_MARKER = "fake-enginecore"
+# The child resets SIGTERM (SIG_IGN would be inherited from --fake-ignore-sigterm) and has no parent-death
+# detection, like vLLM's EngineCore.
+CHILD_CODE = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(3600)"
+)
+
+
+def log(level: str, msg: str) -> None:
+    """Print one line in vLLM's log format, e.g. ``INFO 11-22 12:00:00 [fake_vllm.py:42] msg``."""
+    line = sys._getframe(1).f_lineno
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    stream = sys.stdout if level == "INFO" else sys.stderr
+    print(f"{level} {stamp} [fake_vllm.py:{line}] {msg}", file=stream, flush=True)
+
+
+class FakeEngine:
+    """Shared state of the fake server: flags, counters and the fake EngineCore child."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.model_name: str = args.served_model_name[0] if args.served_model_name else args.model
+        self.served_names: list[str] = args.served_model_name or [args.model]
+        self.lock = threading.Lock()
+        self.running = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.iterations = 0
+        self.successes = 0
+        self.dead = False  # EngineCore died: /health 503, completions 500
+        self.hung = threading.Event()  # completions never answer
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def spawn_child(self) -> None:
+        self.child = subprocess.Popen(
+            [sys.executable, "-c", CHILD_CODE, CHILD_MARKER], stdin=subprocess.DEVNULL
+        )
+        log("INFO", f"Started fake EngineCore pid={self.child.pid}")
+
+    def stop_child(self, sig: int = signal.SIGTERM) -> None:
+        if self.child is None or self.child.poll() is not None:
+            return
+        self.child.send_signal(sig)
+        try:
+            self.child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+
+    def exit(self, code: int, *, clean_child: bool = True) -> NoReturn:
+        """Leave at once from any thread; server threads are daemons and need no join."""
+        if clean_child:
+            self.stop_child()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def exit_later(self, delay_s: float, code: int, why: str) -> None:
+        def fire() -> None:
+            log("ERROR" if code else "INFO", f"{why}; exiting with code {code}")
+            self.exit(code)
+
+        timer = threading.Timer(delay_s, fire)
+        timer.daemon = True
+        timer.start()
+
+    def kill_engine(self, reason: str) -> None:
+        with self.lock:
+            self.dead = True
+        self.stop_child(signal.SIGKILL)
+        log("ERROR", f"AsyncLLM output_handler failed. EngineDeadError: {reason}")
+
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.model_name}"'
+        with self.lock:
+            running, prompt, gen, its, ok = (
+                self.running,
+                self.prompt_tokens,
+                self.generation_tokens,
+                self.iterations,
+                self.successes,
+            )
+        kv = min(1.0, running * 0.01)
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} {float(running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{labels}}} {float(prompt)}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{labels}}} {float(gen)}",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(ok)}',
+            "# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.",
+            "# TYPE vllm:iteration_tokens_total histogram",
+            f'vllm:iteration_tokens_total_bucket{{{labels},le="1.0"}} {float(its)}',
+            f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {float(its)}',
+            f"vllm:iteration_tokens_total_count{{{labels}}} {float(its)}",
+            f"vllm:iteration_tokens_total_sum{{{labels}}} {float(prompt + gen)}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "uvicorn"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # access lines are printed by send_body, in uvicorn's format
+
+        def send_body(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            host, port = self.client_address[:2]
+            phrase = HTTPStatus(status).phrase
+            print(
+                f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" {status} {phrase}',
+                flush=True,
+            )
+
+        def send_json(self, status: int, obj: Any) -> None:
+            self.send_body(status, json.dumps(obj).encode())
+
+        def send_error_json(self, status: int, message: str, kind: str) -> None:
+            self.send_json(
+                status, {"error": {"message": message, "type": kind, "param": None, "code": status}}
+            )
+
+        def read_json(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                return json.loads(raw or b"{}")
+            except ValueError:
+                return None
+
+        def do_GET(self) -> None:
+            path = urlsplit(self.path).path
+            if path in ("/health", "/ping"):
+                self.send_body(503 if engine.dead else 200, b"")
+            elif path == "/v1/models":
+                created = int(time.time())
+                data = [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "vllm",
+                        "root": engine.args.model,
+                    }
+                    for name in engine.served_names
+                ]
+                self.send_json(200, {"object": "list", "data": data})
+            elif path == "/metrics":
+                self.send_body(200, engine.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/version":
+                self.send_json(200, {"version": VERSION})
+            else:
+                self.send_json(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            url = urlsplit(self.path)
+            if url.path == "/v1/completions":
+                self.completion()
+            elif url.path == "/fake/crash":
+                code = int(parse_qs(url.query).get("code", ["1"])[0])
+                log("ERROR", f"fake crash requested, exit code {code}")
+                engine.exit(code, clean_child=False)
+            elif url.path == "/fake/hang":
+                engine.hung.set()
+                log("WARNING", "fake hang: completions will never answer")
+                self.send_json(200, {"status": "hung"})
+            elif url.path == "/fake/die-engine":
+                engine.kill_engine("EngineCore died unexpectedly (fake).")
+                self.send_json(200, {"status": "engine dead"})
+                engine.exit_later(4.0, 0, "Engine core died; shutting down the API server")
+            else:
+                self.send_json(404, {"detail": "Not Found"})
+
+        def completion(self) -> None:
+            req = self.read_json()
+            if not isinstance(req, dict):
+                self.send_error_json(400, "Invalid JSON body", "BadRequestError")
+                return
+            model = req.get("model", engine.served_names[0])
+            if model not in engine.served_names:
+                self.send_error_json(404, f"The model `{model}` does not exist.", "NotFoundError")
+                return
+            if engine.args.fake_refuse_canary and not engine.dead:
+                engine.kill_engine("Unsupported CPU attention configuration (fake).")
+                engine.exit_later(0.3, 0, "Engine core died; shutting down the API server")
+            if engine.dead:
+                msg = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+                self.send_error_json(500, msg, "InternalServerError")
+                return
+            max_tokens = int(req.get("max_tokens") or 16)
+            prompt_tokens = max(1, len(str(req.get("prompt", "")).split()))
+            with engine.lock:
+                engine.running += 1
+            if engine.hung.is_set():
+                threading.Event().wait()  # never answers; the thread is a daemon
+            time.sleep(engine.args.fake_completion_delay_s)
+            with engine.lock:
+                engine.running -= 1
+                engine.prompt_tokens += prompt_tokens
+                engine.generation_tokens += max_tokens
+                engine.iterations += max_tokens
+                engine.successes += 1
+            self.send_json(
+                200,
+                {
+                    "id": f"cmpl-{uuid.uuid4().hex}",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [{"index": 0, "text": "x", "logprobs": None, "finish_reason": "length"}],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": max_tokens,
+                        "total_tokens": prompt_tokens + max_tokens,
+                    },
+                },
+            )
+
+    return Handler
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="fake vLLM API server", allow_abbrev=False)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument("--fake-startup-delay-s", type=float, default=0.3)
+    parser.add_argument("--fake-refuse-canary", action="store_true")
+    parser.add_argument("--fake-crash-after-s", type=float, default=None)
+    parser.add_argument("--fake-exit-code", type=int, default=0)
+    parser.add_argument("--fake-ignore-sigterm", action="store_true")
+    parser.add_argument("--fake-child", action="store_true")
+    parser.add_argument("--fake-hold-port", action="store_true", help="accepted and ignored")
+    parser.add_argument("--fake-completion-delay-s", type=float, default=0.0)
+    args, _ignored = parser.parse_known_args(argv)  # every real vLLM flag is accepted and ignored
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    engine = FakeEngine(args)
+    log("WARNING", "This is a fake vLLM server for tests; no model is loaded.")
+    log("INFO", f"vLLM API server version {VERSION}")
+    log("INFO", f"non-default args: {{'model': {args.model!r}, 'host': {args.host!r}, 'port': {args.port}}}")
+
+    def on_term(signum: int, _frame: object) -> None:
+        log("INFO", f"[shutdown] API server: shutdown triggered by signal {signum}")
+        engine.exit(0)
+
+    if args.fake_ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    if args.fake_child:
+        engine.spawn_child()
+    time.sleep(args.fake_startup_delay_s)  # "loading": connections are refused meanwhile
+    log("INFO", "init engine (profile, create kv cache, warmup model) took 0.00 seconds")
+    try:
+        server = Server((args.host, args.port), make_handler(engine))
+    except OSError as exc:
+        log(
+            "ERROR",
+            f"[Errno {exc.errno}] error while attempting to bind on address ({args.host}, {args.port})",
+        )
+        engine.exit(1)
+    log("INFO", f"Starting vLLM server on http://{args.host}:{args.port}")
+    log("INFO", "Application startup complete.")
+    if args.fake_crash_after_s is not None:
+        engine.exit_later(
+            args.fake_crash_after_s, args.fake_exit_code, "fake crash after --fake-crash-after-s"
+        )
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
