@@ -197,13 +197,18 @@ def _from_node(node: yaml.Node, path: Path_, lines: _Lines, out: _Collector) -> 
                 out.add(path + (key,), "duplicate key", line=key_node.start_mark.line + 1)
                 continue
             result[key] = _from_node(value_node, path + (key,), lines, out)
-            lines.by_path.setdefault(path + (key,), key_node.start_mark.line + 1)
+            # A field's problems point at its key, not at the first line of a block value.
+            lines.by_path[path + (key,)] = key_node.start_mark.line + 1
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_from_node(item, path + (i,), lines, out) for i, item in enumerate(node.value)]
     loader = yaml.SafeLoader("")
     try:
         return loader.construct_object(node)
+    except Exception:  # yaml.YAMLError, ValueError, KeyError, AttributeError, by tag
+        # An explicit tag (`!foo x`, `!!int abc`) that cannot be constructed: a problem, not a crash.
+        out.add(path, f"cannot read {node.value!r} as {node.tag}", line=node.start_mark.line + 1)
+        return node.value
     finally:
         loader.dispose()
 
@@ -470,13 +475,13 @@ def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> Su
         settings = SupervisorSettings(**sup)
 
     defaults_fields = {k: v for k, v in ENGINE_FIELDS.items() if k not in PER_ENGINE_ONLY}
-    defaults = _check_section(
-        raw.get("defaults"), ("defaults",), defaults_fields, out, what="engine defaults"
-    )
-    for key in PER_ENGINE_ONLY & set(
-        raw.get("defaults") or {} if isinstance(raw.get("defaults"), dict) else ()
-    ):
-        out.add(("defaults", key), "must be set per engine, not in defaults")
+    defaults_raw = raw.get("defaults")
+    if isinstance(defaults_raw, dict):
+        # Reported once, here; _check_section would add "unknown key" for the same line.
+        for key in PER_ENGINE_ONLY & set(defaults_raw):
+            out.add(("defaults", key), "must be set per engine, not in defaults")
+        defaults_raw = {k: v for k, v in defaults_raw.items() if k not in PER_ENGINE_ONLY}
+    defaults = _check_section(defaults_raw, ("defaults",), defaults_fields, out, what="engine defaults")
 
     engines_raw = raw.get("engines")
     if engines_raw is None:

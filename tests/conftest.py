@@ -1,0 +1,186 @@
+"""Shared harness: run the real daemon as a subprocess against a config, and watch it.
+
+The daemon writes ``STATE_DIR/status.json`` on every state change; tests poll it with
+deadlines (never fixed sleeps) and read the daemon's log file for the reasons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from llmsupervisor import process
+
+FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Daemon:
+    """The real daemon (``python -m llmsupervisor``) in its own session, logging to a file."""
+
+    def __init__(self, tmp_path: Path, config: dict[str, Any], *, name: str = "daemon") -> None:
+        self.dir = tmp_path
+        self.state_dir = tmp_path / "state"
+        config.setdefault("supervisor", {}).setdefault("state_dir", str(self.state_dir))
+        config["supervisor"].setdefault("tick_interval_s", 0.3)
+        self.config_path = tmp_path / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = tmp_path / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llmsupervisor", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def status(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.state_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        if data.get("pid") != self.pid:
+            return {}  # a status file of an earlier daemon on this state dir
+        return data
+
+    def engine(self, name: str) -> dict[str, Any]:
+        engine: dict[str, Any] = self.status().get("engines", {}).get(name, {})
+        return engine
+
+    def wait_state(self, name: str, state: str, *, timeout_s: float = 30.0, **match: Any) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            engine = self.engine(name)
+            if engine.get("state") == state and all(engine.get(k) == v for k, v in match.items()):
+                return engine
+            return None
+
+        try:
+            result: dict[str, Any] = wait_for(check, timeout_s=timeout_s, what=f"{name} {state} {match}")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\nstatus: {self.engine(name)}\nlog tail:\n{self.log()[-4000:]}"
+            ) from None
+        return result
+
+    def wait_log(self, text: str, *, timeout_s: float = 30.0) -> None:
+        wait_for(lambda: text in self.log(), timeout_s=timeout_s, what=f"log line {text!r}")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, sig)
+
+    def wait_exit(self, *, timeout_s: float = 60.0) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"daemon did not exit within {timeout_s} s:\n{self.log()[-4000:]}") from None
+
+    def stop(self) -> int:
+        self.signal(signal.SIGTERM)
+        return self.wait_exit()
+
+    def engine_processes(self) -> list[int]:
+        """Live processes (not zombies) carrying this daemon's state-dir marker."""
+        return [p for p in process.marker_processes(self.state_dir.resolve()) if alive(p)]
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in process.marker_processes(self.state_dir.resolve()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    made: list[Daemon] = []
+
+    def make(config: dict[str, Any], *, name: str = "daemon") -> Daemon:
+        d = Daemon(tmp_path, config, name=name)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.cleanup()
+
+
+def fake_engine(name: str, port: int, **fields: Any) -> dict[str, Any]:
+    """A fake-vLLM engine entry; ``fake_*`` keyword args become ``--fake-*`` flags."""
+    args = {k.replace("_", "-"): v for k, v in fields.pop("args", {}).items()}
+    for key in [k for k in fields if k.startswith("fake_")]:
+        args[key.replace("_", "-")] = fields.pop(key)
+    entry: dict[str, Any] = {
+        "name": name,
+        "model": "tiny",
+        "port": port,
+        "command": [sys.executable, str(FAKE_VLLM)],
+        "args": args,
+        "backoff_initial_s": 0.2,
+        "backoff_max_s": 1.0,
+        "stop_timeout_s": 5,
+        "group_term_timeout_s": 2,
+        "start_timeout_s": 20,
+        "canary_timeout_s": 5,
+    }
+    entry.update(fields)
+    return entry
