@@ -532,6 +532,9 @@ def _engine(
         python = str(Path(venv) / "bin" / "python") if venv else "python3"
         merged["command"] = (python, "-m", VLLM_API_SERVER_MODULE)
     merged.setdefault("gpus", ())
+    if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
+        # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
+        merged["model"] = os.path.abspath(file.parent / Path(merged["model"]).expanduser())
     if len(out.problems) > before:
         return None
     spec = EngineSpec(**merged)

