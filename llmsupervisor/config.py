@@ -357,12 +357,26 @@ def _command(value: Any, path: Path_, out: _Collector) -> Any:
     return tuple(value)
 
 
-def _string_map(value: Any, path: Path_, out: _Collector) -> Any:
+# Set by the supervisor from engine fields; an env override would defeat the GPU-claim checks
+# or hide the engine from the sweeps.
+RESERVED_ENV: Final = {
+    "CUDA_VISIBLE_DEVICES": "use the engine's 'gpus' field",
+    "CUDA_DEVICE_ORDER": "always PCI_BUS_ID, so NVML and CUDA indices agree",
+}
+
+
+def _env(value: Any, path: Path_, out: _Collector) -> Any:
     if not isinstance(value, dict):
         out.add(path, f"must be a mapping of NAME: value, got {_type_name(value)}")
         return _MISSING
     result: dict[str, str] = {}
     for key, item in value.items():
+        if key in RESERVED_ENV:
+            out.add(path + (key,), f"set by the supervisor: {RESERVED_ENV[key]}")
+            continue
+        if key.startswith("LLMSUPERVISOR_"):
+            out.add(path + (key,), "LLMSUPERVISOR_* variables are the supervisor's process markers")
+            continue
         if isinstance(item, bool) or not isinstance(item, str | int | float):
             out.add(path + (key,), f"must be a string or number, got {_type_name(item)}")
             continue
@@ -405,7 +419,7 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "venv": _string(),
     "command": _command,
     "args": _args,
-    "env": _string_map,
+    "env": _env,
     "enabled": _boolean,
     "start_timeout_s": _number(lo=0, lo_open=True),
     "stop_timeout_s": _number(lo=0),
@@ -531,6 +545,10 @@ def _engine(
     if "command" not in merged or ("venv" in checked and "command" not in checked):
         python = str(Path(venv) / "bin" / "python") if venv else "python3"
         merged["command"] = (python, "-m", VLLM_API_SERVER_MODULE)
+    program = merged["command"][0]
+    if "/" in program and not os.path.isabs(os.path.expanduser(program)):
+        # Like model paths: relative to the config file, not to the daemon's working directory.
+        merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
     merged.setdefault("gpus", ())
     if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
         # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
