@@ -35,7 +35,8 @@ from llmsupervisor import process
 from llmsupervisor.clock import Clock, MonotonicClock
 from llmsupervisor.config import SupervisorConfig
 from llmsupervisor.engine import EngineRunner
-from llmsupervisor.state import StateChange
+from llmsupervisor.notify import Notifier
+from llmsupervisor.state import EngineState, StateChange
 
 log = logging.getLogger("llmsupervisor")
 
@@ -48,9 +49,13 @@ class Command(enum.Enum):
 
 
 class Supervisor:
-    def __init__(self, config: SupervisorConfig, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: SupervisorConfig, *, clock: Clock | None = None, notifier: Notifier | None = None
+    ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
+        self.notifier = notifier or Notifier()
+        self._ready_sent = False
         self.state_dir = config.supervisor.state_dir.resolve()
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.runners: dict[str, EngineRunner] = {}
@@ -191,13 +196,20 @@ class Supervisor:
         return exit_code
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         tick_s = self.config.supervisor.tick_interval_s
+        if self.notifier.watchdog_interval_s is not None and tick_s > self.notifier.watchdog_interval_s:
+            log.warning(
+                "tick_interval_s=%g is longer than half of WatchdogSec: systemd will kill the daemon", tick_s
+            )
+        next_tick_s = loop.time()
         while True:
             try:
-                async with asyncio.timeout(tick_s):
+                async with asyncio.timeout(max(0.0, next_tick_s - loop.time())):
                     command = await self.commands.get()
             except TimeoutError:
                 self._tick()
+                next_tick_s = loop.time() + tick_s
                 continue
             if command in (Command.SHUTDOWN, Command.SHUTDOWN_NOW):
                 if command is Command.SHUTDOWN_NOW:
@@ -218,6 +230,41 @@ class Supervisor:
             )
             self.tasks[name] = asyncio.create_task(self._restart_runner(name), name=f"engine:{name}")
         self._write_status()
+        self._notify_progress()
+        # Only after a complete tick: a wedged loop stops the pings and systemd restarts us.
+        self.notifier.watchdog()
+
+    def summary(self) -> str:
+        """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``."""
+        now = self.clock.monotonic()
+        enabled = [r for r in self.runners.values() if r.spec.enabled]
+        ready = sum(1 for r in enabled if r.state is EngineState.READY)
+        parts = [f"{ready}/{len(enabled)} engines ready"]
+        for r in self.runners.values():
+            if r.state is EngineState.READY or (r.state is EngineState.STOPPED and not r.spec.enabled):
+                continue
+            age_s = int(now - r.state_since_s)
+            text = f"{r.spec.name} {r.state.value} ({age_s // 60}m{age_s % 60:02d}s)"
+            if r.state in (EngineState.BACKOFF, EngineState.FATAL) and r.last_failure:
+                text += f": {r.last_failure[:80]}"
+            parts.append(text)
+        return "; ".join(parts)
+
+    def _notify_progress(self) -> None:
+        """READY=1 once every enabled engine is READY or has failed; until then keep extending the
+        start timeout, since model loads take minutes (host-facts §2.3)."""
+        summary = self.summary()
+        if self._ready_sent:
+            self.notifier.status(summary)
+            return
+        settled = (EngineState.READY, EngineState.BACKOFF, EngineState.FATAL)
+        if all(r.state in settled for r in self.runners.values() if r.spec.enabled):
+            self._ready_sent = True
+            self.notifier.ready(summary)
+            log.info("startup complete: %s", summary)
+        else:
+            self.notifier.status(summary)
+            self.notifier.extend_timeout(max(60.0, 4 * self.config.supervisor.tick_interval_s))
 
     async def _restart_runner(self, name: str) -> None:
         await self.clock.sleep(RUNNER_RESTART_DELAY_S)
@@ -238,6 +285,7 @@ class Supervisor:
         engine process is left before returning 0."""
         self._shutting_down = True
         log.info("shutting down: stopping %d engine(s)", len(self.runners))
+        self.notifier.stopping(f"stopping {len(self.runners)} engine(s)")
         for runner in self.runners.values():
             runner.request_stop(shutdown=True)
         pending: set[asyncio.Future[Any]] = set(self.tasks.values())
@@ -245,11 +293,16 @@ class Supervisor:
         escalated = False
         while pending:
             waiter = asyncio.ensure_future(self.commands.get())
+            # Wake at least every 5 s to keep systemd's stop timeout and watchdog from firing
+            # while engines drain; the daemon's own deadline is shutdown_timeout_s.
             done, pending = await asyncio.wait(
                 pending | {waiter},
-                timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+                timeout=min(5.0, max(0.0, deadline - asyncio.get_running_loop().time())),
                 return_when=asyncio.FIRST_COMPLETED,
             )
+            self.notifier.extend_timeout(30.0)
+            self.notifier.watchdog()
+            self.notifier.status("stopping: " + self.summary())
             if waiter in done:
                 if waiter.result() is Command.SHUTDOWN_NOW and not escalated:
                     escalated = True

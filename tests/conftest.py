@@ -65,8 +65,9 @@ class Daemon:
         self.log_path = tmp_path / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Daemon:
+    def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
+        env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "llmsupervisor", "--config", str(self.config_path)],
