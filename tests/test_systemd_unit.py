@@ -37,13 +37,15 @@ def test_verify_has_empty_stderr(tmp_path: Path) -> None:
 
 
 def test_security_exposure_is_ok_or_better(tmp_path: Path) -> None:
+    # --threshold is in tenths on systemd 252 (host-facts §5.2 says 4; measured: 3.5 fails it and
+    # passes 35). 39 keeps the score at or below today's 3.5 "OK" as a regression gate.
     result = subprocess.run(
         [
             "systemd-analyze",
             "security",
             "--offline=true",
             "--man=no",
-            "--threshold=4",
+            "--threshold=39",
             str(verifiable_copy(tmp_path)),
         ],
         capture_output=True,
