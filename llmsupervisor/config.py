@@ -56,6 +56,8 @@ class EngineSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     enabled: bool = True
     start_timeout_s: float = 900.0
+    drain_grace_s: float = 5.0
+    drain_timeout_s: float = 120.0
     stop_timeout_s: float = 45.0
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
@@ -422,6 +424,8 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "env": _env,
     "enabled": _boolean,
     "start_timeout_s": _number(lo=0, lo_open=True),
+    "drain_grace_s": _number(lo=0),
+    "drain_timeout_s": _number(lo=0),
     "stop_timeout_s": _number(lo=0),
     "group_term_timeout_s": _number(lo=0),
     "kill_timeout_s": _number(lo=0, lo_open=True),

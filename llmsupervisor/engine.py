@@ -63,7 +63,9 @@ OUTPUT_LINE_LIMIT: Final = 64 * 1024
 class Outcome(enum.Enum):
     READY = "ready"
     STOP = "stop requested"
-    FAILED = "failed"
+    RESTART = "planned restart"
+    FAILED = "failed"  # exited, missed its deadline, failed a check
+    DEAD = "engine dead"  # /health 503: the process lives, the engine core does not
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,10 +136,15 @@ class EngineRunner:
         self.failures = FailureHistory()
         self.ready_since_s: float | None = None
         self.restarts_total = 0
+        self.restarts_by_reason: dict[str, int] = {}
+        self.state_changes_total = 0
+        self.canary_latency_s: float | None = None
         self.last_exit: str | None = None
         self.last_failure: str | None = None
         self._want_running = spec.enabled
         self._shutdown = False
+        self._restart_reason: tuple[str, str] | None = None  # (cause, reason) of a planned restart
+        self._hold_drained = False
         self._quick = asyncio.Event()
         self._wake = asyncio.Event()
         self._readers: list[asyncio.Task[None]] = []
@@ -156,6 +163,26 @@ class EngineRunner:
             self._want_running = True
             self._wake.set()
 
+    def request_restart(
+        self, reason: str, *, cause: str = "operator", spec: EngineSpec | None = None
+    ) -> None:
+        """A planned restart: drain, stop, start again (with ``spec``, for a config change)."""
+        if spec is not None:
+            self.spec = spec
+            self.policy = policy_for(spec)
+        self._restart_reason = (cause, reason)
+        self._want_running = not self._shutdown
+        self._wake.set()
+
+    def request_drain(self, hold: bool = True) -> None:
+        """Take the engine out of rotation and keep it out (``hold=False`` puts it back)."""
+        self._hold_drained = hold
+        self._wake.set()
+
+    @property
+    def in_rotation(self) -> bool:
+        return self.state is S.READY
+
     def escalate(self) -> None:
         """Make a stop in progress quick (second SIGINT)."""
         self._quick.set()
@@ -173,7 +200,9 @@ class EngineRunner:
         level = logging.WARNING if to in (S.BACKOFF, S.FATAL) else logging.INFO
         log.log(level, "%s -> %s: %s", self.state, to, reason, extra={"engine": self.spec.name})
         self.state, self.state_since_s, self.state_reason = to, now, reason
-        self.ready_since_s = now if to is S.READY else None
+        self.state_changes_total += 1
+        if to is not S.DRAINING:
+            self.ready_since_s = now if to is S.READY else None
         self.on_change(change)
 
     # ---- the loop ----
@@ -189,12 +218,22 @@ class EngineRunner:
                     await self._wait_wake()
                     continue
                 outcome, reason = await self._start_once()
+                cause = "start_failed"
                 if outcome is Outcome.READY:
                     outcome, reason = await self._serve()
+                    cause = "engine_dead" if outcome is Outcome.DEAD else "crash"
                 if outcome is Outcome.STOP:
+                    await self._drain(reason)
                     await self._stop(reason, to=S.STOPPED)
                     continue
-                await self._after_failure(reason)
+                if outcome is Outcome.RESTART:
+                    planned_cause, _ = self._restart_reason or ("operator", reason)
+                    self._restart_reason = None
+                    await self._drain(reason)
+                    await self._stop(reason, to=S.STOPPED)
+                    self._count_restart(planned_cause)
+                    continue
+                await self._after_failure(reason, cause)
         finally:
             # Whatever happened (a bug, cancellation), leave no process behind.
             if self.proc is not None and not self._group_gone():
@@ -208,7 +247,8 @@ class EngineRunner:
 
     async def _start_once(self) -> tuple[Outcome, str]:
         spec = self.spec
-        reason = "start" if self.state in (S.STOPPED, S.FATAL) else f"restart after {self.state_reason}"
+        reason = "start" if self.state in (S.STOPPED, S.FATAL) else f"restart after: {self.last_failure}"
+        self._restart_reason = None  # a restart asked for while stopped is this start
         self._set_state(S.STARTING, reason)
         try:
             await self._preflight_port()
@@ -230,6 +270,7 @@ class EngineRunner:
             self.proc = process.spawn(argv, env)
         except OSError as exc:
             return Outcome.FAILED, f"cannot execute {argv[0]!r}: {exc.strerror or exc}"
+        process.record_group(self.state_dir, spec.name, self.proc.pid, os.getpid())
         log.info("spawned pid %d: %s", self.proc.pid, " ".join(argv), extra={"engine": spec.name})
         self._start_readers(self.proc)
         return await self._await_ready(self.proc)
@@ -289,6 +330,7 @@ class EngineRunner:
                     timeout_s=min(spec.canary_timeout_s, max(remaining, 0.1)),
                 )
                 if result.ok:
+                    self.canary_latency_s = result.latency_s
                     return Outcome.READY, (
                         f"/health 200, model listed, canary answered in {result.latency_s * 1000:.0f} ms"
                     )
@@ -310,11 +352,19 @@ class EngineRunner:
         proc = self.proc
         self._set_state(S.READY, "ready")
         while True:
-            await self._wait_exit_or_wake(proc, self.tick_interval_s)
-            if not self._want_running:
-                return Outcome.STOP, "stop requested"
             if proc.returned:
                 return Outcome.FAILED, f"process {self._exit_text(proc)} unexpectedly"
+            if not self._want_running:
+                return Outcome.STOP, "stop requested"
+            if self._restart_reason is not None:
+                return Outcome.RESTART, self._restart_reason[1]
+            if self._hold_drained and self.state is S.READY:
+                self._set_state(S.DRAINING, "drain requested: out of rotation until started again")
+            elif not self._hold_drained and self.state is S.DRAINING:
+                self._set_state(S.READY, "drain cancelled: back in rotation")
+            await self._wait_exit_or_wake(proc, self.tick_interval_s)
+            if proc.returned or not self._want_running or self._restart_reason is not None:
+                continue
             now = self.clock.monotonic()
             if self.failures.times_s and should_reset(self.ready_since_s, now, self.policy):
                 log.info(
@@ -328,9 +378,42 @@ class EngineRunner:
             )
             if result.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (vllm-facts §6.3).
-                return Outcome.FAILED, "/health 503: engine core is dead"
+                return Outcome.DEAD, "/health 503: engine core is dead"
 
-    async def _after_failure(self, reason: str) -> None:
+    async def _drain(self, reason: str) -> None:
+        """Out of rotation first, then let the load balancer notice, then let in-flight requests
+        finish (or the drain deadline pass). vLLM answers new requests with HTTP 500 once it is
+        SIGTERMed and keeps /health at 200, so the engine must be out of rotation before that."""
+        proc = self.proc
+        if proc is None or proc.returned or self.state not in (S.READY, S.DRAINING):
+            return
+        if self.state is S.READY:
+            self._set_state(S.DRAINING, f"draining: {reason}")
+        loop = asyncio.get_running_loop()
+        grace_end = loop.time() + self.spec.drain_grace_s
+        while not self._quick.is_set() and not proc.returned and loop.time() < grace_end:
+            await self._wait_exit_or_wake(proc, grace_end - loop.time())
+        deadline = loop.time() + self.spec.drain_timeout_s
+        while not self._quick.is_set() and not proc.returned:
+            inflight = await health.inflight_requests(
+                self.http, self.spec.base_url, timeout_s=self.spec.health_timeout_s
+            )
+            if inflight == 0 or inflight is None or loop.time() >= deadline:
+                if inflight:
+                    log.warning(
+                        "drain deadline: %d request(s) still in flight; vLLM's own drain "
+                        "(--shutdown-timeout) gets them next",
+                        inflight,
+                        extra={"engine": self.spec.name},
+                    )
+                return
+            await self._wait_exit_or_wake(proc, min(1.0, max(0.0, deadline - loop.time())))
+
+    def _count_restart(self, cause: str) -> None:
+        self.restarts_total += 1
+        self.restarts_by_reason[cause] = self.restarts_by_reason.get(cause, 0) + 1
+
+    async def _after_failure(self, reason: str, cause: str) -> None:
         self.last_failure = reason
         now = self.clock.monotonic()
         self.failures = self.failures.record(now, self.policy)
@@ -357,7 +440,7 @@ class EngineRunner:
         while self._want_running and (left := deadline - self.clock.monotonic()) > 0:
             await self._wait_wake(left)
         if self._want_running:
-            self.restarts_total += 1
+            self._count_restart(cause)
 
     async def _stop(self, reason: str, *, to: EngineState) -> None:
         self._set_state(S.STOPPING, reason)
@@ -421,6 +504,8 @@ class EngineRunner:
             )
             await process.kill_trees(strays, timeout_s=ladder.kill_timeout_s)
         await self._stop_readers()
+        if not process.group_members(proc.pgid):
+            process.forget_group(self.state_dir, name)
         if proc.exit_status is not None:
             log.info(
                 "engine processes gone (API server %s)", proc.exit_status.describe(), extra={"engine": name}

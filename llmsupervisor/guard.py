@@ -9,7 +9,9 @@ groups first, and exits. After a clean shutdown there is nothing left for it to 
 Under systemd the unit's cgroup does the same job (KillMode=mixed); the guard covers runs
 outside systemd, such as a terminal or a container without an init that reaps.
 
-Kept free of the daemon's other modules, so it starts fast and cannot fail on their imports.
+It finds the engines two ways (see process.py): the marker variables in the environment, and
+the process groups the daemon recorded in the state dir (EngineCore and workers rename
+themselves, which hides their environment). It imports only ``process`` and psutil.
 """
 
 from __future__ import annotations
@@ -19,43 +21,49 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+from llmsupervisor import process
 
 
-def _marked(state_dir: str, daemon_pid: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if (
-            f"LLMSUPERVISOR_STATE_DIR={state_dir}".encode() in env
-            and f"LLMSUPERVISOR_DAEMON_PID={daemon_pid}".encode() in env
-        ):
-            found.append(int(entry))
-    return found
+def _ours(state_dir: str, daemon_pid: str) -> list[int]:
+    pids = [
+        pid
+        for pid in process.marker_processes(Path(state_dir))
+        if _environ_marker(pid, process.MARKER_DAEMON_PID) == daemon_pid
+    ]
+    for group in process.recorded_groups(Path(state_dir)):
+        if str(group.daemon_pid) == daemon_pid:
+            pids += process.recorded_group_members(group)
+    return pids
+
+
+def _environ_marker(pid: int, name: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(name.encode() + b"="):
+                    return entry.split(b"=", 1)[1].decode()
+    except OSError:
+        return None
+    return None
 
 
 def sweep(state_dir: str, daemon_pid: str, *, timeout_s: float = 10.0) -> int:
     deadline = time.monotonic() + timeout_s
-    killed = 0
+    killed: set[int] = set()
     while time.monotonic() < deadline:
-        pids = _marked(state_dir, daemon_pid)
+        pids = _ours(state_dir, daemon_pid)
         if not pids:
             break
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
+                killed.add(pid)
         time.sleep(0.2)
-    return killed
+    return len(killed)
 
 
 def main(argv: list[str]) -> int:

@@ -80,3 +80,8 @@ def setup(level: str = "info", *, stream: TextIO | None = None) -> None:
     # httpx logs every request at INFO; the supervisor polls constantly.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+
+def set_level(level: str) -> None:
+    """Applied on reload."""
+    logging.getLogger().setLevel(level.upper())

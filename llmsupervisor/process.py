@@ -4,8 +4,16 @@ Every engine runs in its own session and process group (``setsid``), so its whol
 (API server, EngineCore, workers, resource tracker) can be signalled as one. The daemon is a
 child subreaper (``PR_SET_CHILD_SUBREAPER``): when vLLM's API server dies, its EngineCore and
 workers are reparented to the daemon instead of PID 1 (vllm-facts §6.4), so they can be killed
-and reaped here. Each engine carries marker variables in its environment (``MARKER_*``); a
-process with our state dir in its environment is ours, whoever its parent is now.
+and reaped here.
+
+Two ways to recognise an engine process of ours, because neither alone is enough:
+
+* marker variables in its environment (``MARKER_*``): readable for the API server, but **not**
+  for EngineCore and workers, whose ``setproctitle("VLLM::...")`` overwrites the memory that
+  ``/proc/PID/environ`` shows (measured with vLLM's setproctitle: 1524 empty entries);
+* the process group, recorded in ``STATE_DIR/engines/NAME/group.json`` with the leader's start
+  time at every spawn. A group id cannot be reused while any member lives, and members started
+  before the recorded leader are not ours, which rules out a recycled id.
 
 We spawn with ``os.posix_spawnp`` rather than ``subprocess``/asyncio subprocesses: the daemon
 owns every ``waitpid`` for its children (pidfds), which it needs anyway to reap adopted orphans,
@@ -18,6 +26,7 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import json
 import logging
 import os
 import signal
@@ -288,6 +297,65 @@ def is_ours(pid: int, state_dir: Path) -> tuple[bool, str | None]:
     if env.get(MARKER_STATE_DIR) == str(state_dir):
         return True, env.get(MARKER_ENGINE)
     return False, None
+
+
+GROUP_FILE: Final = "group.json"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedGroup:
+    engine: str
+    pgid: int
+    leader_create_time: float  # psutil create_time, seconds since the epoch
+    daemon_pid: int
+
+
+def record_group(state_dir: Path, engine: str, pid: int, daemon_pid: int) -> None:
+    try:
+        create_time = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return  # already gone: nothing to find later
+    path = state_dir / "engines" / engine / GROUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pgid": pid, "leader_create_time": create_time, "daemon_pid": daemon_pid}))
+    tmp.replace(path)
+
+
+def forget_group(state_dir: Path, engine: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / "engines" / engine / GROUP_FILE).unlink()
+
+
+def recorded_groups(state_dir: Path) -> list[RecordedGroup]:
+    groups = []
+    for path in sorted((state_dir / "engines").glob(f"*/{GROUP_FILE}")):
+        try:
+            data = json.loads(path.read_text())
+            groups.append(
+                RecordedGroup(
+                    path.parent.name,
+                    int(data["pgid"]),
+                    float(data["leader_create_time"]),
+                    int(data["daemon_pid"]),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return groups
+
+
+def recorded_group_members(group: RecordedGroup) -> list[int]:
+    """Live members of a recorded group that are not older than its recorded leader."""
+    members = []
+    for pid in group_members(group.pgid):
+        try:
+            # create_time has jiffy resolution: allow a little slack.
+            if psutil.Process(pid).create_time() >= group.leader_create_time - 0.05:
+                members.append(pid)
+        except psutil.Error:
+            continue
+    return members
 
 
 def describe_pid(pid: int) -> str:

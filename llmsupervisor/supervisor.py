@@ -31,11 +31,13 @@ from typing import Any, Final
 
 import httpx
 
-from llmsupervisor import process
+from llmsupervisor import control, logs, process
 from llmsupervisor.clock import Clock, MonotonicClock
-from llmsupervisor.config import SupervisorConfig
+from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.engine import EngineRunner
+from llmsupervisor.errors import ConfigError
 from llmsupervisor.notify import Notifier
+from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
 
 log = logging.getLogger("llmsupervisor")
@@ -46,6 +48,7 @@ RUNNER_RESTART_DELAY_S: Final = 5.0
 class Command(enum.Enum):
     SHUTDOWN = "shutdown"
     SHUTDOWN_NOW = "shutdown now"  # second SIGINT: skip the drains
+    RELOAD = "reload"  # SIGHUP, or `llm-supervisor reload`
 
 
 class Supervisor:
@@ -58,6 +61,15 @@ class Supervisor:
         self._ready_sent = False
         self.state_dir = config.supervisor.state_dir.resolve()
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
+        self.control_path = control.default_socket_path(self.state_dir)
+        self._http: httpx.AsyncClient | None = None
+        self._reload_lock = asyncio.Lock()
+        self._roll_task: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[Any]] = set()  # reloads, engines being removed
+        self.ticks_total = 0
+        self.last_tick_duration_s = 0.0
+        self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
+        self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
         self.runners: dict[str, EngineRunner] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._sigint_count = 0
@@ -70,6 +82,7 @@ class Supervisor:
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.commands.put_nowait, Command.SHUTDOWN)
+        loop.add_signal_handler(signal.SIGHUP, self.commands.put_nowait, Command.RELOAD)
         loop.add_signal_handler(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self) -> None:
@@ -83,6 +96,10 @@ class Supervisor:
         whose guard did not get to them) are not adopted: we cannot know their spec or drain
         state. Kill them before starting our own."""
         leftovers = process.marker_processes(self.state_dir, exclude_daemon_pid=os.getpid())
+        for group in process.recorded_groups(self.state_dir):
+            if group.daemon_pid != os.getpid():
+                leftovers += [p for p in process.recorded_group_members(group) if p not in leftovers]
+                process.forget_group(self.state_dir, group.engine)
         if not leftovers:
             return
         log.warning(
@@ -133,24 +150,58 @@ class Supervisor:
 
     # ---- status file ----
 
-    def status(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
         now = self.clock.monotonic()
+        return Snapshot(
+            engines=tuple(
+                EngineSnapshot(
+                    name=name,
+                    state=r.state,
+                    state_reason=r.state_reason,
+                    state_age_s=now - r.state_since_s,
+                    gpus=r.spec.gpus,
+                    port=r.spec.port,
+                    pid=r.proc.pid if r.proc is not None else None,
+                    restarts_total=r.restarts_total,
+                    restarts_by_reason=dict(r.restarts_by_reason),
+                    state_changes_total=r.state_changes_total,
+                    last_exit=r.last_exit,
+                    last_failure=r.last_failure,
+                    in_rotation=r.in_rotation,
+                    canary_latency_s=r.canary_latency_s,
+                )
+                for name, r in self.runners.items()
+            ),
+            ticks_total=self.ticks_total,
+            last_tick_duration_s=self.last_tick_duration_s,
+            notify_failures_total=self.notifier.failures_total,
+            config_path=str(self.config.path),
+            config_loaded_timestamp_s=self.config_loaded_timestamp_s,
+            reloads_total=dict(self.reloads_total),
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The snapshot as JSON: the status file, and `llm-supervisor status --json`."""
+        snap = self.snapshot()
         return {
             "pid": os.getpid(),
-            "config": str(self.config.path),
+            "config": snap.config_path,
             "engines": {
-                name: {
-                    "state": r.state.value,
-                    "reason": r.state_reason,
-                    "for_s": round(now - r.state_since_s, 1),
-                    "pid": r.proc.pid if r.proc is not None else None,
-                    "port": r.spec.port,
-                    "gpus": list(r.spec.gpus),
-                    "restarts": r.restarts_total,
-                    "last_exit": r.last_exit,
-                    "last_failure": r.last_failure,
+                e.name: {
+                    "state": e.state.value,
+                    "reason": e.state_reason,
+                    "for_s": round(e.state_age_s, 1),
+                    "pid": e.pid,
+                    "port": e.port,
+                    "gpus": list(e.gpus),
+                    "in_rotation": e.in_rotation,
+                    "restarts": e.restarts_total,
+                    "restarts_by_reason": dict(e.restarts_by_reason),
+                    "canary_latency_s": e.canary_latency_s,
+                    "last_exit": e.last_exit,
+                    "last_failure": e.last_failure,
                 }
-                for name, r in self.runners.items()
+                for e in snap.engines
             },
         }
 
@@ -176,24 +227,39 @@ class Supervisor:
         await self._sweep_leftovers()
         self._start_guard()
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        server = control.ControlServer(self.control_path, self._on_control)
         async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+            self._http = http
             for spec in self.config.engines:
-                runner = EngineRunner(
-                    spec,
-                    state_dir=self.state_dir,
-                    http=http,
-                    clock=self.clock,
-                    tick_interval_s=self.config.supervisor.tick_interval_s,
-                    on_change=self._on_change,
-                )
-                self.runners[spec.name] = runner
-                self.tasks[spec.name] = asyncio.create_task(runner.run(), name=f"engine:{spec.name}")
+                self._add_engine(spec)
             self._write_status()
             log.info("supervising %d engine(s): %s", len(self.runners), ", ".join(self.runners))
+            try:
+                await server.start()
+            except OSError as exc:
+                log.error(
+                    "cannot open the control socket %s: %s; the CLI cannot reach this daemon",
+                    self.control_path,
+                    exc,
+                )
             await self._loop()
+            await server.close()
             exit_code = await self._shutdown()
         self._stop_guard()
         return exit_code
+
+    def _add_engine(self, spec: EngineSpec) -> None:
+        assert self._http is not None
+        runner = EngineRunner(
+            spec,
+            state_dir=self.state_dir,
+            http=self._http,
+            clock=self.clock,
+            tick_interval_s=self.config.supervisor.tick_interval_s,
+            on_change=self._on_change,
+        )
+        self.runners[spec.name] = runner
+        self.tasks[spec.name] = asyncio.create_task(runner.run(), name=f"engine:{spec.name}")
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -215,8 +281,124 @@ class Supervisor:
                 if command is Command.SHUTDOWN_NOW:
                     self.commands.put_nowait(command)  # _shutdown sees it and escalates at once
                 return
+            if command is Command.RELOAD:
+                task = asyncio.create_task(self.reload(), name="reload")
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+
+    # ---- control socket ----
+
+    async def _on_control(self, req: dict[str, Any]) -> Any:
+        command = req["command"]
+        if command == "status":
+            return self.status()
+        if command == "reload":
+            return await self.reload()
+        name = req["engine"]
+        runner = self.runners.get(name)
+        if runner is None:
+            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.runners)}")
+        if self._shutting_down:
+            raise control.ControlError("the daemon is shutting down")
+        log.info("operator: %s", command, extra={"engine": name})
+        if command == "restart":
+            runner.request_restart("restart requested by operator")
+        elif command == "drain":
+            runner.request_drain()
+        elif command == "stop":
+            runner.request_stop()
+        elif command == "start":
+            runner.request_drain(hold=False)
+            runner.request_start()
+        return {"engine": name, "state": runner.state.value, "accepted": command}
+
+    # ---- reload ----
+
+    async def reload(self) -> dict[str, Any]:
+        """Validate the whole new config first; on any problem keep the old one untouched.
+        Otherwise restart only engines whose spec changed, one at a time."""
+        async with self._reload_lock:
+            self.notifier.reloading()
+            path = self.config.path
+            try:
+                new = await asyncio.to_thread(load_config, path)
+            except ConfigError as exc:
+                self.reloads_total["invalid"] += 1
+                for problem in exc.problems:
+                    log.error("reload: %s", problem)
+                log.error(
+                    "reload rejected: %d problem(s); still running the previous config", len(exc.problems)
+                )
+                self.notifier.ready(
+                    f"reload failed ({len(exc.problems)} problems), old config kept; " + self.summary()
+                )
+                return {"reloaded": False, "problems": [str(p) for p in exc.problems]}
+            if new.supervisor.state_dir.resolve() != self.state_dir:
+                log.warning("reload: state_dir changes take effect at the next daemon start")
+            old_specs = {r.spec.name: r.spec for r in self.runners.values()}
+            new_specs = {spec.name: spec for spec in new.engines}
+            removed = [n for n in old_specs if n not in new_specs]
+            added = [n for n in new_specs if n not in old_specs]
+            changed = [n for n in new_specs if n in old_specs and new_specs[n] != old_specs[n]]
+            self.config = new
+            self.config_loaded_timestamp_s = time.time()
+            logs.set_level(new.supervisor.log_level)
+            for name in removed:
+                self._retire(name)
+            for name in added:
+                self._add_engine(new_specs[name])
+            if changed:
+                previous = self._roll_task
+                self._roll_task = asyncio.create_task(self._roll([new_specs[n] for n in changed], previous))
+            self.reloads_total["ok"] += 1
+            log.info(
+                "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
+                path,
+                len(added),
+                len(removed),
+                len(changed),
+                ", ".join(changed) or "-",
+                len(new_specs) - len(added) - len(changed),
+            )
+            self.notifier.ready(self.summary())
+            self._write_status()
+            return {"reloaded": True, "added": added, "removed": removed, "changed": changed}
+
+    def _retire(self, name: str) -> None:
+        runner = self.runners.pop(name)
+        task = self.tasks.pop(name)
+        runner.request_stop(shutdown=True)
+        log.info("engine removed from the config: stopping it", extra={"engine": name})
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _roll(self, specs: list[EngineSpec], previous: asyncio.Task[None] | None) -> None:
+        """Restart changed engines one at a time: the next one only once the previous is READY
+        again (or has failed), so a config change never takes more than one engine away."""
+        if previous is not None and not previous.done():
+            await asyncio.wait({previous})
+        for spec in specs:
+            runner = self.runners.get(spec.name)
+            if runner is None or self._shutting_down:
+                continue
+            if not spec.enabled:
+                runner.spec = spec
+                runner.request_stop()
+                continue
+            was_running = runner.state not in (EngineState.STOPPED, EngineState.FATAL)
+            changes_before = runner.state_changes_total
+            runner.request_restart("config changed", cause="config_change", spec=spec)
+            if not was_running:
+                continue
+            deadline = asyncio.get_running_loop().time() + spec.start_timeout_s + spec.drain_timeout_s + 120
+            settled = (EngineState.READY, EngineState.FATAL, EngineState.BACKOFF, EngineState.STOPPED)
+            while asyncio.get_running_loop().time() < deadline and not self._shutting_down:
+                if runner.state_changes_total > changes_before + 1 and runner.state in settled:
+                    break
+                await asyncio.sleep(0.5)
 
     def _tick(self) -> None:
+        started = time.monotonic()
         for name, task in list(self.tasks.items()):
             if not task.done():
                 continue
@@ -231,6 +413,8 @@ class Supervisor:
             self.tasks[name] = asyncio.create_task(self._restart_runner(name), name=f"engine:{name}")
         self._write_status()
         self._notify_progress()
+        self.ticks_total += 1
+        self.last_tick_duration_s = time.monotonic() - started
         # Only after a complete tick: a wedged loop stops the pings and systemd restarts us.
         self.notifier.watchdog()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -136,15 +137,27 @@ class Daemon:
         self.signal(signal.SIGTERM)
         return self.wait_exit()
 
+    def spawned_sessions(self) -> set[int]:
+        """Every engine leader this daemon spawned (its pid is the session id of the engine's tree)."""
+        return {int(pid) for pid in re.findall(r"spawned pid (\d+)", self.log())}
+
     def engine_processes(self) -> list[int]:
-        """Live processes (not zombies) carrying this daemon's state-dir marker."""
-        return [p for p in process.marker_processes(self.state_dir.resolve()) if alive(p)]
+        """Live engine processes (not zombies): those carrying this daemon's state-dir marker, and
+        every process in the session of an engine it spawned (vLLM's EngineCore and workers rename
+        themselves with setproctitle, which hides their environment)."""
+        sessions = self.spawned_sessions()
+        found = set(process.marker_processes(self.state_dir.resolve()))
+        for pid in psutil.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getsid(pid) in sessions:
+                    found.add(pid)
+        return sorted(p for p in found if alive(p))
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for pid in process.marker_processes(self.state_dir.resolve()):
+        for pid in self.engine_processes():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
@@ -180,6 +193,7 @@ def fake_engine(name: str, port: int, **fields: Any) -> dict[str, Any]:
         "backoff_max_s": 1.0,
         "stop_timeout_s": 5,
         "group_term_timeout_s": 2,
+        "drain_grace_s": 0.2,
         "start_timeout_s": 20,
         "canary_timeout_s": 5,
     }

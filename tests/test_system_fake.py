@@ -53,7 +53,8 @@ def test_two_engines_ready_then_sigterm_leaves_nothing(daemon_factory):
     assert d.stop() == 0
     assert d.engine_processes() == []
     log = d.log()
-    assert "[a] READY -> STOPPING: stop requested" in log
+    assert "[a] READY -> DRAINING: draining: stop requested" in log
+    assert "[a] DRAINING -> STOPPING: stop requested" in log
     assert "SIGTERM to the API server" in log
     assert "no engine process left" in log
 

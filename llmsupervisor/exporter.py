@@ -1,0 +1,316 @@
+"""The daemon's own Prometheus metrics: one custom Collector over the latest ``Snapshot``.
+
+Everything lives in the exporter's own ``CollectorRegistry`` (never the process-global
+``REGISTRY``), so two daemons in one test process cannot see each other's series and nothing
+a library registers globally leaks into ``/metrics``.
+
+::
+
+    supervisor loop ──► Snapshot (immutable) ◄── snapshot() ── _SnapshotCollector ─┐
+    later GPU probe ──► gpu_samples() ──────────────────────────────────┘          │
+    loop, per tick ──► Exporter.observe_tick(s) ──► Histogram ──────────────────────┤
+                                                                                     ▼
+                                          Exporter.render() = generate_latest(registry)
+
+Families (all prefixed ``llmsupervisor_``):
+
+=====================================  =========  ==========================================
+name                                   type       labels
+=====================================  =========  ==========================================
+engine_state                           gauge      engine, state (one series per EngineState)
+engine_up                              gauge      engine
+engine_in_rotation                     gauge      engine
+engine_state_age_seconds               gauge      engine
+engine_restarts_total                  counter    engine, reason
+engine_state_changes_total             counter    engine
+engine_canary_latency_seconds          gauge      engine (absent until a canary has run)
+engine_info                            gauge      engine, port, gpus (always 1)
+ticks_total                            counter
+notify_failures_total                  counter
+config_loaded_timestamp_seconds        gauge      (absent while 0: never loaded)
+config_reloads_total                   counter    result
+tick_duration_seconds                  histogram
+gpu_<name>                             see below  gpu (and ``reason`` for throttle_reason)
+=====================================  =========  ==========================================
+
+``engine_state`` is a plain gauge with a ``state`` label rather than a ``StateSetMetricFamily``:
+the text format renders a state set's label with the family's own name
+(``llmsupervisor_engine_state="ready"``), which makes every query longer for no gain.
+
+GPU metrics are the extension point for the NVML probe. ``gpu_samples()`` returns, per GPU index,
+a mapping from a name to a value; each becomes ``llmsupervisor_gpu_<name>{gpu="<index>"}``.
+The names the probe is expected to supply, with their help text, are in ``GPU_METRICS``. A name
+of the form ``throttle_reason/<reason>`` becomes ``llmsupervisor_gpu_throttle_reason{gpu, reason}``
+(1 while that throttle reason is active, else 0). Names ending in ``_total`` are exported as
+counters. An undocumented but well-formed name is still exported, with a generic help text; a
+malformed one is skipped and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from llmsupervisor.snapshot import EngineSnapshot, Snapshot
+from llmsupervisor.state import EngineState
+
+log = logging.getLogger(__name__)
+
+PREFIX: Final = "llmsupervisor_"
+
+# 1 ms to 5 s: a healthy tick is a few ms of probes; the alert threshold (1 s) is a bucket edge.
+TICK_BUCKETS_S: Final[tuple[float, ...]] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+
+# Restart causes exported at 0 before they first happen. A counter series that appears with
+# value 1 is invisible to increase()/rate() over that first step, so an alert on "more than N
+# restarts" would miss the first one of each cause. Causes not listed here are still exported.
+RESTART_REASONS: Final[tuple[str, ...]] = (
+    "crash",
+    "engine_dead",
+    "start_failed",
+    "health",
+    "operator",
+    "config_change",
+)
+
+# Same reasoning for config reload results.
+RELOAD_RESULTS: Final[tuple[str, ...]] = ("ok", "invalid")
+
+GpuSamples = Callable[[], Mapping[int, Mapping[str, float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetric:
+    help: str
+    label: str | None = None  # for "name/<value>" keys: the label the value goes into
+
+
+# The names a GPU probe (NVML) is expected to supply; exported as llmsupervisor_gpu_<name>.
+GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
+    "temperature_celsius": GpuMetric("GPU core temperature in degrees Celsius."),
+    "memory_temperature_celsius": GpuMetric("GPU memory (HBM) temperature in degrees Celsius."),
+    "power_watts": GpuMetric("GPU power draw in watts."),
+    "power_limit_watts": GpuMetric("GPU enforced power limit in watts."),
+    "energy_joules_total": GpuMetric("GPU energy consumed since the driver loaded, in joules."),
+    "sm_clock_hertz": GpuMetric("GPU SM clock in hertz."),
+    "memory_clock_hertz": GpuMetric("GPU memory clock in hertz."),
+    "max_sm_clock_hertz": GpuMetric("GPU maximum SM clock in hertz."),
+    "utilization_ratio": GpuMetric("GPU busy fraction over the driver's sample period, 0 to 1."),
+    "memory_used_bytes": GpuMetric("GPU memory in use in bytes."),
+    "memory_total_bytes": GpuMetric("GPU memory installed in bytes."),
+    "fan_speed_ratio": GpuMetric("GPU fan speed as a fraction of its maximum, 0 to 1."),
+    "xid_errors_total": GpuMetric("XID error events seen on the GPU since the daemon started."),
+    "ecc_uncorrected_errors_total": GpuMetric("Uncorrected ECC errors reported by the GPU."),
+    "throttle_reason": GpuMetric(
+        "1 while the GPU clocks are held back for this reason (NVML clocks event reasons: "
+        "gpu_idle, applications_clocks_setting, sw_power_cap, hw_slowdown, sync_boost, "
+        "sw_thermal, hw_thermal, hw_power_brake, display_clocks_setting), else 0.",
+        label="reason",
+    ),
+}
+
+_NAME_RE: Final = re.compile(r"[a-z][a-z0-9_]*\Z")
+_LABEL_VALUE_RE: Final = re.compile(r"[A-Za-z0-9_.:-]+\Z")
+
+
+def _name(suffix: str) -> str:
+    return PREFIX + suffix
+
+
+class Exporter:
+    """The daemon's Prometheus exporter.
+
+    ``snapshot`` is called on every scrape and must return the latest immutable ``Snapshot``
+    (cheap: the loop swaps one reference). ``gpu_samples`` is optional and may raise; a failure
+    drops the GPU families from that scrape and is logged, the rest of the scrape still works.
+    The loop calls ``observe_tick(seconds)`` once per completed tick.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        *,
+        gpu_samples: GpuSamples | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._collector = _SnapshotCollector(snapshot, gpu_samples)
+        self.registry.register(self._collector)
+        self._tick_duration = Histogram(
+            _name("tick_duration_seconds"),
+            "Wall time of one full supervisor tick (probes, decisions, actions), in seconds.",
+            buckets=TICK_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    @property
+    def content_type(self) -> str:
+        # The 0.0.4 text format: what generate_latest() writes, and what every Prometheus parses.
+        return CONTENT_TYPE_PLAIN_0_0_4
+
+    def observe_tick(self, seconds: float) -> None:
+        self._tick_duration.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SnapshotCollector:
+    """Builds every family from one snapshot per scrape, so a scrape is self-consistent."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], gpu_samples: GpuSamples | None) -> None:
+        self._snapshot = snapshot
+        self._gpu_samples = gpu_samples
+        self._warned_names: set[str] = set()
+
+    def describe(self) -> Iterable[Metric]:
+        # Returning nothing keeps register() from calling collect() (and so snapshot()) early.
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        yield from self._engine_families(snap.engines)
+        yield from self._daemon_families(snap)
+        if self._gpu_samples is not None:
+            yield from self._gpu_families(self._gpu_samples)
+
+    def _engine_families(self, engines: tuple[EngineSnapshot, ...]) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            _name("engine_state"),
+            "1 for the engine's current state, 0 for every other state.",
+            labels=["engine", "state"],
+        )
+        up = GaugeMetricFamily(_name("engine_up"), "1 if the engine is READY, else 0.", labels=["engine"])
+        in_rotation = GaugeMetricFamily(
+            _name("engine_in_rotation"),
+            "1 if a load balancer should send the engine traffic, else 0.",
+            labels=["engine"],
+        )
+        age = GaugeMetricFamily(
+            _name("engine_state_age_seconds"),
+            "Seconds the engine has been in its current state.",
+            labels=["engine"],
+        )
+        restarts = CounterMetricFamily(
+            _name("engine_restarts"),
+            "Engine restarts since the daemon started, by cause.",
+            labels=["engine", "reason"],
+        )
+        changes = CounterMetricFamily(
+            _name("engine_state_changes"),
+            "Engine state changes since the daemon started.",
+            labels=["engine"],
+        )
+        canary = GaugeMetricFamily(
+            _name("engine_canary_latency_seconds"),
+            "Latency of the engine's last successful canary completion, in seconds.",
+            labels=["engine"],
+        )
+        info = GaugeMetricFamily(
+            _name("engine_info"),
+            "Static facts about the engine in labels; always 1.",
+            labels=["engine", "port", "gpus"],
+        )
+        for e in engines:
+            for s in EngineState:
+                state.add_metric([e.name, s.value], 1.0 if e.state is s else 0.0)
+            up.add_metric([e.name], 1.0 if e.state is EngineState.READY else 0.0)
+            in_rotation.add_metric([e.name], 1.0 if e.in_rotation else 0.0)
+            age.add_metric([e.name], max(0.0, e.state_age_s))
+            by_reason = {reason: 0 for reason in RESTART_REASONS}
+            by_reason.update(e.restarts_by_reason)
+            for reason, count in sorted(by_reason.items()):
+                restarts.add_metric([e.name, reason], float(count))
+            changes.add_metric([e.name], float(e.state_changes_total))
+            if e.canary_latency_s is not None:
+                canary.add_metric([e.name], e.canary_latency_s)
+            info.add_metric([e.name, str(e.port), ",".join(str(g) for g in e.gpus)], 1.0)
+        yield from (state, up, in_rotation, age, restarts, changes, canary, info)
+
+    def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            _name("ticks"), "Supervisor ticks completed since the daemon started.", value=snap.ticks_total
+        )
+        yield CounterMetricFamily(
+            _name("notify_failures"),
+            "sd_notify messages that could not be sent since the daemon started.",
+            value=snap.notify_failures_total,
+        )
+        loaded = GaugeMetricFamily(
+            _name("config_loaded_timestamp_seconds"),
+            "Unix time at which the running configuration was loaded.",
+        )
+        if snap.config_loaded_timestamp_s > 0:
+            loaded.add_metric([], snap.config_loaded_timestamp_s)
+        yield loaded
+        reloads = CounterMetricFamily(
+            _name("config_reloads"),
+            "Configuration reloads since the daemon started, by result (ok, invalid).",
+            labels=["result"],
+        )
+        by_result = {result: 0 for result in RELOAD_RESULTS}
+        by_result.update(snap.reloads_total)
+        for result, count in sorted(by_result.items()):
+            reloads.add_metric([result], float(count))
+        yield reloads
+
+    def _gpu_families(self, gpu_samples: GpuSamples) -> Iterator[Metric]:
+        try:
+            samples = gpu_samples()
+        except Exception:
+            # A broken GPU probe must not take the daemon's own metrics down with it.
+            log.warning("GPU samples unavailable for this scrape", exc_info=True)
+            return
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for gpu, values in sorted(samples.items()):
+            for key, value in values.items():
+                name, _, label_value = key.partition("/")
+                doc = GPU_METRICS.get(name)
+                if not self._well_formed(key, name, label_value, doc):
+                    continue
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = _gpu_family(name, doc)
+                labels = [str(gpu)] if not label_value else [str(gpu), label_value]
+                family.add_metric(labels, float(value))
+        yield from (families[name] for name in sorted(families))
+
+    def _well_formed(self, key: str, name: str, label_value: str, doc: GpuMetric | None) -> bool:
+        labelled = doc is not None and doc.label is not None
+        ok = (
+            _NAME_RE.match(name) is not None
+            and bool(label_value) == labelled
+            and (not label_value or _LABEL_VALUE_RE.match(label_value) is not None)
+        )
+        if not ok and key not in self._warned_names:
+            self._warned_names.add(key)
+            log.warning("GPU sample %r is not a valid metric name; not exported", key)
+        return ok
+
+
+def _gpu_family(name: str, doc: GpuMetric | None) -> GaugeMetricFamily | CounterMetricFamily:
+    help_text = doc.help if doc is not None else f"GPU reading {name!r} from the GPU probe."
+    labels = ["gpu"] if doc is None or doc.label is None else ["gpu", doc.label]
+    if name.endswith("_total"):
+        return CounterMetricFamily(_name("gpu_" + name), help_text, labels=labels)
+    return GaugeMetricFamily(_name("gpu_" + name), help_text, labels=labels)

@@ -1,0 +1,46 @@
+"""Immutable views of the daemon's state, for the exporter, the status file and the control API.
+
+The loop builds one ``Snapshot`` per tick (and on every state change); readers never touch live
+objects, so an HTTP scrape can never see a half-updated engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from llmsupervisor.state import EngineState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSnapshot:
+    name: str
+    state: EngineState
+    state_reason: str
+    state_age_s: float  # seconds in the current state
+    gpus: tuple[int, ...]
+    port: int
+    pid: int | None
+    restarts_total: int
+    # Restarts by cause: "crash", "health", "start_failed", "operator", "config_change", ...
+    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
+    state_changes_total: int = 0
+    last_exit: str | None = None
+    last_failure: str | None = None
+    # Whether a load balancer should send this engine traffic (READY and not shedding load).
+    in_rotation: bool = False
+    canary_latency_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    engines: tuple[EngineSnapshot, ...]
+    ticks_total: int = 0
+    last_tick_duration_s: float = 0.0
+    notify_failures_total: int = 0
+    config_path: str = ""
+    config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
+    reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
+
+    def engine(self, name: str) -> EngineSnapshot | None:
+        return next((e for e in self.engines if e.name == name), None)
