@@ -1,16 +1,25 @@
-"""Command line: ``llm-supervisor [run] [--config PATH]``, ``check-config [PATH]``. No logic here."""
+"""Command line: ``llm-supervisor [run]``, ``check-config``, and the control commands
+(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``) that talk to a running
+daemon over its control socket. No supervision logic here."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
-from llmsupervisor import __version__, logs
-from llmsupervisor.config import DEFAULT_CONFIG_PATH, load_config
+import yaml
+
+from llmsupervisor import __version__, control, logs
+from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
 from llmsupervisor.errors import EX_CONFIG, ConfigError
+
+SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
+EX_UNAVAILABLE = 69  # the daemon is not running or refused
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +37,86 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run the daemon in the foreground (the default)")
     check = sub.add_parser("check-config", help="validate a config file; exit 78 with one line per problem")
     check.add_argument("path", nargs="?", type=Path, help="config file (default: --config)")
+    parser.add_argument("--socket", type=Path, help="control socket (default: found from --config)")
+    status = sub.add_parser("status", help="engines, states, ports, restarts")
+    status.add_argument("--json", action="store_true", help="machine-readable")
+    for name, text in (
+        ("restart", "drain the engine, then restart it"),
+        ("drain", "take the engine out of rotation and let in-flight requests finish"),
+        ("stop", "drain and stop the engine; it stays stopped"),
+        ("start", "start a stopped, FATAL or drained engine"),
+    ):
+        sub.add_parser(name, help=text).add_argument("engine")
+    sub.add_parser("reload", help="re-read the config; restart only engines whose spec changed")
     return parser
+
+
+def _socket_candidates(args: argparse.Namespace) -> list[Path]:
+    if args.socket:
+        return [args.socket]
+    state_dir = SupervisorSettings().state_dir
+    try:
+        raw = yaml.safe_load(Path(args.config).read_text())
+        state_dir = Path(raw["supervisor"]["state_dir"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        pass
+    return [SYSTEMD_SOCKET, control.default_socket_path(state_dir.resolve())]
+
+
+def control_command(args: argparse.Namespace) -> int:
+    candidates = _socket_candidates(args)
+    path = next((p for p in candidates if p.exists()), candidates[-1])
+    payload: dict[str, Any] = {"command": args.command}
+    if getattr(args, "engine", None):
+        payload["engine"] = args.engine
+    try:
+        reply = control.request(path, payload)
+    except control.ControlError as exc:
+        print(f"llm-supervisor: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    if not reply.get("ok"):
+        print(f"llm-supervisor: {reply.get('error')}", file=sys.stderr)
+        return 1
+    result: Any = reply.get("result")
+    if args.command == "status" and not args.json:
+        print(format_status(result))
+    elif args.command == "reload" and isinstance(result, dict) and not result.get("reloaded"):
+        for problem in result.get("problems", []):
+            print(problem, file=sys.stderr)
+        print("llm-supervisor: reload rejected; the daemon keeps its previous config", file=sys.stderr)
+        return EX_CONFIG
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def format_status(status: dict[str, Any]) -> str:
+    header = ("ENGINE", "STATE", "GPU", "PORT", "FOR", "RESTARTS", "ROTATION", "REASON")
+    rows = [header]
+    for name, e in status.get("engines", {}).items():
+        rows.append(
+            (
+                name,
+                e["state"].upper(),
+                ",".join(str(g) for g in e["gpus"]) or "-",
+                str(e["port"]),
+                _age(e["for_s"]),
+                str(e["restarts"]),
+                "in" if e.get("in_rotation") else "out",
+                (e.get("reason") or "")[:60],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows
+    )
 
 
 def check_config(path: Path) -> int:
@@ -61,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.path or args.config)
+    if args.command in control.COMMANDS:
+        return control_command(args)
     return run(args.config)
 
 
