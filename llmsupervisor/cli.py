@@ -139,10 +139,12 @@ def run(path: Path) -> int:
             logging.getLogger("llmsupervisor").error("%s", problem)
         logging.getLogger("llmsupervisor").critical("invalid config, not starting (exit %d)", EX_CONFIG)
         return EX_CONFIG
-    logs.setup(config.supervisor.log_level)
+    # GPU= on each engine's journal entries (kept in step with reloads by the supervisor).
+    gpus_of = {e.name: ",".join(str(g) for g in e.gpus) for e in config.engines}
+    logs.setup(config.supervisor.log_level, gpus_of=gpus_of)
     from llmsupervisor.supervisor import Supervisor
 
-    return asyncio.run(Supervisor(config).run())
+    return asyncio.run(Supervisor(config, gpus_of=gpus_of).run())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -164,10 +164,15 @@ class HttpApi:
         try:
             if len(self._connections) > self._max_connections:
                 await self._respond(writer, _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"))
+                await self._linger(reader)
                 return
             await self._exchange(reader, writer)
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass  # the client went away or stopped reading; nothing left to tell it
+        except asyncio.CancelledError:
+            # close() ends open connections this way. Ending normally matters: on 3.11,
+            # StreamReaderProtocol logs a cancelled connection task as an unhandled error.
+            pass
         except Exception:
             # Never let one connection's failure reach the loop's exception handler.
             log.exception("HTTP connection failed")

@@ -1,17 +1,28 @@
-"""Logging: journald priority prefixes when stderr is the journal, timestamps otherwise.
+"""Logging: native journald records under systemd, timestamped lines elsewhere.
 
-Under systemd (``JOURNAL_STREAM`` matches stderr's device and inode) every line starts with
-``<N>`` so that ``journalctl -p warning`` works; every line of a multi-line record gets the prefix,
-or journald would file traceback lines at priority 6 (host-facts §6.1). Records about an engine
-carry ``engine`` in ``extra`` and are tagged ``[name]`` on every line.
+Under systemd (``JOURNAL_STREAM`` matches stderr's device and inode) each record goes to
+journald's native socket as one entry with fields: ``PRIORITY``, ``SYSLOG_IDENTIFIER``, and for
+records about an engine ``ENGINE=`` and ``GPU=``, so ``journalctl -u llm-supervisor ENGINE=gpu0``
+tells one engine's story, its forwarded vLLM lines included (identifier ``vllm-NAME``, the
+priority from vLLM's own level word, ``ENGINE_PID=`` the engine process). If that socket is
+missing or a send fails, the record falls back to stderr with a ``<N>`` prefix on every line, so
+``journalctl -p warning`` still works and traceback lines keep their priority (host-facts §6).
+Records about an engine carry ``engine`` in ``extra`` and are tagged ``[name]`` in text form.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import struct
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Final, TextIO
+
+JOURNAL_SOCKET: Final = Path("/run/systemd/journal/socket")
+JOURNAL_MESSAGE_LIMIT: Final = 48 * 1024  # bigger payloads would need the memfd path
 
 JOURNAL_PRIORITY: Final = {
     logging.CRITICAL: 2,
@@ -68,10 +79,83 @@ class EngineFormatter(logging.Formatter):
         return "\n".join(lines)
 
 
-def setup(level: str = "info", *, stream: TextIO | None = None) -> None:
+def _journal_field(key: str, value: str) -> bytes:
+    data = value.encode("utf-8", "replace")
+    if b"\n" in data:
+        # Binary form: name, newline, little-endian u64 length, value, newline.
+        return key.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
+    return key.encode() + b"=" + data + b"\n"
+
+
+class JournalHandler(logging.Handler):
+    """journald's native protocol: one datagram per record, fields UPPERCASE."""
+
+    def __init__(
+        self,
+        socket_path: Path = JOURNAL_SOCKET,
+        *,
+        identifier: str = "llm-supervisor",
+        gpus_of: Mapping[str, str] | None = None,
+        fallback: logging.Handler | None = None,
+    ) -> None:
+        super().__init__()
+        self.socket_path = socket_path
+        self.identifier = identifier
+        self.gpus_of = gpus_of if gpus_of is not None else {}
+        self.fallback = fallback
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    def fields(self, record: logging.LogRecord) -> dict[str, str]:
+        engine = getattr(record, "engine", None)
+        engine_pid = getattr(record, "engine_pid", None)
+        fields = {
+            "MESSAGE": record.getMessage()[:JOURNAL_MESSAGE_LIMIT],
+            "PRIORITY": str(_priority(record.levelno)),
+            "SYSLOG_IDENTIFIER": f"vllm-{engine}" if engine and engine_pid else self.identifier,
+            "LOGGER": record.name,
+            "CODE_FILE": record.pathname,
+            "CODE_LINE": str(record.lineno),
+            "CODE_FUNC": record.funcName or "",
+        }
+        if record.exc_info:
+            fields["MESSAGE"] += "\n" + logging.Formatter().formatException(record.exc_info)
+        if engine:
+            fields["ENGINE"] = str(engine)
+            if engine in self.gpus_of:
+                fields["GPU"] = self.gpus_of[engine]
+        if engine_pid:
+            fields["ENGINE_PID"] = str(engine_pid)
+        return fields
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            payload = b"".join(_journal_field(k, v) for k, v in self.fields(record).items())
+            self.sock.sendto(payload, str(self.socket_path))
+        except OSError:
+            if self.fallback is not None:
+                self.fallback.handle(record)
+            else:
+                self.handleError(record)
+
+    def close(self) -> None:
+        self.sock.close()
+        super().close()
+
+
+def setup(
+    level: str = "info",
+    *,
+    stream: TextIO | None = None,
+    gpus_of: Mapping[str, str] | None = None,
+    journal_socket: Path = JOURNAL_SOCKET,
+) -> None:
     stream = stream or sys.stderr
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(EngineFormatter(journal=stderr_is_journal(stream)))
+    journal = stderr_is_journal(stream)
+    text_handler = logging.StreamHandler(stream)
+    text_handler.setFormatter(EngineFormatter(journal=journal))
+    handler: logging.Handler = text_handler
+    if journal and journal_socket.exists():
+        handler = JournalHandler(journal_socket, gpus_of=gpus_of, fallback=text_handler)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

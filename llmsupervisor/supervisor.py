@@ -53,9 +53,15 @@ class Command(enum.Enum):
 
 class Supervisor:
     def __init__(
-        self, config: SupervisorConfig, *, clock: Clock | None = None, notifier: Notifier | None = None
+        self,
+        config: SupervisorConfig,
+        *,
+        clock: Clock | None = None,
+        notifier: Notifier | None = None,
+        gpus_of: dict[str, str] | None = None,
     ) -> None:
         self.config = config
+        self.gpus_of = gpus_of if gpus_of is not None else {}  # shared with the journal handler
         self.clock = clock or MonotonicClock()
         self.notifier = notifier or Notifier()
         self._ready_sent = False
@@ -342,6 +348,8 @@ class Supervisor:
             changed = [n for n in new_specs if n in old_specs and new_specs[n] != old_specs[n]]
             self.config = new
             self.config_loaded_timestamp_s = time.time()
+            self.gpus_of.clear()
+            self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in new.engines})
             logs.set_level(new.supervisor.log_level)
             for name in removed:
                 self._retire(name)

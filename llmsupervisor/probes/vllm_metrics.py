@@ -1,0 +1,344 @@
+"""vLLM's ``/metrics`` read into one frozen ``EngineMetrics``, whatever the vLLM version.
+
+vLLM renames families between releases (vllm-facts §3.3), so every field is looked up through
+``ALIASES``: each row is the 0.32 name first, then the older names, and the first one present
+wins. Rules that follow from how vLLM exposes them (vllm-facts §3.1):
+
+- every engine metric carries ``engine`` (the DP index; V0 had none): series are summed over it,
+  and over any other label except the one a field groups by (``finished_reason``, ``le``);
+- counters are read by their exposed ``*_total`` name, and ``*_created`` samples are ignored;
+- an absent gauge is ``None`` (unknown), never 0: in multi-API-server mode gauges are missing
+  until the first request, and ``--disable-log-stats`` removes every ``vllm:`` family. The one
+  exception is V0's ``num_requests_swapped``, which later versions dropped because nothing swaps;
+- a garbage body is a ``ProbeFailure(kind="parse")``, not an exception.
+
+::
+
+    GET /metrics ──► text_string_to_metric_families ──► {exposed sample name: [(labels, value)]}
+                                                              │ ALIASES (first present name)
+                                                              ▼
+                                                        EngineMetrics (present = rows found)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmsupervisor.probes import ProbeFailure
+
+SleepState = Literal["awake", "weights_offloaded", "discard_all"]
+
+# Canonical (0.32) name -> every exposed name, newest first. Scalar rows name exposed samples;
+# histogram rows name the base, read as base + _bucket / _sum / _count.
+ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "vllm:num_requests_running": ("vllm:num_requests_running",),
+        "vllm:num_requests_waiting": ("vllm:num_requests_waiting",),
+        # V0 only (<= 0.10); V1 never swaps, so absent reads as 0.
+        "vllm:num_requests_swapped": ("vllm:num_requests_swapped",),
+        # A 0-1 fraction under both names despite "perc"; both emitted 0.9.2-0.10, old removed 0.12.
+        "vllm:kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "vllm:num_preemptions_total": ("vllm:num_preemptions_total",),
+        "vllm:prompt_tokens_total": ("vllm:prompt_tokens_total",),
+        "vllm:generation_tokens_total": ("vllm:generation_tokens_total",),
+        # Engine steps: advances on every step, frozen when idle or stalled (vllm-facts §7).
+        "vllm:iteration_tokens_total_count": ("vllm:iteration_tokens_total_count",),
+        "vllm:prefix_cache_queries_total": (
+            "vllm:prefix_cache_queries_total",
+            "vllm:gpu_prefix_cache_queries_total",
+        ),
+        "vllm:prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        "vllm:request_success_total": ("vllm:request_success_total",),
+        "vllm:engine_sleep_state": ("vllm:engine_sleep_state",),
+        "vllm:time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+        "vllm:e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+        # The old name measured the inter-token gap too; deprecated 0.11, later removed.
+        "vllm:inter_token_latency_seconds": (
+            "vllm:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+        ),
+    }
+)
+HISTOGRAM_ROWS: Final[frozenset[str]] = frozenset(
+    {
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:inter_token_latency_seconds",
+    }
+)
+_HISTOGRAM_SUFFIXES: Final = ("_bucket", "_sum", "_count")
+_SLEEP_STATES: Final[tuple[SleepState, ...]] = ("discard_all", "weights_offloaded", "awake")
+
+
+def _wanted_names() -> frozenset[str]:
+    names: set[str] = set()
+    for canonical, aliases in ALIASES.items():
+        for name in aliases:
+            if canonical in HISTOGRAM_ROWS:
+                names.update(name + suffix for suffix in _HISTOGRAM_SUFFIXES)
+            else:
+                names.add(name)
+    return frozenset(names)
+
+
+_WANTED: Final[frozenset[str]] = _wanted_names()
+
+_Series = list[tuple[dict[str, str], float]]
+
+
+class _BadBody(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """One cumulative Prometheus histogram, summed over engines.
+
+    ``buckets`` are ``(le, cumulative count)`` in ascending ``le``; the last is ``+Inf`` when the
+    body had one. ``sum`` is in the family's unit (seconds for the latency families).
+    """
+
+    buckets: tuple[tuple[float, int], ...]
+    sum: float
+    count: int
+
+    def quantile(self, q: float) -> float | None:
+        """Estimate the q-quantile the way PromQL's ``histogram_quantile`` does.
+
+        Linear interpolation inside the bucket that holds the rank; a rank in the ``+Inf`` bucket
+        returns the highest finite bound. ``None`` when there are no observations.
+        """
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q} is outside [0, 1]")
+        if not self.buckets:
+            return None
+        total = self.buckets[-1][1]
+        if total <= 0:
+            return None
+        rank = q * total
+        prev_le, prev_count = 0.0, 0
+        for i, (le, cumulative) in enumerate(self.buckets):
+            if cumulative >= rank and cumulative > 0:
+                if math.isinf(le):
+                    return prev_le if i > 0 else None
+                lower = prev_le if i > 0 else min(0.0, le)
+                if cumulative == prev_count:
+                    return le
+                return lower + (le - lower) * (rank - prev_count) / (cumulative - prev_count)
+            prev_le, prev_count = le, cumulative
+        return prev_le
+
+    def minus(self, older: Histogram | None) -> Histogram:
+        """What was observed between ``older`` and this snapshot.
+
+        Returns ``self`` when there is no older snapshot or it cannot be the same series
+        (a count went down or the bucket layout changed: the engine restarted in between), the way
+        PromQL's ``rate`` treats a counter reset.
+        """
+        if older is None:
+            return self
+        if [le for le, _ in older.buckets] != [le for le, _ in self.buckets] or older.count > self.count:
+            return self
+        diffs = tuple(
+            (le, new - old) for (le, new), (_, old) in zip(self.buckets, older.buckets, strict=True)
+        )
+        if any(d < 0 for _, d in diffs):
+            return self
+        return Histogram(buckets=diffs, sum=self.sum - older.sum, count=self.count - older.count)
+
+
+def window_quantile(newer: Histogram | None, older: Histogram | None, q: float = 0.95) -> float | None:
+    """The q-quantile of what was observed between two snapshots (p95 over a window).
+
+    ``None`` when the newer snapshot lacks the family or nothing was observed in the window.
+    """
+    if newer is None:
+        return None
+    return newer.minus(older).quantile(q)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineMetrics:
+    """One scrape of one engine's ``/metrics``. ``None`` means the family was absent (unknown)."""
+
+    requests_running: int | None
+    requests_waiting: int | None
+    requests_swapped: int  # V0 only; 0 when absent
+    kv_usage_ratio: float | None  # 0..1
+    preemptions_total: int | None
+    prompt_tokens_total: int | None
+    generation_tokens_total: int | None
+    iterations_total: int | None  # engine steps (iteration_tokens_total_count)
+    prefix_cache_queries_total: int | None  # in tokens
+    prefix_cache_hits_total: int | None  # in tokens
+    request_success_total_by_reason: Mapping[str, int] | None  # finished_reason -> count
+    ttft_seconds: Histogram | None
+    e2e_latency_seconds: Histogram | None
+    itl_seconds: Histogram | None
+    sleep_state: SleepState | None
+    present: frozenset[str]  # canonical ALIASES rows found in the body
+
+    @property
+    def requests_finished_total(self) -> int | None:
+        """All finished requests, whatever the reason (vLLM counts errors as "success" too)."""
+        if self.request_success_total_by_reason is None:
+            return None
+        return sum(self.request_success_total_by_reason.values())
+
+    @property
+    def tokens_total(self) -> int | None:
+        if self.prompt_tokens_total is None or self.generation_tokens_total is None:
+            return None
+        return self.prompt_tokens_total + self.generation_tokens_total
+
+
+def _collect(body: str) -> dict[str, _Series]:
+    store: dict[str, _Series] = defaultdict(list)
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            # *_created is a timestamp gauge that the client library adds to every counter and
+            # histogram; none of our names end in it, but skip it explicitly all the same.
+            if sample.name in _WANTED and not sample.name.endswith("_created"):
+                store[sample.name].append((dict(sample.labels), float(sample.value)))
+    return store
+
+
+def _first(store: Mapping[str, _Series], canonical: str, present: set[str]) -> _Series | None:
+    for name in ALIASES[canonical]:
+        series = store.get(name)
+        if series:
+            present.add(canonical)
+            return series
+    return None
+
+
+def _total(series: _Series | None) -> float | None:
+    if series is None:
+        return None
+    total = math.fsum(value for _, value in series)
+    return total if math.isfinite(total) else None
+
+
+def _count(series: _Series | None) -> int | None:
+    total = _total(series)
+    return None if total is None else round(total)
+
+
+def _by_label(series: _Series | None, label: str) -> dict[str, float] | None:
+    if series is None:
+        return None
+    sums: dict[str, float] = defaultdict(float)
+    for labels, value in series:
+        sums[labels.get(label, "")] += value
+    return dict(sums)
+
+
+def _histogram(store: Mapping[str, _Series], canonical: str, present: set[str]) -> Histogram | None:
+    for base in ALIASES[canonical]:
+        buckets = store.get(base + "_bucket")
+        counts = store.get(base + "_count")
+        if not buckets and not counts:
+            continue
+        present.add(canonical)
+        by_le: dict[float, float] = defaultdict(float)
+        for labels, value in buckets or []:
+            try:
+                by_le[float(labels["le"])] += value
+            except (KeyError, ValueError) as exc:
+                raise _BadBody(f"{base}_bucket with a bad le label {labels!r}") from exc
+        ordered = tuple((le, round(v)) for le, v in sorted(by_le.items()) if math.isfinite(v))
+        count = _count(counts)
+        if count is None:
+            count = ordered[-1][1] if ordered else 0
+        total = _total(store.get(base + "_sum"))
+        return Histogram(buckets=ordered, sum=0.0 if total is None else total, count=count)
+    return None
+
+
+def _sleep_state(series: _Series | None) -> SleepState | None:
+    # One 0/1 series per state and engine. If any engine sleeps, the server is not fully
+    # serving, so the deepest sleep wins over "awake".
+    sums = _by_label(series, "sleep_state")
+    if sums is None:
+        return None
+    for state in _SLEEP_STATES:
+        if sums.get(state, 0.0) > 0:
+            return state
+    return None
+
+
+def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
+    """Read a ``/metrics`` body; never raises for what the body contains."""
+    try:
+        store = _collect(body)
+        present: set[str] = set()
+        reasons = _by_label(_first(store, "vllm:request_success_total", present), "finished_reason")
+        return EngineMetrics(
+            requests_running=_count(_first(store, "vllm:num_requests_running", present)),
+            requests_waiting=_count(_first(store, "vllm:num_requests_waiting", present)),
+            requests_swapped=_count(_first(store, "vllm:num_requests_swapped", present)) or 0,
+            kv_usage_ratio=_total(_first(store, "vllm:kv_cache_usage_perc", present)),
+            preemptions_total=_count(_first(store, "vllm:num_preemptions_total", present)),
+            prompt_tokens_total=_count(_first(store, "vllm:prompt_tokens_total", present)),
+            generation_tokens_total=_count(_first(store, "vllm:generation_tokens_total", present)),
+            iterations_total=_count(_first(store, "vllm:iteration_tokens_total_count", present)),
+            prefix_cache_queries_total=_count(_first(store, "vllm:prefix_cache_queries_total", present)),
+            prefix_cache_hits_total=_count(_first(store, "vllm:prefix_cache_hits_total", present)),
+            request_success_total_by_reason=None
+            if reasons is None
+            else MappingProxyType({k: round(v) for k, v in reasons.items() if math.isfinite(v)}),
+            ttft_seconds=_histogram(store, "vllm:time_to_first_token_seconds", present),
+            e2e_latency_seconds=_histogram(store, "vllm:e2e_request_latency_seconds", present),
+            itl_seconds=_histogram(store, "vllm:inter_token_latency_seconds", present),
+            sleep_state=_sleep_state(_first(store, "vllm:engine_sleep_state", present)),
+            present=frozenset(present),
+        )
+    except _BadBody as exc:
+        return ProbeFailure("parse", str(exc))
+    except Exception as exc:  # the parser raises ValueError, but garbage may find other paths
+        return ProbeFailure("parse", f"unreadable /metrics body: {type(exc).__name__}: {exc}"[:300])
+
+
+async def fetch_metrics(
+    client: httpx.AsyncClient, base_url: str, *, timeout_s: float
+) -> EngineMetrics | ProbeFailure:
+    """GET ``{base_url}/metrics`` under one overall deadline of ``timeout_s`` seconds.
+
+    httpx's own timeout applies to each phase separately, so a server that drips its body could
+    outlast it; ``asyncio.timeout`` bounds the whole exchange.
+    """
+    url = f"{base_url.rstrip('/')}/metrics"
+    try:
+        async with asyncio.timeout(timeout_s):
+            resp = await client.get(url, timeout=timeout_s)
+            body = resp.text
+    except (TimeoutError, httpx.TimeoutException) as exc:
+        return ProbeFailure("timeout", f"GET {url}: no answer within {timeout_s} s ({type(exc).__name__})")
+    except httpx.NetworkError as exc:
+        return ProbeFailure("connect", f"GET {url}: {type(exc).__name__}: {exc}")
+    except httpx.HTTPError as exc:
+        return ProbeFailure("http", f"GET {url}: {type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return ProbeFailure("http", f"GET {url}: HTTP {resp.status_code}: {body[:200]}")
+    return parse_metrics(body)
+
+
+__all__ = [
+    "ALIASES",
+    "HISTOGRAM_ROWS",
+    "EngineMetrics",
+    "Histogram",
+    "SleepState",
+    "fetch_metrics",
+    "parse_metrics",
+    "window_quantile",
+]
