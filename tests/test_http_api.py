@@ -332,13 +332,17 @@ def test_connections_past_the_limit_get_503_and_close_ends_open_ones() -> None:
                 release.set()
                 assert (await held).text == "released"
                 assert (await client.get("/")).status_code == 200
-                # An idle connection is ended by close(), which does not wait for the client.
+                # close() ends a connection whose handler is still running; it does not wait
+                # for the handler or the client.
+                entered.clear()
+                release.clear()
                 reader, writer = await asyncio.open_connection("127.0.0.1", api.port)
                 try:
-                    writer.write(b"GET / HTTP/1.1\r\n")
+                    writer.write(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
                     await writer.drain()
-                    await api.close()
                     async with asyncio.timeout(DEADLINE_S):
+                        await entered.wait()
+                        await api.close()
                         assert await reader.read() == b""
                 finally:
                     writer.close()
