@@ -122,9 +122,9 @@ GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
     "xid_errors_total": GpuMetric("XID error events seen on the GPU since the daemon started."),
     "ecc_uncorrected_errors_total": GpuMetric("Uncorrected ECC errors reported by the GPU."),
     "throttle_reason": GpuMetric(
-        "1 while the GPU clocks are held back for this reason (NVML clocks event reasons: "
-        "gpu_idle, applications_clocks_setting, sw_power_cap, hw_slowdown, sync_boost, "
-        "sw_thermal, hw_thermal, hw_power_brake, display_clocks_setting), else 0.",
+        "1 while the GPU clocks are held back for this reason (NVML clock event reasons: "
+        "gpu_idle, applications_clocks, sw_power_cap, hw_slowdown, sync_boost, sw_thermal, "
+        "hw_thermal, hw_power_brake, display_clocks, board_limit, reliability), else 0.",
         label="reason",
     ),
 }

@@ -13,7 +13,8 @@ loop, so a slow or hostile client must cost one bounded task and nothing else.
 
 A handler that raises (or runs past ``handler_timeout_s``) gives 500 (503) and is logged; the
 exception never reaches the event loop. Past ``max_connections`` open connections a new one gets
-503 at once, so a flood of idle sockets cannot make the daemon hold unbounded tasks.
+503 at once without being read, so a flood of idle sockets holds at most ``max_connections``
+connections for the read deadline; the rest are answered and gone within ``LINGER_S``.
 
 Routing: an exact match in ``routes`` first; otherwise the longest key of ``prefix_routes`` that
 the path starts with, whose handler gets the rest of the path (``"/engines/"`` + ``"gpu0/ready"``
@@ -299,11 +300,8 @@ def _error(status: HTTPStatus, detail: str) -> Response:
 
 
 def _parse(head: bytes) -> _Request:
-    try:
-        decoded = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise _BadRequest(HTTPStatus.BAD_REQUEST, "undecodable request") from None
-    request_line, *header_lines = decoded.split("\n")
+    # latin-1 maps every byte to a character, so decoding never fails; bad bytes fail the checks.
+    request_line, *header_lines = head.decode("latin-1").split("\n")
     parts = request_line.rstrip("\r").split(" ")
     if len(parts) != 3:
         raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line")

@@ -36,6 +36,8 @@ from llmsupervisor.clock import Clock, MonotonicClock
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.engine import EngineRunner
 from llmsupervisor.errors import ConfigError
+from llmsupervisor.exporter import Exporter
+from llmsupervisor.http_api import HttpApi, Response, parse_listen
 from llmsupervisor.notify import Notifier
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
@@ -76,6 +78,8 @@ class Supervisor:
         self.last_tick_duration_s = 0.0
         self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
         self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
+        self.exporter = Exporter(self.snapshot)
+        self._last_tick_s = self.clock.monotonic()
         self.runners: dict[str, EngineRunner] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._sigint_count = 0
@@ -248,11 +252,61 @@ class Supervisor:
                     self.control_path,
                     exc,
                 )
+            api = self._http_api()
+            host, port = parse_listen(self.config.supervisor.http_listen)
+            try:
+                await api.start(host, port)
+                log.info(
+                    "HTTP on %s: /metrics /healthz /readyz /engines/NAME/ready",
+                    self.config.supervisor.http_listen,
+                )
+            except OSError as exc:
+                # Engines matter more than the listener: supervise them anyway, loudly.
+                log.error(
+                    "cannot listen on %s: %s; no metrics or readiness endpoints",
+                    self.config.supervisor.http_listen,
+                    exc,
+                )
             await self._loop()
             await server.close()
+            await api.close()
             exit_code = await self._shutdown()
         self._stop_guard()
         return exit_code
+
+    def _http_api(self) -> HttpApi:
+        return HttpApi(
+            {
+                "/metrics": lambda: Response(
+                    body=self.exporter.render(), content_type=self.exporter.content_type
+                ),
+                "/healthz": self._healthz,
+                "/readyz": self._readyz,
+            },
+            {"/engines/": self._engine_ready},
+        )
+
+    def _healthz(self) -> Response:
+        """Alive means the loop is ticking, not merely that the process answers."""
+        age_s = self.clock.monotonic() - self._last_tick_s
+        limit_s = max(10.0, 5 * self.config.supervisor.tick_interval_s)
+        if age_s > limit_s:
+            return _json(503, {"ok": False, "reason": f"no loop tick for {age_s:.1f} s"})
+        return _json(200, {"ok": True, "last_tick_age_s": round(age_s, 3)})
+
+    def _readyz(self) -> Response:
+        ready = [r.spec.name for r in self.runners.values() if r.in_rotation]
+        return _json(200 if ready else 503, {"ready": bool(ready), "engines_in_rotation": ready})
+
+    def _engine_ready(self, rest: str) -> Response:
+        """``/engines/NAME/ready``: 200 only when NAME should receive traffic (for HAProxy,
+        nginx or Kubernetes); 503 with the reason otherwise."""
+        name, _, leaf = rest.partition("/")
+        runner = self.runners.get(name)
+        if leaf != "ready" or runner is None:
+            return _json(404, {"error": f"no such endpoint: /engines/{rest}"})
+        body = {"engine": name, "state": runner.state.value, "reason": runner.state_reason}
+        return _json(200 if runner.in_rotation else 503, body)
 
     def _add_engine(self, spec: EngineSpec) -> None:
         assert self._http is not None
@@ -423,6 +477,8 @@ class Supervisor:
         self._notify_progress()
         self.ticks_total += 1
         self.last_tick_duration_s = time.monotonic() - started
+        self.exporter.observe_tick(self.last_tick_duration_s)
+        self._last_tick_s = self.clock.monotonic()
         # Only after a complete tick: a wedged loop stops the pings and systemd restarts us.
         self.notifier.watchdog()
 
@@ -527,3 +583,7 @@ class Supervisor:
                 return 1
         log.info("all engines stopped; no engine process left")
         return 0
+
+
+def _json(status: int, body: dict[str, Any]) -> Response:
+    return Response(status=status, body=json.dumps(body).encode() + b"\n", content_type="application/json")

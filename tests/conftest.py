@@ -61,6 +61,8 @@ class Daemon:
         self.state_dir = tmp_path / "state"
         config.setdefault("supervisor", {}).setdefault("state_dir", str(self.state_dir))
         config["supervisor"].setdefault("tick_interval_s", 0.3)
+        config["supervisor"].setdefault("http_listen", f"127.0.0.1:{free_port()}")
+        self.http_url = "http://" + config["supervisor"]["http_listen"]
         self.config_path = tmp_path / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.log_path = tmp_path / f"{name}.log"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,6 +37,14 @@ async def serving(
             yield api, client
     finally:
         await api.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_asyncio_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """A connection task that dies badly shows up only as an asyncio log record: fail on it."""
+    yield
+    errors = [r.getMessage() for r in caplog.get_records("call") if r.name == "asyncio"]
+    assert errors == []
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
