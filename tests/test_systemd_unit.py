@@ -70,3 +70,24 @@ def test_settings_the_daemon_relies_on() -> None:
     ):
         assert f"\n{line}\n" in text, line
     assert "MemoryDenyWriteExecute" not in text.replace("# Not set, on purpose: MemoryDenyWriteExecute=", "")
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers missing")
+def test_sysusers_and_tmpfiles_into_a_scratch_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for sub in ("usr/lib/sysusers.d", "usr/lib/tmpfiles.d", "etc"):
+        (root / sub).mkdir(parents=True)
+    (root / "etc/group").write_text("root:x:0:\nvideo:x:44:\n")
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    src = UNIT.parent
+    shutil.copy(src / "llm-supervisor.sysusers.conf", root / "usr/lib/sysusers.d/llm-supervisor.conf")
+    shutil.copy(src / "llm-supervisor.tmpfiles.conf", root / "usr/lib/tmpfiles.d/llm-supervisor.conf")
+    subprocess.run(["systemd-sysusers", f"--root={root}"], check=True, capture_output=True)
+    passwd = (root / "etc/passwd").read_text()
+    assert "llm-supervisor:x:" in passwd and ":/var/lib/llm-supervisor:/usr/sbin/nologin" in passwd
+    video = next(line for line in (root / "etc/group").read_text().splitlines() if line.startswith("video:"))
+    assert video.endswith("llm-supervisor")
+    subprocess.run(["systemd-tmpfiles", f"--root={root}", "--create"], check=True, capture_output=True)
+    models = root / "var/lib/llm-supervisor/models"
+    assert models.is_dir()
+    assert oct(models.stat().st_mode & 0o777) == "0o750"
