@@ -5,7 +5,9 @@
     SupervisorError
      ├── ConfigError          a config file that does not validate; carries every ConfigProblem
      ├── IllegalTransition    an engine state change the transition table does not allow (a bug)
-     └── PortHeld             an engine's port is held by a process that is not ours
+     ├── PortHeld             an engine's port is held by a process that is not ours
+     └── NvmlUnavailable      no GPU telemetry on this host: no driver, driver not loaded, a reboot
+                              pending after a driver upgrade, or no permission; the daemon degrades
 """
 
 from __future__ import annotations
@@ -51,3 +53,16 @@ class PortHeld(SupervisorError):
         self.port = port
         self.pid = pid
         self.cmdline = cmdline
+
+
+class NvmlUnavailable(SupervisorError):
+    """NVML cannot be used here; engines still run, without GPU telemetry (host-facts §1.2).
+
+    ``reason`` is one of ``library_not_found``, ``driver_not_loaded``, ``reboot_pending``,
+    ``no_permission``, ``import_failed``, ``init_failed`` or ``init_timeout``.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"NVML unavailable ({reason}): {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -5,7 +5,8 @@ vLLM renames families between releases (vllm-facts §3.3), so every field is loo
 wins. Rules that follow from how vLLM exposes them (vllm-facts §3.1):
 
 - every engine metric carries ``engine`` (the DP index; V0 had none): series are summed over it,
-  and over any other label except the one a field groups by (``finished_reason``, ``le``);
+  and over any other label except the one a field groups by (``finished_reason``, ``le``). The
+  KV usage ratio is the exception: it is the busiest engine's (a maximum, not a sum);
 - counters are read by their exposed ``*_total`` name, and ``*_created`` samples are ignored;
 - an absent gauge is ``None`` (unknown), never 0: in multi-API-server mode gauges are missing
   until the first request, and ``--disable-log-stats`` removes every ``vllm:`` family. The one
@@ -173,7 +174,7 @@ class EngineMetrics:
     requests_running: int | None
     requests_waiting: int | None
     requests_swapped: int  # V0 only; 0 when absent
-    kv_usage_ratio: float | None  # 0..1
+    kv_usage_ratio: float | None  # 0..1, the busiest engine's
     preemptions_total: int | None
     prompt_tokens_total: int | None
     generation_tokens_total: int | None
@@ -226,6 +227,15 @@ def _total(series: _Series | None) -> float | None:
         return None
     total = math.fsum(value for _, value in series)
     return total if math.isfinite(total) else None
+
+
+def _worst(series: _Series | None) -> float | None:
+    # A ratio per engine does not add up: two DP engines at 0.5 are not at 1.0. The busiest
+    # engine is the one that preempts first, so report the maximum.
+    if series is None:
+        return None
+    values = [value for _, value in series if math.isfinite(value)]
+    return max(values) if values else None
 
 
 def _count(series: _Series | None) -> int | None:
@@ -286,7 +296,7 @@ def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
             requests_running=_count(_first(store, "vllm:num_requests_running", present)),
             requests_waiting=_count(_first(store, "vllm:num_requests_waiting", present)),
             requests_swapped=_count(_first(store, "vllm:num_requests_swapped", present)) or 0,
-            kv_usage_ratio=_total(_first(store, "vllm:kv_cache_usage_perc", present)),
+            kv_usage_ratio=_worst(_first(store, "vllm:kv_cache_usage_perc", present)),
             preemptions_total=_count(_first(store, "vllm:num_preemptions_total", present)),
             prompt_tokens_total=_count(_first(store, "vllm:prompt_tokens_total", present)),
             generation_tokens_total=_count(_first(store, "vllm:generation_tokens_total", present)),

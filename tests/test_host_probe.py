@@ -1,0 +1,174 @@
+"""Process-group sweep: the pure summary over fixtures, and psutil over real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from llmsupervisor.probes.host import ProcSample, RawProcess, list_group_psutil, summarize, sweep_group
+
+GiB = 1024**3
+
+
+def raw(
+    pid: int, pgid: int, cmdline: tuple[str, ...] | None, rss: int | None, status: str = "sleeping"
+) -> RawProcess:
+    return RawProcess(
+        pid=pid,
+        pgid=pgid,
+        name=cmdline[0].rsplit("/", 1)[-1] if cmdline else "VLLM::Worker",
+        cmdline=cmdline,
+        rss_bytes=rss,
+        cpu_user_s=None if rss is None else 10.0,
+        cpu_system_s=None if rss is None else 1.5,
+        status=status,
+    )
+
+
+# A vLLM CPU engine as vllm-facts §2 draws it, a zombie Worker, and a process of another group.
+VLLM_TREE = [
+    raw(
+        500,
+        500,
+        ("/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--port", "8000"),
+        640_000_000,
+    ),
+    raw(
+        510,
+        500,
+        ("/opt/venv/bin/python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(32)"),
+        20_000_000,
+    ),
+    raw(520, 500, ("VLLM::EngineCore",), 600_000_000, status="running"),
+    raw(530, 500, (), None, status="zombie"),
+    raw(900, 900, ("/usr/bin/other",), GiB),
+]
+
+
+def test_summary_of_a_fixture_tree() -> None:
+    sample = summarize(500, reversed(VLLM_TREE))
+    assert [p.pid for p in sample.processes] == [500, 510, 520, 530]
+    assert sample.processes[2].title == "VLLM::EngineCore"
+    assert sample.processes[0].title.endswith("api_server --port 8000")
+    zombie = sample.processes[3]
+    assert (zombie.title, zombie.zombie, zombie.rss_bytes, zombie.cpu_seconds) == (
+        "[VLLM::Worker]",
+        True,
+        None,
+        None,
+    )
+    assert sample.processes[0].cpu_seconds == 11.5
+    assert sample.rss_bytes_total == 1_260_000_000
+    assert sample.cpu_seconds_total == pytest.approx(34.5)
+    assert (sample.process_count, sample.zombie_count) == (4, 1)
+    assert sample.pids == {500, 510, 520, 530}
+    assert sample.stopped_count == 0
+
+
+def test_summary_of_an_empty_group() -> None:
+    assert summarize(42, VLLM_TREE) == ProcSample(
+        pgid=42, processes=(), rss_bytes_total=0, cpu_seconds_total=0.0, process_count=0, zombie_count=0
+    )
+
+
+def test_stopped_processes_are_counted() -> None:
+    tree = [raw(1, 1, ("a",), 1), raw(2, 1, ("VLLM::Worker",), 1, status=psutil.STATUS_STOPPED)]
+    assert summarize(1, tree).stopped_count == 1
+
+
+def test_sweep_takes_an_injected_lister() -> None:
+    asked: list[int] = []
+
+    def lister(pgid: int) -> list[RawProcess]:
+        asked.append(pgid)
+        return VLLM_TREE
+
+    assert sweep_group(500, list_group=lister).process_count == 4
+    assert asked == [500]
+
+
+# The leader starts one child and sleeps without reaping it, so a killed child stays a zombie in
+# the group. SIGUSR1 makes it kill and reap the child and exit, so the test leaves no zombie
+# behind for init (which is slow to reap on some hosts). Both report on the shared stdout: the
+# leader once its handler is in place and the child started, the child once its interpreter runs
+# (before that, its command line can still be empty).
+LEADER = (
+    "import signal, subprocess, sys, time\n"
+    "CHILD = 'import os, time; print(\"child\", os.getpid(), flush=True); time.sleep(60)'\n"
+    "child = subprocess.Popen([sys.executable, '-c', CHILD])\n"
+    "def stop(*_):\n"
+    "    child.kill()\n"
+    "    child.wait()\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGUSR1, stop)\n"
+    "print('leader', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def group() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    leader = subprocess.Popen([sys.executable, "-c", LEADER], start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        assert leader.stdout is not None
+        said = {line.split()[0]: line.split()[1:] for line in (leader.stdout.readline() for _ in range(2))}
+        assert set(said) == {b"leader", b"child"}, said
+        yield leader, int(said[b"child"][0])
+    finally:
+        stop_leader(leader)
+        if leader.stdout is not None:
+            leader.stdout.close()
+
+
+def stop_leader(leader: subprocess.Popen[bytes]) -> None:
+    if leader.poll() is not None:
+        return
+    os.kill(leader.pid, signal.SIGUSR1)
+    try:
+        leader.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=5)
+
+
+def test_real_process_group(group: tuple[subprocess.Popen[bytes], int]) -> None:
+    leader = group[0].pid
+    child = group[1]
+    sample = sweep_group(leader)
+    assert sample.pgid == leader
+    assert sample.pids == {leader, child}
+    assert sample.zombie_count == 0
+    by_pid = {p.pid: p for p in sample.processes}
+    assert "signal.signal(signal.SIGUSR1, stop)" in by_pid[leader].title
+    assert by_pid[child].title.endswith("flush=True); time.sleep(60)"), by_pid[child]
+    for proc in sample.processes:
+        assert proc.rss_bytes is not None and proc.rss_bytes > 1_000_000
+        assert proc.cpu_seconds is not None and proc.cpu_seconds >= 0
+        assert proc.status in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)
+    assert sample.rss_bytes_total == sum(p.rss_bytes or 0 for p in sample.processes)
+    assert os.getpid() not in {r.pid for r in list_group_psutil(leader)}
+
+    os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while sweep_group(leader).zombie_count == 0:  # the leader never reaps it
+        assert time.monotonic() < deadline, "the killed child never showed as a zombie"
+        time.sleep(0.01)
+    after = sweep_group(leader)
+    assert after.process_count == 2
+    zombie = next(p for p in after.processes if p.pid == child)
+    assert zombie.zombie and zombie.status == psutil.STATUS_ZOMBIE
+    assert zombie.title.startswith("[")  # a zombie has no command line left
+
+
+def test_a_group_that_is_gone_is_empty(group: tuple[subprocess.Popen[bytes], int]) -> None:
+    leader = group[0]
+    assert sweep_group(leader.pid).process_count == 2
+    stop_leader(leader)  # the child is reaped before the leader exits
+    assert sweep_group(leader.pid).processes == ()

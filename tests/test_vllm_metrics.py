@@ -1,0 +1,333 @@
+"""The /metrics parser against bodies from several vLLM versions, and the fetch around it.
+
+``vllm-0.32.0-cpu*.txt`` were captured from the real vLLM 0.32.0 CPU build serving the tiny
+model (see tests/fixtures/metrics/README.md); the others are hand-written in older namings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.vllm_metrics import (
+    ALIASES,
+    HISTOGRAM_ROWS,
+    EngineMetrics,
+    Histogram,
+    fetch_metrics,
+    parse_metrics,
+    window_quantile,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+
+
+def body(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def parsed(text: str) -> EngineMetrics:
+    result = parse_metrics(text)
+    assert isinstance(result, EngineMetrics), result
+    return result
+
+
+def test_real_0_32_busy_engine() -> None:
+    # Captured with 8 requests in flight, after 11 finished or aborted ones.
+    m = parsed(body("vllm-0.32.0-cpu.txt"))
+    assert m.requests_running == 8
+    assert m.requests_waiting == 0
+    assert m.requests_swapped == 0
+    assert m.kv_usage_ratio == pytest.approx(0.0009766817238432424)
+    assert m.preemptions_total == 0
+    assert m.prompt_tokens_total == 714
+    assert m.generation_tokens_total == 1080
+    assert m.tokens_total == 1794
+    assert m.iterations_total == 306
+    assert m.prefix_cache_queries_total == 714
+    assert m.prefix_cache_hits_total == 256  # two repeats of a 128-token block-aligned prefix
+    assert m.request_success_total_by_reason == {
+        "stop": 0,
+        "length": 10,
+        "abort": 0,
+        "error": 0,
+        "repetition": 0,
+    }
+    assert m.requests_finished_total == 10
+    assert m.sleep_state == "awake"
+    assert m.ttft_seconds is not None and m.e2e_latency_seconds is not None and m.itl_seconds is not None
+    # TTFT counts requests that are still running; e2e only finished ones.
+    assert (m.ttft_seconds.count, m.e2e_latency_seconds.count) == (19, 10)
+    assert m.ttft_seconds.buckets[-1] == (math.inf, 19)
+    assert m.e2e_latency_seconds.sum == pytest.approx(1.5776922702789307)
+    assert m.present == frozenset(ALIASES) - {"vllm:num_requests_swapped"}
+
+
+def test_real_0_32_idle_engine_reads_zero_not_unknown() -> None:
+    m = parsed(body("vllm-0.32.0-cpu-idle.txt"))
+    assert (m.requests_running, m.requests_waiting, m.kv_usage_ratio) == (0, 0, 0.0)
+    assert (m.prompt_tokens_total, m.generation_tokens_total, m.iterations_total) == (0, 0, 0)
+    assert m.sleep_state == "awake"
+    assert m.ttft_seconds is not None
+    assert m.ttft_seconds.count == 0
+    assert m.ttft_seconds.quantile(0.95) is None
+
+
+def test_0_9_dual_names_and_two_engines() -> None:
+    m = parsed(body("vllm-0.9.2-v1-dp2.txt"))
+    assert (m.requests_running, m.requests_waiting) == (5, 1)  # summed over engine="0" and "1"
+    assert m.kv_usage_ratio == 0.5  # the busiest engine, not 0.25 + 0.5
+    assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (1500, 500)
+    assert (m.preemptions_total, m.prompt_tokens_total, m.generation_tokens_total) == (5, 20000, 5000)
+    assert m.iterations_total == 5000
+    assert m.request_success_total_by_reason == {"stop": 60, "length": 14, "abort": 1}
+    assert m.itl_seconds is not None and m.itl_seconds.count == 4925  # old name
+    assert m.ttft_seconds is not None
+    assert m.ttft_seconds.buckets == ((0.1, 30), (0.25, 60), (0.5, 72), (1.0, 75), (math.inf, 75))
+    assert m.sleep_state is None  # the family did not exist yet: unknown
+    assert "vllm:engine_sleep_state" not in m.present
+
+
+def test_new_name_wins_when_both_are_present() -> None:
+    # Give the old names different values: the result must come from the 0.32 names.
+    kv = 'vllm:gpu_cache_usage_perc{engine="1",model_name="llama"} '
+    hits = 'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="llama"} '
+    text = body("vllm-0.9.2-v1-dp2.txt")
+    text = text.replace(kv + "0.5", kv + "0.99").replace(hits + "400.0", hits + "7.0")
+    assert kv + "0.99" in text and hits + "7.0" in text
+    m = parsed(text)
+    assert m.kv_usage_ratio == 0.5
+    assert m.prefix_cache_hits_total == 500
+
+
+def test_v0_0_6_naming() -> None:
+    m = parsed(body("vllm-0.6-v0.txt"))
+    assert (m.requests_running, m.requests_waiting, m.requests_swapped) == (7, 11, 2)
+    assert m.kv_usage_ratio == 0.9375  # from vllm:gpu_cache_usage_perc
+    assert (m.preemptions_total, m.prompt_tokens_total, m.generation_tokens_total) == (17, 52731, 24402)
+    assert m.iterations_total is None  # no step counter in V0: unknown, not frozen at 0
+    assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (None, None)
+    assert m.request_success_total_by_reason == {"stop": 61, "length": 39}
+    assert m.itl_seconds is not None and m.itl_seconds.count == 24302  # time_per_output_token_seconds
+    assert m.sleep_state is None
+    assert "vllm:num_requests_swapped" in m.present
+
+
+def test_later_itl_name_wins_over_the_deprecated_one() -> None:
+    text = (
+        'vllm:inter_token_latency_seconds_bucket{le="0.1"} 3\n'
+        'vllm:inter_token_latency_seconds_bucket{le="+Inf"} 4\n'
+        "vllm:inter_token_latency_seconds_count 4\n"
+        "vllm:inter_token_latency_seconds_sum 0.5\n"
+        'vllm:time_per_output_token_seconds_bucket{le="+Inf"} 99\n'
+        "vllm:time_per_output_token_seconds_count 99\n"
+    )
+    m = parsed(text)
+    assert m.itl_seconds == Histogram(buckets=((0.1, 3), (math.inf, 4)), sum=0.5, count=4)
+
+
+def test_absent_families_are_unknown_and_swapped_defaults_to_zero() -> None:
+    # Multi-API-server mode before the first request: counters only, no gauges (vllm-facts §3.1).
+    m = parsed('vllm:prompt_tokens_total{engine="0",model_name="m"} 12.0\n')
+    assert m.prompt_tokens_total == 12
+    assert m.requests_running is None
+    assert m.requests_waiting is None
+    assert m.kv_usage_ratio is None
+    assert m.iterations_total is None
+    assert m.request_success_total_by_reason is None
+    assert m.requests_finished_total is None
+    assert m.tokens_total is None
+    assert m.ttft_seconds is None
+    assert m.requests_swapped == 0
+    assert m.present == {"vllm:prompt_tokens_total"}
+
+
+def test_no_vllm_families_at_all_is_not_a_parse_failure() -> None:
+    # --disable-log-stats: only process_* and python_* remain. Unknown everywhere, but readable.
+    m = parsed("# TYPE process_open_fds gauge\nprocess_open_fds 12.0\n")
+    assert m.present == frozenset()
+    assert parsed("").present == frozenset()
+
+
+def test_created_samples_are_ignored() -> None:
+    text = (
+        "# TYPE vllm:num_preemptions counter\n"
+        'vllm:num_preemptions_total{engine="0"} 3.0\n'
+        'vllm:num_preemptions_created{engine="0"} 1.7e9\n'
+    )
+    assert parsed(text).preemptions_total == 3
+
+
+def test_non_finite_gauge_is_unknown() -> None:
+    assert parsed("vllm:kv_cache_usage_perc NaN\n").kv_usage_ratio is None
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ({"awake": 1, "weights_offloaded": 0, "discard_all": 0}, "awake"),
+        ({"awake": 0, "weights_offloaded": 1, "discard_all": 0}, "weights_offloaded"),
+        ({"awake": 0, "weights_offloaded": 0, "discard_all": 1}, "discard_all"),
+        ({"awake": 0, "weights_offloaded": 0, "discard_all": 0}, None),
+    ],
+)
+def test_sleep_state(states: dict[str, int], expected: str | None) -> None:
+    text = "".join(
+        f'vllm:engine_sleep_state{{engine="0",sleep_state="{s}"}} {v}\n' for s, v in states.items()
+    )
+    assert parsed(text).sleep_state == expected
+
+
+def test_one_sleeping_engine_makes_the_server_not_awake() -> None:
+    text = (
+        'vllm:engine_sleep_state{engine="0",sleep_state="awake"} 1\n'
+        'vllm:engine_sleep_state{engine="1",sleep_state="awake"} 0\n'
+        'vllm:engine_sleep_state{engine="1",sleep_state="weights_offloaded"} 1\n'
+    )
+    assert parsed(text).sleep_state == "weights_offloaded"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(body("garbage.txt"), id="fixture"),
+        pytest.param("hello world\n", id="words"),
+        pytest.param('vllm:num_requests_running{engine="0" 3\n', id="unclosed-labels"),
+        pytest.param("\x00\xff\xfe binary", id="binary"),
+        pytest.param('{"detail": "Not Found"}', id="json"),
+        pytest.param('vllm:time_to_first_token_seconds_bucket{le="soon"} 1\n', id="bad-le"),
+        pytest.param('vllm:e2e_request_latency_seconds_bucket{engine="0"} 1\n', id="missing-le"),
+    ],
+)
+def test_garbage_is_a_parse_failure_not_an_exception(text: str) -> None:
+    result = parse_metrics(text)
+    assert isinstance(result, ProbeFailure)
+    assert result.kind == "parse"
+    assert result.detail
+
+
+def test_alias_table_shape() -> None:
+    for canonical, names in ALIASES.items():
+        assert names[0] == canonical, "the 0.32 name comes first"
+        assert len(set(names)) == len(names)
+    assert set(ALIASES) >= HISTOGRAM_ROWS
+
+
+def hist(*buckets: tuple[float, int], total: float = 0.0) -> Histogram:
+    return Histogram(buckets=buckets, sum=total, count=buckets[-1][1])
+
+
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("h", "q", "expected"),
+    [
+        (hist((1.0, 10), (2.0, 20), (INF, 20)), 0.5, 1.0),
+        (hist((1.0, 10), (2.0, 20), (INF, 20)), 0.75, 1.5),
+        (hist((1.0, 10), (2.0, 20), (INF, 20)), 0.25, 0.5),  # first bucket: lower bound 0
+        (hist((1.0, 0), (2.0, 10), (INF, 20)), 0.95, 2.0),  # rank in +Inf: highest finite bound
+        (hist((1.0, 0), (INF, 0)), 0.95, None),  # nothing observed
+        (hist((INF, 5)), 0.5, None),  # only +Inf: nothing to say
+    ],
+)
+def test_quantile(h: Histogram, q: float, expected: float | None) -> None:
+    assert h.quantile(q) == (None if expected is None else pytest.approx(expected))
+
+
+def test_quantile_range_is_checked() -> None:
+    with pytest.raises(ValueError):
+        hist((1.0, 1), (INF, 1)).quantile(95)
+
+
+def test_window_quantile_uses_only_what_happened_in_the_window() -> None:
+    older = hist((0.1, 100), (1.0, 100), (10.0, 100), (INF, 100), total=5.0)
+    # 20 slow requests since the older snapshot; over all time p95 still looks fast.
+    newer = hist((0.1, 100), (1.0, 100), (10.0, 120), (INF, 120), total=105.0)
+    assert newer.quantile(0.5) == pytest.approx(0.06)
+    assert window_quantile(newer, older, 0.95) == pytest.approx(1.0 + 9.0 * 19 / 20)
+    delta = newer.minus(older)
+    assert (delta.count, delta.sum) == (20, 100.0)
+
+
+def test_window_quantile_edges() -> None:
+    h = hist((1.0, 10), (INF, 10), total=5.0)
+    assert window_quantile(None, h) is None  # family absent now
+    assert window_quantile(h, None) == h.quantile(0.95)  # no older snapshot: since start
+    assert window_quantile(h, h) is None  # nothing observed in the window
+    restarted = hist((1.0, 2), (INF, 2), total=1.0)
+    assert restarted.minus(h) is restarted  # counts went down: the engine restarted
+    relayout = hist((0.5, 10), (INF, 10))
+    assert relayout.minus(h) is relayout
+
+
+def test_window_over_two_real_captures() -> None:
+    idle = parsed(body("vllm-0.32.0-cpu-idle.txt"))
+    busy = parsed(body("vllm-0.32.0-cpu.txt"))
+    assert busy.ttft_seconds is not None
+    p95 = window_quantile(busy.ttft_seconds, idle.ttft_seconds)
+    assert p95 == busy.ttft_seconds.quantile(0.95)
+    assert p95 is not None and 0.02 < p95 <= 0.04
+
+
+def run_fetch(handler: httpx.MockTransport, *, timeout_s: float = 1.0) -> EngineMetrics | ProbeFailure:
+    async def go() -> EngineMetrics | ProbeFailure:
+        async with httpx.AsyncClient(transport=handler) as client:
+            return await fetch_metrics(client, "http://engine:8000/", timeout_s=timeout_s)
+
+    return asyncio.run(go())
+
+
+def test_fetch_ok() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(200, text=body("vllm-0.32.0-cpu.txt"))
+
+    result = run_fetch(httpx.MockTransport(handler))
+    assert isinstance(result, EngineMetrics)
+    assert result.requests_running == 8
+    assert seen == ["http://engine:8000/metrics"]
+
+
+def raising(exc: Exception) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.parametrize(
+    ("transport", "kind"),
+    [
+        (httpx.MockTransport(lambda r: httpx.Response(503, text="engine dead")), "http"),
+        (httpx.MockTransport(lambda r: httpx.Response(200, text="<html>oops</html>")), "parse"),
+        (raising(httpx.ConnectError("refused")), "connect"),
+        (raising(httpx.ReadError("reset by peer")), "connect"),
+        (raising(httpx.ReadTimeout("slow")), "timeout"),
+        (raising(httpx.RemoteProtocolError("bad chunk")), "http"),
+    ],
+)
+def test_fetch_failures_are_values(transport: httpx.MockTransport, kind: str) -> None:
+    result = run_fetch(transport)
+    assert isinstance(result, ProbeFailure)
+    assert result.kind == kind
+
+
+def test_fetch_has_one_overall_deadline() -> None:
+    async def stall(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(5)
+        return httpx.Response(200, text="")
+
+    started = time.monotonic()
+    result = run_fetch(httpx.MockTransport(stall), timeout_s=0.05)
+    assert time.monotonic() - started < 1.0
+    assert isinstance(result, ProbeFailure)
+    assert result.kind == "timeout"
