@@ -1,0 +1,192 @@
+"""One ``Observation`` per engine per tick, and the bounded window of them the detectors read.
+
+::
+
+    probes (health, canary, /metrics, NVML, psutil) ──► Observation ──► ObservationWindow.append
+                                                                           │ count + age bounds
+                                                                           │ pinned baseline span
+                                                                           ▼
+                                                               detectors (pure; window, now, cfg)
+
+Every probe field is either a sample, a ``ProbeFailure`` (the probe ran and produced nothing) or
+``None`` (not run this tick). Detectors read both of the latter as *unknown*, never as a fault;
+the one exception is the hang detector, for which a probe that timed out is evidence.
+
+A window belongs to one incarnation of one engine: counters, baselines and RSS trends mean
+nothing across a restart, so the loop starts a new window (or calls ``clear``) when it respawns.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.host import ProcSample
+from llmsupervisor.probes.nvml import GpuEvent, GpuSample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics
+
+_EMPTY_GPUS: Mapping[int, GpuSample | ProbeFailure] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """What the probes saw of one engine in one tick."""
+
+    engine: str
+    at_s: float  # monotonic, when the tick's probes were started
+    metrics: EngineMetrics | ProbeFailure | None = None
+    health: CheckResult | None = None  # None: not run this tick
+    canary: CheckResult | None = None  # None: not run this tick
+    # The engine's GPUs by NVML index; empty without NVML.
+    gpus: Mapping[int, GpuSample | ProbeFailure] = field(default_factory=lambda: _EMPTY_GPUS)
+    gpu_events: tuple[GpuEvent, ...] = ()  # on the engine's GPUs since the previous tick
+    proc: ProcSample | ProbeFailure | None = None
+    # The engine's process group now: processes on its GPUs outside it are foreign.
+    engine_pids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        # A read-only view, so that a frozen Observation cannot be changed through its mapping.
+        if not isinstance(self.gpus, MappingProxyType):
+            object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+
+
+def check_timed_out(result: CheckResult | None) -> bool:
+    """True when a health or canary check missed its deadline (no answer at all).
+
+    ``probes.health`` reports a deadline miss as ``ok=False``, no status code and a detail that
+    starts with "timed out"; a refused connection or an HTTP error is a different failure (the
+    crash path, not a hang), and ``None`` (not run) is unknown.
+    """
+    return (
+        result is not None
+        and not result.ok
+        and result.status_code is None
+        and result.detail.startswith("timed out")
+    )
+
+
+BaselineAccept = Callable[[Sequence[Observation]], bool]
+
+
+class ObservationWindow:
+    """The recent observations of one engine incarnation, oldest first; bounded and cheap.
+
+    ``max_count`` and ``max_age_s`` bound the ring (the age against the newest observation, so
+    no clock is read). Separately, when ``baseline_s`` is set, the window keeps the engine's
+    *baseline*: the first span of ``baseline_s`` seconds that ``baseline_accept`` approves
+    (the detectors' "enough real traffic" rule). Until a span is approved the candidate slides
+    forward; once approved it is pinned for the life of the window, even after the ring has
+    dropped those observations.
+    """
+
+    __slots__ = (
+        "_baseline",
+        "_baseline_accept",
+        "_baseline_s",
+        "_candidate",
+        "_engine",
+        "_items",
+        "_max_age_s",
+        "_max_count",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_count: int = 4096,
+        max_age_s: float = 3600.0,
+        baseline_s: float | None = None,
+        baseline_accept: BaselineAccept | None = None,
+    ) -> None:
+        if max_count < 1:
+            raise ValueError(f"max_count must be at least 1, not {max_count}")
+        if max_age_s <= 0:
+            raise ValueError(f"max_age_s must be positive, not {max_age_s}")
+        if baseline_s is not None and baseline_s <= 0:
+            raise ValueError(f"baseline_s must be positive, not {baseline_s}")
+        self._max_count = max_count
+        self._max_age_s = max_age_s
+        self._baseline_s = baseline_s
+        self._baseline_accept = baseline_accept
+        self._items: deque[Observation] = deque(maxlen=max_count)
+        self._candidate: deque[Observation] = deque(maxlen=max_count)
+        self._baseline: tuple[Observation, ...] | None = None
+        self._engine: str | None = None
+
+    @property
+    def max_count(self) -> int:
+        return self._max_count
+
+    @property
+    def max_age_s(self) -> float:
+        return self._max_age_s
+
+    @property
+    def baseline(self) -> tuple[Observation, ...] | None:
+        """The approved baseline span, oldest first; None until one has been approved."""
+        return self._baseline
+
+    def append(self, obs: Observation) -> None:
+        """Add the newest observation; older ones beyond the bounds fall off the front."""
+        if self._engine is None:
+            self._engine = obs.engine
+        elif obs.engine != self._engine:
+            raise ValueError(f"observation of {obs.engine!r} in the window of {self._engine!r}")
+        if self._items and obs.at_s < self._items[-1].at_s:
+            raise ValueError(f"observation at {obs.at_s} is older than the newest ({self._items[-1].at_s})")
+        self._items.append(obs)
+        horizon = obs.at_s - self._max_age_s
+        while self._items[0].at_s < horizon:
+            self._items.popleft()
+        self._grow_baseline(obs)
+
+    def _grow_baseline(self, obs: Observation) -> None:
+        if self._baseline is not None or self._baseline_s is None:
+            return
+        self._candidate.append(obs)
+        # Slide: the first span of baseline_s that the rule approves becomes the baseline.
+        while self._candidate and obs.at_s - self._candidate[0].at_s >= self._baseline_s:
+            if self._baseline_accept is None or self._baseline_accept(self._candidate):
+                self._baseline = tuple(self._candidate)
+                self._candidate.clear()
+                return
+            self._candidate.popleft()
+
+    def clear(self) -> None:
+        """Forget everything, baseline included (a new incarnation of the engine)."""
+        self._items.clear()
+        self._candidate.clear()
+        self._baseline = None
+        self._engine = None
+
+    def latest(self) -> Observation | None:
+        return self._items[-1] if self._items else None
+
+    def since(self, t: float) -> tuple[Observation, ...]:
+        """The observations at or after ``t``, oldest first (scans from the newest end)."""
+        out: list[Observation] = []
+        for obs in reversed(self._items):
+            if obs.at_s < t:
+                break
+            out.append(obs)
+        out.reverse()
+        return tuple(out)
+
+    def __iter__(self) -> Iterator[Observation]:
+        return iter(self._items)
+
+    def __reversed__(self) -> Iterator[Observation]:
+        return reversed(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+__all__ = ["BaselineAccept", "Observation", "ObservationWindow", "check_timed_out"]
