@@ -62,6 +62,8 @@ class EngineSpec:
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
     canary_timeout_s: float = 30.0
+    canary_interval_s: float = 5.0
+    live_canary_timeout_s: float = 5.0
     canary_prompt: str = "Hello"
     health_timeout_s: float = 5.0
     backoff_initial_s: float = 10.0
@@ -430,6 +432,8 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "group_term_timeout_s": _number(lo=0),
     "kill_timeout_s": _number(lo=0, lo_open=True),
     "canary_timeout_s": _number(lo=0, lo_open=True),
+    "canary_interval_s": _number(lo=0, lo_open=True),
+    "live_canary_timeout_s": _number(lo=0, lo_open=True),
     "canary_prompt": _string(),
     "health_timeout_s": _number(lo=0, lo_open=True),
     "backoff_initial_s": _number(lo=0),

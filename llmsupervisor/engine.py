@@ -22,18 +22,22 @@ import os
 import random
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import httpx
 
 from llmsupervisor import process
 from llmsupervisor.clock import Clock
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.detectors import DetectorConfig, Finding, FindingTracker, Severity, detect_all, new_window
 from llmsupervisor.errors import PortHeld
-from llmsupervisor.probes import health
+from llmsupervisor.observe import Observation, ObservationWindow
+from llmsupervisor.probes import ProbeFailure, health, host
+from llmsupervisor.probes.nvml import GpuEvent, GpuSample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
 from llmsupervisor.restarts import (
     FailureHistory,
     RestartPolicy,
@@ -104,6 +108,29 @@ def policy_for(spec: EngineSpec) -> RestartPolicy:
     )
 
 
+class GpuSource(Protocol):
+    """What an engine may know of its GPUs: the shared monitor's latest samples and events."""
+
+    def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]: ...
+
+    def take_events(self, gpus: Iterable[int]) -> tuple[GpuEvent, ...]: ...
+
+
+class NoGpus:
+    def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]:
+        return {}
+
+    def take_events(self, gpus: Iterable[int]) -> tuple[GpuEvent, ...]:
+        return ()
+
+
+FINDING_LOG_LEVEL: Final = {
+    Severity.INFO: logging.INFO,
+    Severity.WARNING: logging.WARNING,
+    Severity.CRITICAL: logging.ERROR,
+}
+
+
 def engine_log_level(line: str, previous: int) -> int:
     match = _LEVEL_RE.match(line)
     return _LEVELS[match.group(1)] if match else previous
@@ -120,6 +147,8 @@ class EngineRunner:
         tick_interval_s: float,
         on_change: Callable[[StateChange], None] = lambda change: None,
         rng: random.Random | None = None,
+        gpus: GpuSource | None = None,
+        detector_config: DetectorConfig | None = None,
     ) -> None:
         self.spec = spec
         self.state_dir = state_dir
@@ -128,6 +157,13 @@ class EngineRunner:
         self.tick_interval_s = tick_interval_s
         self.on_change = on_change
         self.rng = rng or random.Random()
+        self.gpu_source: GpuSource = gpus or NoGpus()
+        self.detector_config = detector_config or DetectorConfig()
+        self.window: ObservationWindow = new_window(self.detector_config)
+        self.tracker = FindingTracker(self.detector_config)
+        self.findings: list[Finding] = []
+        self.last_metrics: EngineMetrics | None = None
+        self._previous_metrics: EngineMetrics | None = None
         self.policy = policy_for(spec)
         self.state = S.STOPPED
         self.state_since_s = clock.monotonic()
@@ -351,6 +387,12 @@ class EngineRunner:
         assert self.proc is not None
         proc = self.proc
         self._set_state(S.READY, "ready")
+        # A new incarnation: its own window (and degradation baseline) and tracker.
+        self.window = new_window(self.detector_config)
+        self.tracker = FindingTracker(self.detector_config)
+        self._close_findings("engine restarted")
+        self.last_metrics = self._previous_metrics = None
+        last_canary_s = self.clock.monotonic()  # the readiness canary just ran
         while True:
             if proc.returned:
                 return Outcome.FAILED, f"process {self._exit_text(proc)} unexpectedly"
@@ -373,12 +415,93 @@ class EngineRunner:
                     extra={"engine": self.spec.name},
                 )
                 self.failures = self.failures.reset()
-            result = await health.check_health(
-                self.http, self.spec.base_url, timeout_s=self.spec.health_timeout_s
-            )
-            if result.engine_dead:
+            obs, last_canary_s = await self._observe(proc, last_canary_s)
+            self._detect(obs)
+            if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (vllm-facts §6.3).
                 return Outcome.DEAD, "/health 503: engine core is dead"
+
+    async def _observe(self, proc: process.EngineProcess, last_canary_s: float) -> tuple[Observation, float]:
+        """One look at the engine, every probe at once, each under its own deadline."""
+        spec = self.spec
+        progressing = _counters_moved(self._previous_metrics, self.last_metrics)
+        now = self.clock.monotonic()
+        # While step counters move the engine is alive: a canary would only queue behind real
+        # work and read busy as dead (vllm-facts §7).
+        run_canary = not progressing and now - last_canary_s >= spec.canary_interval_s
+        probe_timeout_s = spec.health_timeout_s
+
+        async def sweep() -> host.ProcSample | ProbeFailure:
+            try:
+                async with asyncio.timeout(probe_timeout_s):
+                    return await asyncio.to_thread(host.sweep_group, proc.pgid)
+            except TimeoutError:
+                return ProbeFailure("timeout", f"process sweep took over {probe_timeout_s} s")
+
+        async def no_canary() -> None:
+            return None
+
+        health_r, metrics_r, proc_r, canary_r = await asyncio.gather(
+            health.check_health(self.http, spec.base_url, timeout_s=probe_timeout_s),
+            fetch_metrics(self.http, spec.base_url, timeout_s=probe_timeout_s),
+            sweep(),
+            health.canary(
+                self.http,
+                spec.base_url,
+                spec.model_id,
+                prompt=spec.canary_prompt,
+                timeout_s=spec.live_canary_timeout_s,
+            )
+            if run_canary
+            else no_canary(),
+        )
+        if canary_r is not None:
+            last_canary_s = self.clock.monotonic()
+            if canary_r.ok:
+                self.canary_latency_s = canary_r.latency_s
+        if isinstance(metrics_r, EngineMetrics):
+            self._previous_metrics, self.last_metrics = self.last_metrics, metrics_r
+        obs = Observation(
+            engine=spec.name,
+            at_s=self.clock.monotonic(),
+            metrics=metrics_r,
+            health=health_r,
+            canary=canary_r,
+            gpus=self.gpu_source.samples_for(spec.gpus),
+            gpu_events=self.gpu_source.take_events(spec.gpus),
+            proc=proc_r,
+            engine_pids=frozenset(proc_r.pids) if isinstance(proc_r, host.ProcSample) else frozenset(),
+        )
+        self.window.append(obs)
+        return obs, last_canary_s
+
+    def _detect(self, obs: Observation) -> None:
+        """Findings are logged once when they open and once when they clear, never every tick."""
+        update = self.tracker.update(detect_all(self.window, obs.at_s, self.detector_config), obs.at_s)
+        for finding in update.opened:
+            evidence = ", ".join(f"{k}={v}" for k, v in finding.evidence.items())
+            log.log(
+                FINDING_LOG_LEVEL[finding.severity],
+                "finding %s (%s): %s [%s]",
+                finding.kind.value,
+                finding.severity.value,
+                finding.summary,
+                evidence,
+                extra={"engine": self.spec.name},
+            )
+        for finding in update.closed:
+            log.info(
+                "finding %s cleared after %.0f s",
+                finding.kind.value,
+                obs.at_s - finding.since_s,
+                extra={"engine": self.spec.name},
+            )
+        self.findings = list(update.active)
+
+    def _close_findings(self, why: str) -> None:
+        for finding in self.findings:
+            log.info("finding %s closed: %s", finding.kind.value, why, extra={"engine": self.spec.name})
+        self.findings = []
 
     async def _drain(self, reason: str) -> None:
         """Out of rotation first, then let the load balancer notice, then let in-flight requests
@@ -569,6 +692,16 @@ class EngineRunner:
                 engine_output_log.log(level, "%s", line, extra=extra)
         finally:
             transport.close()
+
+
+def _counters_moved(older: EngineMetrics | None, newer: EngineMetrics | None) -> bool:
+    if older is None or newer is None:
+        return False
+    for name in ("iterations_total", "generation_tokens_total", "prompt_tokens_total"):
+        a, b = getattr(older, name), getattr(newer, name)
+        if a is not None and b is not None and b > a:
+            return True
+    return False
 
 
 def psutil_alive(pid: int) -> bool:

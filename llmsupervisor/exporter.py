@@ -226,6 +226,11 @@ class _SnapshotCollector:
             "Latency of the engine's last successful canary completion, in seconds.",
             labels=["engine"],
         )
+        finding = GaugeMetricFamily(
+            _name("finding_active"),
+            "1 while a detector finding is open for the engine, by kind and severity.",
+            labels=["engine", "finding", "severity"],
+        )
         info = GaugeMetricFamily(
             _name("engine_info"),
             "Static facts about the engine in labels; always 1.",
@@ -245,7 +250,9 @@ class _SnapshotCollector:
             if e.canary_latency_s is not None:
                 canary.add_metric([e.name], e.canary_latency_s)
             info.add_metric([e.name, str(e.port), ",".join(str(g) for g in e.gpus)], 1.0)
-        yield from (state, up, in_rotation, age, restarts, changes, canary, info)
+            for kind, severity, _summary in e.findings:
+                finding.add_metric([e.name, kind, severity], 1.0)
+        yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(

@@ -30,6 +30,8 @@ class EngineSnapshot:
     # Whether a load balancer should send this engine traffic (READY and not shedding load).
     in_rotation: bool = False
     canary_latency_s: float | None = None
+    # Active findings as (kind, severity, summary), e.g. ("hang", "critical", "canary missed ...").
+    findings: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,8 +37,10 @@ from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.engine import EngineRunner
 from llmsupervisor.errors import ConfigError
 from llmsupervisor.exporter import Exporter
+from llmsupervisor.gpus import GpuMonitor
 from llmsupervisor.http_api import HttpApi, Response, parse_listen
 from llmsupervisor.notify import Notifier
+from llmsupervisor.probes.nvml import GpuReader
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
 
@@ -61,6 +63,7 @@ class Supervisor:
         clock: Clock | None = None,
         notifier: Notifier | None = None,
         gpus_of: dict[str, str] | None = None,
+        gpu_reader: GpuReader | None = None,
     ) -> None:
         self.config = config
         self.gpus_of = gpus_of if gpus_of is not None else {}  # shared with the journal handler
@@ -78,7 +81,12 @@ class Supervisor:
         self.last_tick_duration_s = 0.0
         self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
         self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
-        self.exporter = Exporter(self.snapshot)
+        if gpu_reader is None:
+            from llmsupervisor.probes.nvml import NvmlReader
+
+            gpu_reader = NvmlReader()
+        self.gpu_monitor = GpuMonitor(gpu_reader, interval_s=config.supervisor.tick_interval_s)
+        self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
         self._last_tick_s = self.clock.monotonic()
         self.runners: dict[str, EngineRunner] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -179,6 +187,7 @@ class Supervisor:
                     last_failure=r.last_failure,
                     in_rotation=r.in_rotation,
                     canary_latency_s=r.canary_latency_s,
+                    findings=tuple((f.kind.value, f.severity.value, f.summary) for f in r.findings),
                 )
                 for name, r in self.runners.items()
             ),
@@ -208,6 +217,9 @@ class Supervisor:
                     "restarts": e.restarts_total,
                     "restarts_by_reason": dict(e.restarts_by_reason),
                     "canary_latency_s": e.canary_latency_s,
+                    "findings": [
+                        {"kind": k, "severity": sev, "summary": text} for k, sev, text in e.findings
+                    ],
                     "last_exit": e.last_exit,
                     "last_failure": e.last_failure,
                 }
@@ -238,6 +250,7 @@ class Supervisor:
         self._start_guard()
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
         server = control.ControlServer(self.control_path, self._on_control)
+        await self.gpu_monitor.start()
         async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
             self._http = http
             for spec in self.config.engines:
@@ -271,6 +284,7 @@ class Supervisor:
             await server.close()
             await api.close()
             exit_code = await self._shutdown()
+        await self.gpu_monitor.close()
         self._stop_guard()
         return exit_code
 
@@ -308,16 +322,20 @@ class Supervisor:
         body = {"engine": name, "state": runner.state.value, "reason": runner.state_reason}
         return _json(200 if runner.in_rotation else 503, body)
 
-    def _add_engine(self, spec: EngineSpec) -> None:
+    def _make_runner(self, spec: EngineSpec) -> EngineRunner:
         assert self._http is not None
-        runner = EngineRunner(
+        return EngineRunner(
             spec,
             state_dir=self.state_dir,
             http=self._http,
             clock=self.clock,
             tick_interval_s=self.config.supervisor.tick_interval_s,
             on_change=self._on_change,
+            gpus=self.gpu_monitor,
         )
+
+    def _add_engine(self, spec: EngineSpec) -> None:
+        runner = self._make_runner(spec)
         self.runners[spec.name] = runner
         self.tasks[spec.name] = asyncio.create_task(runner.run(), name=f"engine:{spec.name}")
 
@@ -516,16 +534,7 @@ class Supervisor:
 
     async def _restart_runner(self, name: str) -> None:
         await self.clock.sleep(RUNNER_RESTART_DELAY_S)
-        old = self.runners[name]
-        runner = EngineRunner(
-            old.spec,
-            state_dir=self.state_dir,
-            http=old.http,
-            clock=self.clock,
-            tick_interval_s=old.tick_interval_s,
-            on_change=self._on_change,
-        )
-        self.runners[name] = runner
+        runner = self.runners[name] = self._make_runner(self.runners[name].spec)
         await runner.run()
 
     async def _shutdown(self) -> int:

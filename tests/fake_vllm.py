@@ -258,10 +258,12 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 return
             max_tokens = int(req.get("max_tokens") or 16)
             prompt_tokens = max(1, len(str(req.get("prompt", "")).split()))
+            if engine.hung.is_set():
+                # Like a SIGSTOPped vLLM worker: the request never finishes, and the gauges stay
+                # frozen at their last values, since they only update on engine outputs.
+                threading.Event().wait()  # never answers; the thread is a daemon
             with engine.lock:
                 engine.running += 1
-            if engine.hung.is_set():
-                threading.Event().wait()  # never answers; the thread is a daemon
             time.sleep(engine.args.fake_completion_delay_s)
             with engine.lock:
                 engine.running -= 1

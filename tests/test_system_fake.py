@@ -336,3 +336,19 @@ def test_operator_time_is_not_spent_in_backoff_after_stop(daemon_factory):
     assert d.stop() == 0
     assert time.monotonic() - started < 300  # far below the 600 s backoff: the wait was interrupted
     assert "BACKOFF -> STOPPED" in d.log()
+
+
+def test_hang_is_found_while_health_says_200(daemon_factory):
+    port = free_port()
+    d = daemon_factory({"engines": [fake_engine("a", port, canary_interval_s=0.5, live_canary_timeout_s=1)]})
+    d.start()
+    d.wait_state("a", "ready")
+    control(port, "/fake/hang")
+    d.wait_log("[a] finding hang (critical)", timeout_s=40)
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    wait_for(lambda: [f["kind"] for f in d.engine("a")["findings"]] == ["hang"], timeout_s=10, what="status")
+    metrics = httpx.get(d.http_url + "/metrics", timeout=5).text
+    assert 'llmsupervisor_finding_active{engine="a",finding="hang",severity="critical"} 1.0' in metrics
+    # Findings are reported, not acted on (the actions issue decides); logged once, not every tick.
+    assert d.log().count("finding hang (critical)") == 1
+    assert d.stop() == 0

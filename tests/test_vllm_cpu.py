@@ -17,6 +17,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ import psutil
 import pytest
 
 from llmsupervisor import process
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 from tests.conftest import Daemon, alive, free_port, wait_for
 
 pytestmark = pytest.mark.vllm_cpu
@@ -200,6 +203,97 @@ def test_sigkill_of_api_server_leaves_no_orphaned_vllm_process(stack: dict[str, 
     survivors = {p: t for p, t in old.items() if alive(p)}
     assert survivors == {}, f"orphaned vLLM processes: {survivors}"
     complete(stack["ports"]["e2"])
+
+
+def _metrics(port: int) -> EngineMetrics:
+    parsed = parse_metrics(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+    assert isinstance(parsed, EngineMetrics), parsed
+    return parsed
+
+
+def test_counters_read_from_the_live_engine_match_the_requests(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    port = stack["ports"]["e2"]
+    d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S)
+    before = _metrics(port)
+    bodies = []
+    for i in range(4):
+        resp = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "prompt": f"request number {i} says hello",
+                "max_tokens": 16,
+                "ignore_eos": True,
+            },
+        )
+        assert resp.status_code == 200, resp.text
+        bodies.append(resp.json()["usage"])
+    after = _metrics(port)
+    generated = sum(u["completion_tokens"] for u in bodies)
+    prompted = sum(u["prompt_tokens"] for u in bodies)
+    assert generated == 64
+    assert before.generation_tokens_total is not None and after.generation_tokens_total is not None
+    assert before.prompt_tokens_total is not None and after.prompt_tokens_total is not None
+    # The supervisor's own one-token canaries may land in between; nothing else talks to e2.
+    assert 0 <= (after.generation_tokens_total - before.generation_tokens_total) - generated <= 10
+    assert 0 <= (after.prompt_tokens_total - before.prompt_tokens_total) - prompted <= 60
+    assert after.requests_running == 0 and after.requests_waiting == 0
+    assert after.kv_usage_ratio is not None and 0.0 <= after.kv_usage_ratio < 0.01
+
+
+def test_busy_engine_is_not_called_hung(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    port = stack["ports"]["e2"]
+    d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S)
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                timeout=300,
+                json={"model": "tiny", "prompt": "keep busy", "max_tokens": 200, "ignore_eos": True},
+            )
+
+    threads = [threading.Thread(target=load) for _ in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        # Long enough for several canary intervals and the idle-hang threshold.
+        wait_for(lambda: _metrics(port).requests_running, timeout_s=60, what="requests running")
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            assert "[e2] finding hang" not in d.log()
+            time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert "[e2] finding hang" not in d.log()
+    assert d.engine("e2")["state"] == "ready"
+
+
+def test_sigstopped_worker_is_found_hung_while_health_is_200(stack: dict[str, Any]) -> None:
+    d: Daemon = stack["daemon"]
+    port = stack["ports"]["e1"]
+    e1 = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
+    worker = next(
+        p
+        for p in process.group_members(e1["pid"])
+        if alive(p) and " ".join(psutil.Process(p).cmdline()).startswith("VLLM::Worker")
+    )
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        d.wait_log("[e1] finding hang (critical)", timeout_s=60)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        wait_for(
+            lambda: [f["kind"] for f in d.engine("e1")["findings"]] == ["hang"], timeout_s=10, what="status"
+        )
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    d.wait_log("[e1] finding hang cleared", timeout_s=120)
 
 
 def test_sigterm_to_daemon_leaves_no_engine_process(stack: dict[str, Any]) -> None:
