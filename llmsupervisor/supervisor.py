@@ -80,6 +80,7 @@ class Supervisor:
         self.ticks_total = 0
         self.last_tick_duration_s = 0.0
         self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
+        self._reload_problem: str | None = None
         self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
         if gpu_reader is None:
             from llmsupervisor.probes.nvml import NvmlReader
@@ -407,9 +408,9 @@ class Supervisor:
                 log.error(
                     "reload rejected: %d problem(s); still running the previous config", len(exc.problems)
                 )
-                self.notifier.ready(
-                    f"reload failed ({len(exc.problems)} problems), old config kept; " + self.summary()
-                )
+                # Kept in STATUS= until a reload succeeds: the operator must see it in systemctl status.
+                self._reload_problem = f"reload failed ({len(exc.problems)} problems), old config kept"
+                self.notifier.ready(self.summary())
                 return {"reloaded": False, "problems": [str(p) for p in exc.problems]}
             if new.supervisor.state_dir.resolve() != self.state_dir:
                 log.warning("reload: state_dir changes take effect at the next daemon start")
@@ -431,6 +432,7 @@ class Supervisor:
                 previous = self._roll_task
                 self._roll_task = asyncio.create_task(self._roll([new_specs[n] for n in changed], previous))
             self.reloads_total["ok"] += 1
+            self._reload_problem = None
             log.info(
                 "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
                 path,
@@ -506,6 +508,8 @@ class Supervisor:
         enabled = [r for r in self.runners.values() if r.spec.enabled]
         ready = sum(1 for r in enabled if r.state is EngineState.READY)
         parts = [f"{ready}/{len(enabled)} engines ready"]
+        if self._reload_problem:
+            parts.insert(0, self._reload_problem)
         for r in self.runners.values():
             if r.state is EngineState.READY or (r.state is EngineState.STOPPED and not r.spec.enabled):
                 continue

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -37,12 +40,43 @@ def test_cli_without_daemon_says_so(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_permission_error_is_explained(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root can open any socket")
-    sock = tmp_path / "c.sock"
-    sock.touch(mode=0o000)
-    with pytest.raises(control.ControlError, match="permission denied"):
-        control.request(sock, {"command": "status"})
+    """A user outside the daemon's group gets a clear message, not a traceback."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a socket another user cannot open")
+    public = Path(tempfile.mkdtemp(prefix="llmsup-perm-"))
+    try:
+        public.chmod(0o755)
+        path = public / "control.sock"
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(path))
+        server.listen()
+        path.chmod(0o660)  # root:root, as the daemon creates it for its own group
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child becomes nobody and tries the CLI's request
+            os.close(read_end)
+            message = b"no error"
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                control.request(path, {"command": "status"})
+            except control.ControlError as exc:
+                message = str(exc).encode()
+            except BaseException as exc:
+                message = repr(exc).encode()
+            os.write(write_end, message)
+            os._exit(0)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read_end, "rb") as f:
+            message_text = f.read().decode()
+        server.close()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert message_text.startswith(f"permission denied on {path}"), message_text
+        assert "member of the daemon's group" in message_text
+    finally:
+        shutil.rmtree(public)
 
 
 def test_status_drain_start_restart_stop(daemon_factory) -> None:

@@ -11,6 +11,7 @@ engine process, a wedged loop is killed by the watchdog and restarted, and exit 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,7 +60,10 @@ def test_unit(tmp_path: Path) -> None:
                     "tick_interval_s": 0.3,
                     "http_listen": f"127.0.0.1:{free_port()}",
                 },
-                "engines": [fake_engine("a", free_port(), fake_child=True), fake_engine("b", free_port())],
+                "engines": [
+                    fake_engine("a", free_port(), fake_child=True),
+                    fake_engine("b", free_port(), fake_completion_delay_s=0.0),
+                ],
             }
         )
     )
@@ -100,7 +104,14 @@ def test_unit(tmp_path: Path) -> None:
         show() {{ sc show "$1" -p ActiveState -p SubState -p Result -p NRestarts -p StatusText -p ExecMainStatus; }}
         sc start llmsup; echo "start_rc=$?"
         show llmsup > {tmp_path}/after-start
-        sc reload llmsup; sleep 2
+        cp {good} {tmp_path}/good.orig
+        cp {bad} {good}; sc reload llmsup; sleep 2
+        show llmsup > {tmp_path}/after-bad-reload
+        sed 's/fake-completion-delay-s: 0.0/fake-completion-delay-s: 0.01/' {tmp_path}/good.orig > {good}
+        sc reload llmsup
+        for i in $(seq 200); do [ "$(grep -cF "[b] STARTING -> READY" {tmp_path}/llmsup.log)" -ge 2 ] && break; sleep 0.1; done
+        sleep 1
+        cp {state}/status.json {tmp_path}/status-after-reload.json
         # A wedged loop: the watchdog (3 s) aborts the daemon, systemd restarts it.
         kill -STOP $(sc show llmsup -p MainPID --value)
         for i in $(seq 150); do [ "$(sc show llmsup -p NRestarts --value)" -ge 1 ] && break; sleep 0.1; done
@@ -131,7 +142,14 @@ def test_unit(tmp_path: Path) -> None:
     started = props("after-start")
     assert started["ActiveState"] == "active" and started["SubState"] == "running", started
     assert started["StatusText"] == "2/2 engines ready", started
-    assert "reloaded" in log, context
+    bad_reload = props("after-bad-reload")
+    assert bad_reload["ActiveState"] == "active", bad_reload
+    assert bad_reload["StatusText"].startswith("reload failed (1 problems), old config kept"), bad_reload
+    assert "reload rejected" in log, context
+    assert "0 added, 0 removed, 1 changed (b), 1 unchanged" in log, context
+    after_reload = json.loads((tmp_path / "status-after-reload.json").read_text())["engines"]
+    assert after_reload["a"]["restarts"] == 0, after_reload
+    assert after_reload["b"]["restarts_by_reason"] == {"config_change": 1}, after_reload
     after_watchdog = props("after-watchdog")
     assert after_watchdog["NRestarts"] == "1", after_watchdog
     assert after_watchdog["SubState"] == "running", after_watchdog
