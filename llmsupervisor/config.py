@@ -62,8 +62,8 @@ class EngineSpec:
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
     canary_timeout_s: float = 30.0
-    canary_interval_s: float = 5.0
-    live_canary_timeout_s: float = 5.0
+    canary_interval_s: float = 3.0
+    live_canary_timeout_s: float = 3.0
     canary_prompt: str = "Hello"
     health_timeout_s: float = 5.0
     backoff_initial_s: float = 10.0

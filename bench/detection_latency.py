@@ -1,0 +1,168 @@
+"""Detection latency per fault kind with the default settings, in simulated time.
+
+Replays what the engine loop does (engine.py ``_serve``/``_observe``): wait ``tick_interval_s``,
+then observe (a canary only when step counters stand still and ``canary_interval_s`` has passed;
+a missed canary costs its whole ``live_canary_timeout_s``), then run every detector and the
+finding tracker. Faults are injected at t0 after a healthy warm-up; the latency is the time from
+t0 to the finding opening. Pure and deterministic: no processes, no sleeping.
+
+    .venv/bin/python bench/detection_latency.py   # prints the table written in docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from llmsupervisor.config import EngineSpec, SupervisorSettings
+from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
+from llmsupervisor.observe import Observation
+from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.host import ProcInfo, ProcSample
+from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, nominal_sample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"
+SPEC = EngineSpec(name="gpu0", model="m", gpus=(0,), port=8001)
+TICK_S = SupervisorSettings().tick_interval_s
+CFG = DetectorConfig()
+OK = CheckResult(True, "completed", 0.05, 200)
+HEALTH_OK = CheckResult(True, "HTTP 200", 0.002, 200)
+TIMEOUT = CheckResult(False, "timed out (ReadTimeout)", SPEC.live_canary_timeout_s)
+MIB = 1024 * 1024
+
+
+def _metrics(name: str) -> EngineMetrics:
+    parsed = parse_metrics((FIXTURES / name).read_text())
+    assert isinstance(parsed, EngineMetrics)
+    return parsed
+
+
+BUSY, IDLE = _metrics("vllm-0.32.0-cpu.txt"), _metrics("vllm-0.32.0-cpu-idle.txt")
+
+
+class World:
+    """The engine as the probes would see it at time t; ``fault`` flips at t0."""
+
+    def __init__(self, t0: float, fault: str) -> None:
+        self.t0, self.fault, self.steps = t0, fault, 0
+
+    def faulty(self, t: float) -> bool:
+        return t >= self.t0
+
+    def metrics(self, t: float) -> EngineMetrics:
+        hung = self.faulty(t) and self.fault in ("hang", "stall")
+        if self.fault == "hang":  # idle engine, then frozen (SIGSTOP): gauges stay at 0
+            return replace(IDLE, iterations_total=self.steps, generation_tokens_total=self.steps)
+        if not hung:
+            self.steps += 40
+        kv = 0.95 if self.faulty(t) and self.fault == "kv" else 0.3
+        return replace(
+            BUSY,
+            iterations_total=self.steps,
+            generation_tokens_total=self.steps * 4,
+            prompt_tokens_total=self.steps * 8,
+            requests_running=8,
+            kv_usage_ratio=kv,
+        )
+
+    def canary(self, t: float) -> CheckResult:
+        return TIMEOUT if self.faulty(t) and self.fault in ("hang", "stall") else OK
+
+    def gpu(self, t: float) -> Any:
+        if not self.faulty(t):
+            return nominal_sample(0)
+        if self.fault == "thermal":
+            return nominal_sample(0, temperature_c=91, clock_event_reasons=0x40)
+        if self.fault == "foreign":
+            return nominal_sample(0, processes=(GpuProcess(4100, 30000 * MIB), GpuProcess(9999, 2048 * MIB)))
+        return nominal_sample(0)
+
+    def events(self, t: float, last: float) -> tuple[GpuEvent, ...]:
+        if self.fault.startswith("xid") and last < self.t0 <= t:
+            xid = int(self.fault[3:] or 79)
+            return (GpuEvent(index=0, uuid=nominal_sample(0).uuid, kind="xid", xid=xid),)
+        return ()
+
+    def proc(self, t: float) -> ProcSample:
+        growth = max(0.0, t - self.t0) / 3600 * 2048 * MIB if self.fault == "memory" else 0.0
+        rss = int(3000 * MIB + growth)
+        info = ProcInfo(
+            pid=4100, title="python", rss_bytes=rss, cpu_seconds=1.0, status="sleeping", zombie=False
+        )
+        return ProcSample(
+            pgid=4100,
+            processes=(info,),
+            rss_bytes_total=rss,
+            cpu_seconds_total=1.0,
+            process_count=1,
+            zombie_count=0,
+        )
+
+
+def latency(
+    fault: str, kind: FindingKind, *, warmup_s: float = 900.0, horizon_s: float = 7200.0
+) -> float | None:
+    world = World(warmup_s, fault)
+    window, tracker = new_window(CFG), FindingTracker(CFG)
+    t, last_canary, last_t = 0.0, 0.0, 0.0
+    previous: EngineMetrics | None = None
+    while t < warmup_s + horizon_s:
+        t += TICK_S
+        metrics = world.metrics(t)
+        moved = previous is not None and (metrics.iterations_total or 0) > (previous.iterations_total or 0)
+        canary = None
+        if not moved and t - last_canary >= SPEC.canary_interval_s:
+            canary = world.canary(t)
+            t += canary.latency_s  # a missed canary costs its whole deadline
+            last_canary = t
+        previous = metrics
+        obs = Observation(
+            engine="gpu0",
+            at_s=t,
+            metrics=metrics,
+            health=HEALTH_OK,
+            canary=canary,
+            gpus={0: world.gpu(t)},
+            gpu_events=world.events(t, last_t),
+            proc=world.proc(t),
+            engine_pids=frozenset({4100}),
+        )
+        last_t = t
+        window.append(obs)
+        update = tracker.update(detect_all(window, t, CFG), t)
+        for finding in update.opened:
+            if finding.kind is kind and t >= world.t0:
+                return t - world.t0
+    return None
+
+
+SCENARIOS: tuple[tuple[str, str, FindingKind], ...] = (
+    ("hang (worker frozen, gauges stale at 0: the SIGSTOP case)", "hang", FindingKind.HANG),
+    ("stall (8 requests running, counters frozen)", "stall", FindingKind.STALL),
+    ("KV pressure (usage 0.95)", "kv", FindingKind.KV_PRESSURE),
+    ("thermal (91 C, hw_thermal slowdown)", "thermal", FindingKind.THERMAL),
+    ("XID 79 (fallen off the bus)", "xid", FindingKind.GPU_LOST),
+    ("XID 48 (double-bit ECC)", "xid48", FindingKind.GPU_FAULT),
+    ("foreign process holding 2 GiB on the GPU", "foreign", FindingKind.FOREIGN_GPU_MEMORY),
+    ("RSS growing 2 GiB/h", "memory", FindingKind.MEMORY_GROWTH),
+)
+
+
+def main(out: Callable[[str], None] = print) -> None:
+    out(
+        f"Defaults: tick_interval_s={TICK_S:g}, canary_interval_s={SPEC.canary_interval_s:g}, "
+        f"live_canary_timeout_s={SPEC.live_canary_timeout_s:g}"
+    )
+    out("")
+    out("| fault | finding | time to detect |")
+    out("|---|---|---|")
+    for label, fault, kind in SCENARIOS:
+        found = latency(fault, kind)
+        out(f"| {label} | {kind.value} | {'not found' if found is None else f'{found:.0f} s'} |")
+
+
+if __name__ == "__main__":
+    main()
