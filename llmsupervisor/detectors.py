@@ -28,6 +28,7 @@ to WARNING (power brake) opens the WARNING one and later closes the INFO one.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import math
@@ -1168,16 +1169,7 @@ class FindingTracker:
 
 
 def _with_since(finding: Finding, since_s: float) -> Finding:
-    if finding.since_s == since_s:
-        return finding
-    return Finding(
-        engine=finding.engine,
-        kind=finding.kind,
-        severity=finding.severity,
-        evidence=finding.evidence,
-        since_s=since_s,
-        summary=finding.summary,
-    )
+    return finding if finding.since_s == since_s else dataclasses.replace(finding, since_s=since_s)
 
 
 __all__ = [
