@@ -15,6 +15,7 @@ compilers use, so editors and CI annotate them. Only after the whole file valida
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -124,8 +125,6 @@ def render_args(args: Mapping[str, Any]) -> list[str]:
     vLLM's negative flags); a list renders its items after one flag; a mapping renders as JSON,
     which is how vLLM takes ``--compilation-config`` and friends.
     """
-    import json
-
     out: list[str] = []
     for key, value in args.items():
         flag = "--" + key

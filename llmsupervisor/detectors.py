@@ -301,7 +301,7 @@ def _counters(m: EngineMetrics) -> tuple[int | None, ...]:
     return (m.iterations_total, m.generation_tokens_total, m.prompt_tokens_total)
 
 
-def _progressed(older: EngineMetrics, newer: EngineMetrics) -> bool | None:
+def counters_progressed(older: EngineMetrics, newer: EngineMetrics) -> bool | None:
     """True if any counter known in both moved (a decrease is a restart: also not frozen);
     False if all comparable ones stood still; None if none can be compared."""
     pairs = [
@@ -358,7 +358,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         oldest = obs
         if isinstance(obs.metrics, EngineMetrics):
             last_reading = last_reading or obs.metrics
-            if newer is not None and _progressed(obs.metrics, newer[1]):
+            if newer is not None and counters_progressed(obs.metrics, newer[1]):
                 last_life_s = newer[0].at_s  # the counters moved by the newer reading
                 break
             newer = (obs, obs.metrics)
@@ -431,7 +431,7 @@ def detect_stall(window: ObservationWindow, now: float, cfg: DetectorConfig) -> 
     frozen_since = latest_obs.at_s
     newer = latest
     for obs, m in readings:
-        if _progressed(m, newer) is not False or not _work(m):
+        if counters_progressed(m, newer) is not False or not _work(m):
             break
         frozen_since = obs.at_s
         newer = m

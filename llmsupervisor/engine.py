@@ -32,7 +32,15 @@ import httpx
 from llmsupervisor import process
 from llmsupervisor.clock import Clock
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.detectors import DetectorConfig, Finding, FindingTracker, Severity, detect_all, new_window
+from llmsupervisor.detectors import (
+    DetectorConfig,
+    Finding,
+    FindingTracker,
+    Severity,
+    counters_progressed,
+    detect_all,
+    new_window,
+)
 from llmsupervisor.errors import PortHeld
 from llmsupervisor.observe import Observation, ObservationWindow
 from llmsupervisor.probes import ProbeFailure, health, host
@@ -223,10 +231,6 @@ class EngineRunner:
         """Make a stop in progress quick (second SIGINT)."""
         self._quick.set()
         self._wake.set()
-
-    @property
-    def pids(self) -> list[int]:
-        return process.group_members(self.proc.pgid) if self.proc and not self._group_gone() else []
 
     # ---- state ----
 
@@ -424,7 +428,11 @@ class EngineRunner:
     async def _observe(self, proc: process.EngineProcess, last_canary_s: float) -> tuple[Observation, float]:
         """One look at the engine, every probe at once, each under its own deadline."""
         spec = self.spec
-        progressing = _counters_moved(self._previous_metrics, self.last_metrics)
+        progressing = bool(
+            self._previous_metrics
+            and self.last_metrics
+            and counters_progressed(self._previous_metrics, self.last_metrics)
+        )
         now = self.clock.monotonic()
         # While step counters move the engine is alive: a canary would only queue behind real
         # work and read busy as dead (vllm-facts §7).
@@ -518,9 +526,8 @@ class EngineRunner:
             await self._wait_exit_or_wake(proc, grace_end - loop.time())
         deadline = loop.time() + self.spec.drain_timeout_s
         while not self._quick.is_set() and not proc.returned:
-            inflight = await health.inflight_requests(
-                self.http, self.spec.base_url, timeout_s=self.spec.health_timeout_s
-            )
+            metrics = await fetch_metrics(self.http, self.spec.base_url, timeout_s=self.spec.health_timeout_s)
+            inflight = _inflight(metrics)
             if inflight == 0 or inflight is None or loop.time() >= deadline:
                 if inflight:
                     log.warning(
@@ -643,7 +650,7 @@ class EngineRunner:
         while True:
             members = process.group_members(proc.pgid)
             process.reap_adopted(members, skip=proc.pid)
-            if proc.returned and not [p for p in members if p != proc.pid and psutil_alive(p)]:
+            if proc.returned and not [p for p in members if p != proc.pid and process.alive(p)]:
                 return True
             if loop.time() >= deadline or (escalatable and self._quick.is_set()):
                 return False
@@ -694,20 +701,13 @@ class EngineRunner:
             transport.close()
 
 
-def _counters_moved(older: EngineMetrics | None, newer: EngineMetrics | None) -> bool:
-    if older is None or newer is None:
-        return False
-    for name in ("iterations_total", "generation_tokens_total", "prompt_tokens_total"):
-        a, b = getattr(older, name), getattr(newer, name)
-        if a is not None and b is not None and b > a:
-            return True
-    return False
-
-
-def psutil_alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _inflight(metrics: EngineMetrics | ProbeFailure) -> int | None:
+    """Running plus waiting requests; None when unknown (no answer, or the gauges are absent, as
+    in multi-API-server mode before the first request)."""
+    if (
+        isinstance(metrics, ProbeFailure)
+        or metrics.requests_running is None
+        or metrics.requests_waiting is None
+    ):
+        return None
+    return metrics.requests_running + metrics.requests_waiting

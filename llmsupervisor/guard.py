@@ -27,26 +27,11 @@ from llmsupervisor import process
 
 
 def _ours(state_dir: str, daemon_pid: str) -> list[int]:
-    pids = [
-        pid
-        for pid in process.marker_processes(Path(state_dir))
-        if _environ_marker(pid, process.MARKER_DAEMON_PID) == daemon_pid
-    ]
+    pids = process.marker_processes(Path(state_dir), only_daemon_pid=int(daemon_pid))
     for group in process.recorded_groups(Path(state_dir)):
         if str(group.daemon_pid) == daemon_pid:
             pids += process.recorded_group_members(group)
     return pids
-
-
-def _environ_marker(pid: int, name: str) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for entry in f.read().split(b"\0"):
-                if entry.startswith(name.encode() + b"="):
-                    return entry.split(b"=", 1)[1].decode()
-    except OSError:
-        return None
-    return None
 
 
 def sweep(state_dir: str, daemon_pid: str, *, timeout_s: float = 10.0) -> int:

@@ -236,9 +236,10 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def _is_zombie(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting to be reaped."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -262,11 +263,16 @@ def reap_adopted(pids: Iterable[int], *, skip: int | None = None) -> None:
 
 
 def marker_processes(
-    state_dir: Path, *, engine: str | None = None, exclude_daemon_pid: int | None = None
+    state_dir: Path,
+    *,
+    engine: str | None = None,
+    exclude_daemon_pid: int | None = None,
+    only_daemon_pid: int | None = None,
 ) -> list[int]:
     """PIDs whose environment says they belong to an engine of the supervisor using ``state_dir``.
 
-    ``exclude_daemon_pid`` skips processes spawned by that daemon (the live one, at startup).
+    ``exclude_daemon_pid`` skips processes spawned by that daemon (the live one, at startup);
+    ``only_daemon_pid`` keeps only those (the guard, after its daemon died).
     Processes whose environment we may not read are not ours to kill.
     """
     found = []
@@ -283,6 +289,8 @@ def marker_processes(
         if engine is not None and env.get(MARKER_ENGINE) != engine:
             continue
         if exclude_daemon_pid is not None and env.get(MARKER_DAEMON_PID) == str(exclude_daemon_pid):
+            continue
+        if only_daemon_pid is not None and env.get(MARKER_DAEMON_PID) != str(only_daemon_pid):
             continue
         found.append(proc.pid)
     return found
@@ -392,7 +400,7 @@ async def wait_gone(pids: Iterable[int], *, timeout_s: float, poll_s: float = 0.
     pending = list(pids)
     while True:
         reap_adopted(pending)
-        pending = [p for p in pending if psutil.pid_exists(p) and not _is_zombie(p)]
+        pending = [p for p in pending if alive(p)]
         if not pending or loop.time() >= deadline:
             return pending
         await asyncio.sleep(poll_s)

@@ -47,6 +47,7 @@ from llmsupervisor.state import EngineState, StateChange
 log = logging.getLogger("llmsupervisor")
 
 RUNNER_RESTART_DELAY_S: Final = 5.0
+STATUS_REFRESH_S: Final = 10.0
 
 
 class Command(enum.Enum):
@@ -81,6 +82,8 @@ class Supervisor:
         self.last_tick_duration_s = 0.0
         self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
         self._reload_problem: str | None = None
+        self._status_written: str | None = None
+        self._status_written_at_s = 0.0
         self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
         if gpu_reader is None:
             from llmsupervisor.probes.nvml import NvmlReader
@@ -229,13 +232,25 @@ class Supervisor:
         }
 
     def _write_status(self) -> None:
+        """Rewrite the status file when something in it changed (the ages aside), or every
+        STATUS_REFRESH_S for the ages: not a disk write on every tick."""
+        status = self.status()
+        content = json.dumps(
+            {**status, "engines": {n: {**e, "for_s": None} for n, e in status["engines"].items()}},
+            sort_keys=True,
+        )
+        now = self.clock.monotonic()
+        if content == self._status_written and now - self._status_written_at_s < STATUS_REFRESH_S:
+            return
         path = self.state_dir / "status.json"
         tmp = path.with_suffix(".json.tmp")
         try:
-            tmp.write_text(json.dumps(self.status(), indent=2) + "\n")
+            tmp.write_text(json.dumps(status, indent=2) + "\n")
             tmp.replace(path)
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc)
+            return
+        self._status_written, self._status_written_at_s = content, now
 
     def _on_change(self, change: StateChange) -> None:
         self._write_status()
@@ -587,7 +602,6 @@ class Supervisor:
                 log.error("engine task failed during shutdown: %r", task.exception(), extra={"engine": name})
         self._write_status()
         left = process.marker_processes(self.state_dir)
-        left = [pid for pid in left if pid != self._guard_pid]
         if left:
             log.error("engine processes still running after shutdown: %s; killing them", left)
             alive = await process.kill_trees(left, timeout_s=10.0)

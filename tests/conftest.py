@@ -46,11 +46,7 @@ def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, poll_
         time.sleep(poll_s)
 
 
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+alive = process.alive
 
 
 class Daemon:

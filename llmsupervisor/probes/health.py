@@ -90,24 +90,3 @@ async def canary(
     if not choices:
         return CheckResult(False, "completion had no choices", time.monotonic() - started, 200)
     return CheckResult(True, "completed", time.monotonic() - started, 200)
-
-
-async def inflight_requests(client: httpx.AsyncClient, base_url: str, *, timeout_s: float) -> int | None:
-    """Running plus waiting requests from vLLM's /metrics; None when unknown (no answer, or the
-    gauges are absent, as in multi-API-server mode before the first request)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        resp = await client.get(f"{base_url}/metrics", timeout=timeout_s)
-        if resp.status_code != 200:
-            return None
-        total = 0.0
-        seen = False
-        for family in text_string_to_metric_families(resp.text):
-            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                for sample in family.samples:
-                    total += sample.value
-                    seen = True
-    except (httpx.HTTPError, ValueError):
-        return None
-    return int(total) if seen else None
