@@ -15,6 +15,8 @@
        │                      │  │ failure budget spent
        └──── stop ─────── FATAL ◄┘ (operator `start` leaves it)
 
+READY <-> SHEDDING: out of rotation while the engine is overloaded (KV-cache pressure), back in
+once it clears; no restart. SHEDDING behaves like READY otherwise (it may drain, stop, crash).
 STOPPING ends in STOPPED (asked for), BACKOFF (a restart after a failure) or FATAL.
 Every change goes through ``transition()``, which logs it with its reason; the exporter
 publishes the state as one series per state.
@@ -34,6 +36,7 @@ class EngineState(enum.Enum):
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
+    SHEDDING = "shedding"
     DRAINING = "draining"
     STOPPING = "stopping"
     BACKOFF = "backoff"
@@ -48,7 +51,8 @@ EDGES: Final[Mapping[EngineState, frozenset[EngineState]]] = {
     S.STOPPED: frozenset({S.STARTING}),
     # STARTING -> FATAL: a failed start that spends the failure budget.
     S.STARTING: frozenset({S.READY, S.BACKOFF, S.STOPPING, S.FATAL}),
-    S.READY: frozenset({S.DRAINING, S.STOPPING, S.BACKOFF, S.FATAL}),
+    S.READY: frozenset({S.SHEDDING, S.DRAINING, S.STOPPING, S.BACKOFF, S.FATAL}),
+    S.SHEDDING: frozenset({S.READY, S.DRAINING, S.STOPPING, S.BACKOFF, S.FATAL}),
     # DRAINING -> BACKOFF: the engine died while draining.
     S.DRAINING: frozenset({S.READY, S.STOPPING, S.BACKOFF, S.FATAL}),
     S.STOPPING: frozenset({S.STOPPED, S.BACKOFF, S.FATAL}),
@@ -57,7 +61,7 @@ EDGES: Final[Mapping[EngineState, frozenset[EngineState]]] = {
 }
 
 # States in which the engine has (or may have) live processes.
-RUNNING_STATES: Final = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
+RUNNING_STATES: Final = frozenset({S.STARTING, S.READY, S.SHEDDING, S.DRAINING, S.STOPPING})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,347 @@
+"""What to do about findings: one pure decision over a view of every engine.
+
+The policy never touches a process. The supervisor builds an ``EngineView`` per engine each
+tick, calls ``decide``, and hands each ``Action`` to the engine's runner. Decisions depend only
+on the views, ``now_s`` (monotonic) and the minute of the local day (for restart windows), so
+every rule below is a table test.
+
+Cause first, least disruptive first::
+
+    finding / condition                       action                           capacity
+    ──────────────────────────────────────────────────────────────────────────────────────
+    hang (CRITICAL), stall                    restart now, no drain            already lost
+    gpu fault / gpu lost (CRITICAL)           restart after a drain, mark GPU  already lost
+    kv pressure                               shed: out of rotation, no restart  min_in_rotation
+    kv pressure cleared                       back into rotation               -
+    preemption storm, thermal, power brake    drain-restart one ladder step down  max_unavailable
+    calm for ladder_calm_s on a lower step    drain-restart one step up        max_unavailable
+    degradation (throughput, TTFT, prefix)    /reset_prefix_cache, then check;   -, then
+                                              drain-restart if it did not help   max_unavailable
+    memory growth                             drain-restart                    max_unavailable
+    restart_every_h due, inside the window    drain-restart (scheduled)        max_unavailable
+    out of memory at start                    next start one ladder step down  -
+    foreign GPU memory, power cap, INFO       report only                      -
+
+Rules every decision obeys:
+- one action in flight per engine (``EngineView.busy``);
+- planned actions (those that take a serving engine away by choice) never make more than
+  ``max_unavailable`` engines unavailable, and engines already out of rotation for any reason,
+  failures included, count against it;
+- automatic actions are rate limited per engine (``max_actions_per_hour``, ``action_cooldown_s``).
+  Restarts of a broken engine (hang, stall, GPU fault) are not: the crash-loop budget bounds them
+  (``max_failures`` in ``failure_window_s``, then FATAL), and leaving a hung engine hung is worse;
+- shedding (and ending it) is never rate limited: it restarts nothing and follows the finding's
+  own hysteresis.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from llmsupervisor.detectors import Finding, FindingKind, Severity
+from llmsupervisor.state import EngineState
+
+K = FindingKind
+S = EngineState
+
+# Restart at once; the engine is broken. In this order when several hold.
+BROKEN: tuple[FindingKind, ...] = (K.HANG, K.GPU_LOST, K.GPU_FAULT, K.STALL)
+# Broken, but in-flight requests may still finish: drain first (bounded by drain_timeout_s).
+DRAIN_BEFORE_RESTART: frozenset[FindingKind] = frozenset({K.GPU_FAULT, K.GPU_LOST})
+GPU_MARKING: frozenset[FindingKind] = frozenset({K.GPU_FAULT, K.GPU_LOST})
+# Too much load for this GPU's settings: fewer tokens per step.
+STEP_DOWN_CAUSES: tuple[FindingKind, ...] = (K.PREEMPTION_STORM, K.THERMAL, K.POWER_THROTTLE)
+DEGRADATION: tuple[FindingKind, ...] = (
+    K.DEGRADATION_PREFIX_CACHE,
+    K.DEGRADATION_TTFT,
+    K.DEGRADATION_THROUGHPUT,
+)
+HOUR_S = 3600.0
+
+
+class ActionKind(enum.Enum):
+    RESTART = "restart"
+    SHED = "shed"
+    UNSHED = "unshed"
+    STEP_DOWN = "step_down"
+    STEP_UP = "step_up"
+    SCHEDULED_RESTART = "scheduled_restart"
+    RESET_PREFIX_CACHE = "reset_prefix_cache"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRules:
+    """One engine's policy settings (from its config)."""
+
+    automatic: bool = True  # False: findings are reported, never acted on
+    max_actions_per_hour: int = 6
+    action_cooldown_s: float = 60.0
+    ladder_calm_s: float = 1800.0
+    repair_verify_s: float = 300.0
+    # Minutes of the local day [start, end); end < start wraps past midnight. None: any time.
+    restart_window: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetRules:
+    max_unavailable: int = 1
+    min_in_rotation: int = 1  # load shedding keeps at least this many engines in rotation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineView:
+    """What the policy knows of one engine (built by the supervisor from its runner)."""
+
+    name: str
+    state: EngineState
+    enabled: bool = True
+    findings: tuple[Finding, ...] = ()
+    busy: bool = False  # an action (planned restart, drain, step change) is already in flight
+    held_out: bool = False  # an operator drained it: leave it alone
+    ladder_step: int = 0  # 0 = the engine's own args; n = n steps down
+    ladder_steps: int = 0  # how many steps down exist
+    ladder_changed_s: float | None = None
+    step_cause_seen_s: float | None = None  # last time a step-down cause was active
+    action_times_s: tuple[float, ...] = ()  # automatic actions already taken
+    scheduled_due_s: float | None = None
+    start_failed_oom: bool = False  # the last start failed out of memory
+    prefix_reset_at_s: float | None = None  # the cheap repair, tried during the current degradation
+    prefix_reset_supported: bool | None = None  # None: not tried yet
+    rules: EngineRules = EngineRules()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    engine: str
+    kind: ActionKind
+    reason: str  # the cause, as a metric label: a FindingKind value, "schedule", "calm", ...
+    detail: str  # for the log line: the finding's summary, or why
+    drain: bool = True
+    failure: bool = False  # the engine is broken: counts against the crash-loop budget
+    planned: bool = False  # takes a serving engine away by choice: bounded by max_unavailable
+    step: int | None = None  # the ladder step to run at, for step changes
+    mark_gpus: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """An action the policy wanted but held back, and why (logged once by the supervisor)."""
+
+    engine: str
+    kind: ActionKind
+    reason: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    actions: tuple[Action, ...]
+    deferred: tuple[Deferred, ...]
+
+
+def in_window(minute_of_day: int, window: tuple[int, int] | None) -> bool:
+    if window is None:
+        return True
+    start, end = window
+    if start <= end:
+        return start <= minute_of_day < end
+    return minute_of_day >= start or minute_of_day < end
+
+
+def rate_limit(view: EngineView, now_s: float) -> str | None:
+    """Why an automatic action must wait, or None."""
+    rules = view.rules
+    recent = [t for t in view.action_times_s if now_s - t < HOUR_S]
+    if len(recent) >= rules.max_actions_per_hour:
+        return (
+            f"rate limit: {len(recent)} actions in the last hour "
+            f"(max_actions_per_hour={rules.max_actions_per_hour})"
+        )
+    if recent and now_s - max(recent) < rules.action_cooldown_s:
+        return (
+            f"rate limit: last action {now_s - max(recent):.0f} s ago "
+            f"(action_cooldown_s={rules.action_cooldown_s:g})"
+        )
+    return None
+
+
+def _first(
+    findings: Iterable[Finding], kinds: Sequence[FindingKind], *, min_severity: Severity
+) -> Finding | None:
+    order = [Severity.INFO, Severity.WARNING, Severity.CRITICAL]
+    by_kind = {f.kind: f for f in findings if order.index(f.severity) >= order.index(min_severity)}
+    for kind in kinds:
+        if kind in by_kind:
+            return by_kind[kind]
+    return None
+
+
+def _planned(view: EngineView, now_s: float, minute_of_day: int) -> Action | None:
+    """The one planned (or cheap) action this engine wants, before rate limits and capacity."""
+    name, findings = view.name, view.findings
+    cause = _first(findings, STEP_DOWN_CAUSES, min_severity=Severity.WARNING)
+    if cause is not None and view.ladder_step < view.ladder_steps:
+        return Action(
+            engine=name,
+            kind=ActionKind.STEP_DOWN,
+            reason=cause.kind.value,
+            detail=cause.summary,
+            planned=True,
+            step=view.ladder_step + 1,
+        )
+    degraded = _first(findings, DEGRADATION, min_severity=Severity.WARNING)
+    if degraded is not None:
+        if view.prefix_reset_supported is not False and view.prefix_reset_at_s is None:
+            return Action(
+                engine=name,
+                kind=ActionKind.RESET_PREFIX_CACHE,
+                reason=degraded.kind.value,
+                detail=degraded.summary,
+                drain=False,
+            )
+        tried_s = view.prefix_reset_at_s
+        if tried_s is None or now_s - tried_s >= view.rules.repair_verify_s:
+            tried = "" if tried_s is None else " (resetting the prefix cache did not help)"
+            return Action(
+                engine=name,
+                kind=ActionKind.RESTART,
+                reason=degraded.kind.value,
+                detail=degraded.summary + tried,
+                planned=True,
+            )
+        return None
+    leak = _first(findings, (K.MEMORY_GROWTH,), min_severity=Severity.WARNING)
+    if leak is not None:
+        return Action(
+            engine=name, kind=ActionKind.RESTART, reason=leak.kind.value, detail=leak.summary, planned=True
+        )
+    if cause is None and view.ladder_step > 0:
+        calm_since_s = max(t for t in (view.ladder_changed_s, view.step_cause_seen_s, 0.0) if t is not None)
+        if now_s - calm_since_s >= view.rules.ladder_calm_s:
+            return Action(
+                engine=name,
+                kind=ActionKind.STEP_UP,
+                reason="calm",
+                detail=f"no throttling or preemption storm for {now_s - calm_since_s:.0f} s",
+                planned=True,
+                step=view.ladder_step - 1,
+            )
+    if (
+        view.scheduled_due_s is not None
+        and now_s >= view.scheduled_due_s
+        and in_window(minute_of_day, view.rules.restart_window)
+    ):
+        return Action(
+            engine=name,
+            kind=ActionKind.SCHEDULED_RESTART,
+            reason="schedule",
+            detail="periodic restart (restart_every_h)",
+            planned=True,
+        )
+    return None
+
+
+def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fleet: FleetRules) -> Decision:
+    actions: list[Action] = []
+    deferred: list[Deferred] = []
+    enabled = [v for v in views if v.enabled]
+    in_rotation = sum(1 for v in enabled if v.state is S.READY)
+    unavailable = len(enabled) - in_rotation
+    for view in sorted(views, key=lambda v: v.name):
+        if not view.enabled or not view.rules.automatic:
+            continue
+        name = view.name
+        if view.start_failed_oom and view.state is S.BACKOFF and not view.busy:
+            if view.ladder_step < view.ladder_steps:
+                actions.append(
+                    Action(
+                        engine=name,
+                        kind=ActionKind.STEP_DOWN,
+                        reason="oom_at_start",
+                        detail="the last start ran out of memory: the next one starts a step down",
+                        drain=False,
+                        step=view.ladder_step + 1,
+                    )
+                )
+            continue
+        if view.state not in (S.READY, S.SHEDDING) or view.busy or view.held_out:
+            continue
+        broken = _first(view.findings, BROKEN, min_severity=Severity.WARNING)
+        if broken is not None and (broken.kind is K.STALL or broken.severity is Severity.CRITICAL):
+            actions.append(
+                Action(
+                    engine=name,
+                    kind=ActionKind.RESTART,
+                    reason=broken.kind.value,
+                    detail=broken.summary,
+                    drain=broken.kind in DRAIN_BEFORE_RESTART,
+                    failure=True,
+                    mark_gpus=broken.kind in GPU_MARKING,
+                )
+            )
+            continue
+        pressure = _first(view.findings, (K.KV_PRESSURE,), min_severity=Severity.WARNING)
+        if pressure is not None and view.state is S.READY:
+            if in_rotation - 1 >= 0 and in_rotation - 1 >= min(fleet.min_in_rotation, len(enabled)):
+                actions.append(
+                    Action(
+                        engine=name,
+                        kind=ActionKind.SHED,
+                        reason=pressure.kind.value,
+                        detail=pressure.summary,
+                        drain=False,
+                    )
+                )
+                in_rotation -= 1
+                unavailable += 1
+            else:
+                deferred.append(
+                    Deferred(
+                        name,
+                        ActionKind.SHED,
+                        pressure.kind.value,
+                        f"min_in_rotation={fleet.min_in_rotation}: it is the last engine in rotation",
+                    )
+                )
+            continue
+        if pressure is None and view.state is S.SHEDDING:
+            actions.append(
+                Action(
+                    engine=name,
+                    kind=ActionKind.UNSHED,
+                    reason=K.KV_PRESSURE.value,
+                    detail="KV-cache pressure cleared",
+                    drain=False,
+                )
+            )
+            in_rotation += 1
+            unavailable -= 1
+            continue
+        wanted = _planned(view, now_s, minute_of_day)
+        if wanted is None:
+            continue
+        limited = rate_limit(view, now_s)
+        if limited is not None:
+            deferred.append(Deferred(name, wanted.kind, wanted.reason, limited))
+            continue
+        if wanted.planned and view.state is S.READY:
+            if unavailable >= fleet.max_unavailable:
+                deferred.append(
+                    Deferred(
+                        name,
+                        wanted.kind,
+                        wanted.reason,
+                        f"max_unavailable={fleet.max_unavailable}: "
+                        f"{unavailable} engine(s) already out of rotation",
+                    )
+                )
+                continue
+            unavailable += 1
+            in_rotation -= 1
+        actions.append(wanted)
+    return Decision(tuple(actions), tuple(deferred))

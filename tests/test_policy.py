@@ -1,0 +1,255 @@
+"""The policy: findings and engine states in, actions out (pure; no clock but ``now_s``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from llmsupervisor.detectors import Finding, FindingKind, Severity
+from llmsupervisor.policy import (
+    Action,
+    ActionKind,
+    Decision,
+    EngineRules,
+    EngineView,
+    FleetRules,
+    decide,
+    in_window,
+    rate_limit,
+)
+from llmsupervisor.state import EngineState
+
+K = FindingKind
+S = EngineState
+A = ActionKind
+NOON = 12 * 60
+
+
+def finding(kind: FindingKind, severity: Severity = Severity.WARNING, engine: str = "e1") -> Finding:
+    return Finding(
+        engine=engine, kind=kind, severity=severity, evidence={}, since_s=0.0, summary=f"{kind.value}!"
+    )
+
+
+def view(name: str = "e1", *findings: Finding, **changes: object) -> EngineView:
+    base = EngineView(name=name, state=S.READY, findings=tuple(findings))
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def kinds(actions: tuple[Action, ...]) -> list[tuple[str, ActionKind, str]]:
+    return [(a.engine, a.kind, a.reason) for a in actions]
+
+
+def run(
+    *views: EngineView, now_s: float = 10_000.0, minute: int = NOON, fleet: FleetRules | None = None
+) -> Decision:
+    return decide(views, now_s, minute_of_day=minute, fleet=fleet or FleetRules())
+
+
+@pytest.mark.parametrize(
+    ("found", "expected", "drain", "mark"),
+    [
+        (finding(K.HANG, Severity.CRITICAL), A.RESTART, False, False),
+        (finding(K.STALL), A.RESTART, False, False),
+        (finding(K.GPU_FAULT, Severity.CRITICAL), A.RESTART, True, True),
+        (finding(K.GPU_LOST, Severity.CRITICAL), A.RESTART, True, True),
+    ],
+    ids=lambda x: getattr(x, "value", None) or str(x),
+)
+def test_broken_engines_restart_at_once_as_failures(
+    found: Finding, expected: ActionKind, drain: bool, mark: bool
+) -> None:
+    # Even past the rate limit and with another engine out: a broken engine is already lost.
+    busy_hour = tuple(10_000.0 - i for i in range(10))
+    decision = run(view("e1", found, action_times_s=busy_hour), view("e2", state=S.BACKOFF))
+    (action,) = decision.actions
+    assert (action.kind, action.reason, action.drain, action.failure, action.mark_gpus) == (
+        expected,
+        found.kind.value,
+        drain,
+        True,
+        mark,
+    )
+
+
+def test_engine_level_xid_is_reported_only() -> None:
+    assert run(view("e1", finding(K.GPU_FAULT, Severity.INFO))).actions == ()
+
+
+@pytest.mark.parametrize(
+    "found",
+    [finding(K.FOREIGN_GPU_MEMORY), finding(K.POWER_THROTTLE, Severity.INFO), finding(K.NVML_LOST)],
+    ids=lambda f: f.kind.value,
+)
+def test_report_only_findings(found: Finding) -> None:
+    assert run(view("e1", found, ladder_steps=2)).actions == ()
+
+
+def test_kv_pressure_sheds_then_unsheds() -> None:
+    pressure = finding(K.KV_PRESSURE)
+    assert kinds(run(view("e1", pressure), view("e2")).actions) == [("e1", A.SHED, "kv_pressure")]
+    shedding = view("e1", state=S.SHEDDING)
+    assert kinds(run(shedding, view("e2")).actions) == [("e1", A.UNSHED, "kv_pressure")]
+    # Still under pressure while shedding: nothing new.
+    assert run(view("e1", pressure, state=S.SHEDDING), view("e2")).actions == ()
+
+
+def test_shedding_keeps_min_in_rotation() -> None:
+    pressure = finding(K.KV_PRESSURE)
+    decision = run(view("e1", pressure), view("e2", finding(K.KV_PRESSURE, engine="e2")))
+    assert kinds(decision.actions) == [("e1", A.SHED, "kv_pressure")]
+    assert [(d.engine, d.kind) for d in decision.deferred] == [("e2", A.SHED)]
+    assert "min_in_rotation=1" in decision.deferred[0].why
+    # A single engine is never shed unless the operator allows zero (a backup server exists).
+    assert run(view("e1", pressure)).actions == ()
+    zero = FleetRules(min_in_rotation=0)
+    assert kinds(run(view("e1", pressure), fleet=zero).actions) == [("e1", A.SHED, "kv_pressure")]
+
+
+def test_shedding_ignores_the_rate_limit() -> None:
+    limited = tuple(10_000.0 - i for i in range(10))
+    decision = run(view("e1", finding(K.KV_PRESSURE), action_times_s=limited), view("e2"))
+    assert kinds(decision.actions) == [("e1", A.SHED, "kv_pressure")]
+
+
+@pytest.mark.parametrize("cause", [K.PREEMPTION_STORM, K.THERMAL, K.POWER_THROTTLE], ids=str)
+def test_ladder_steps_down_on_load_causes(cause: FindingKind) -> None:
+    (action,) = run(view("e1", finding(cause), ladder_steps=2, ladder_step=0)).actions
+    assert (action.kind, action.step, action.planned, action.drain) == (A.STEP_DOWN, 1, True, True)
+
+
+def test_ladder_bottom_reports_only() -> None:
+    assert run(view("e1", finding(K.THERMAL), ladder_steps=2, ladder_step=2)).actions == ()
+    assert run(view("e1", finding(K.THERMAL), ladder_steps=0)).actions == ()
+
+
+def test_ladder_steps_up_after_calm_one_step_at_a_time() -> None:
+    calm = EngineRules(ladder_calm_s=1800)
+    lower = view(
+        "e1", ladder_steps=3, ladder_step=2, ladder_changed_s=0.0, step_cause_seen_s=5_000.0, rules=calm
+    )
+    assert run(lower, now_s=6_799.0).actions == ()  # 1799 s since the cause was last seen
+    (action,) = run(lower, now_s=6_800.0).actions
+    assert (action.kind, action.step, action.reason) == (A.STEP_UP, 1, "calm")
+    # The step change itself restarts the calm period.
+    assert run(dataclasses.replace(lower, ladder_changed_s=6_000.0), now_s=6_800.0).actions == ()
+    # Never while the cause is active.
+    assert (
+        run(dataclasses.replace(lower, findings=(finding(K.THERMAL),)), now_s=99_999.0).actions[0].kind
+        is A.STEP_DOWN
+    )
+
+
+def test_oom_at_start_steps_down_before_the_next_start() -> None:
+    failed = view("e1", state=S.BACKOFF, start_failed_oom=True, ladder_steps=2, ladder_step=0)
+    (action,) = run(failed).actions
+    assert (action.kind, action.step, action.reason, action.planned) == (
+        A.STEP_DOWN,
+        1,
+        "oom_at_start",
+        False,
+    )
+    assert run(dataclasses.replace(failed, ladder_step=2)).actions == ()
+
+
+def test_planned_actions_respect_max_unavailable() -> None:
+    storm = finding(K.PREEMPTION_STORM)
+    e1 = view("e1", storm, ladder_steps=1)
+    e2 = view("e2", finding(K.PREEMPTION_STORM, engine="e2"), ladder_steps=1)
+    decision = run(e1, e2)
+    assert kinds(decision.actions) == [("e1", A.STEP_DOWN, "preemption_storm")]
+    assert [(d.engine, d.kind) for d in decision.deferred] == [("e2", A.STEP_DOWN)]
+    assert kinds(run(e1, e2, fleet=FleetRules(max_unavailable=2)).actions) == [
+        ("e1", A.STEP_DOWN, "preemption_storm"),
+        ("e2", A.STEP_DOWN, "preemption_storm"),
+    ]
+
+
+@pytest.mark.parametrize("other", [S.BACKOFF, S.STARTING, S.FATAL, S.DRAINING, S.SHEDDING], ids=str)
+def test_unplanned_unavailability_counts_against_max_unavailable(other: EngineState) -> None:
+    still_out = (finding(K.KV_PRESSURE, engine="e2"),) if other is S.SHEDDING else ()
+    decision = run(view("e1", finding(K.MEMORY_GROWTH)), view("e2", *still_out, state=other))
+    assert decision.actions == ()
+    assert "max_unavailable=1" in decision.deferred[0].why
+
+
+def test_a_planned_action_on_an_engine_already_out_does_not_count_twice() -> None:
+    shed = view("e1", finding(K.KV_PRESSURE), finding(K.MEMORY_GROWTH), state=S.SHEDDING)
+    assert kinds(run(shed, view("e2")).actions) == [("e1", A.RESTART, "memory_growth")]
+
+
+def test_one_action_in_flight_per_engine() -> None:
+    assert run(view("e1", finding(K.HANG, Severity.CRITICAL), busy=True)).actions == ()
+    assert run(view("e1", finding(K.MEMORY_GROWTH), held_out=True)).actions == ()
+
+
+@pytest.mark.parametrize(
+    "state", [S.STARTING, S.STOPPING, S.STOPPED, S.BACKOFF, S.FATAL, S.DRAINING], ids=str
+)
+def test_only_serving_engines_are_acted_on(state: EngineState) -> None:
+    assert run(view("e1", finding(K.HANG, Severity.CRITICAL), state=state)).actions == ()
+
+
+def test_automatic_off_reports_only() -> None:
+    quiet = EngineRules(automatic=False)
+    assert run(view("e1", finding(K.HANG, Severity.CRITICAL), rules=quiet)).actions == ()
+
+
+def test_rate_limit() -> None:
+    rules = EngineRules(max_actions_per_hour=2, action_cooldown_s=60)
+    assert rate_limit(view(rules=rules), 10_000.0) is None
+    assert "action_cooldown_s=60" in (
+        rate_limit(view(rules=rules, action_times_s=(9_950.0,)), 10_000.0) or ""
+    )
+    full = view(rules=rules, action_times_s=(7_000.0, 8_000.0))
+    assert "2 actions in the last hour" in (rate_limit(full, 10_000.0) or "")
+    assert rate_limit(full, 10_601.0) is None  # the first fell out of the hour
+    decision = run(view("e1", finding(K.MEMORY_GROWTH), rules=rules, action_times_s=(9_990.0,)))
+    assert decision.actions == () and "rate limit" in decision.deferred[0].why
+
+
+def test_degradation_tries_the_cheap_repair_first_then_restarts() -> None:
+    slow = finding(K.DEGRADATION_PREFIX_CACHE)
+    rules = EngineRules(repair_verify_s=300)
+    (first,) = run(view("e1", slow, rules=rules)).actions
+    assert (first.kind, first.planned) == (A.RESET_PREFIX_CACHE, False)
+    assert run(view("e1", slow, rules=rules, prefix_reset_at_s=9_800.0)).actions == ()  # verifying
+    (then,) = run(view("e1", slow, rules=rules, prefix_reset_at_s=9_700.0)).actions
+    assert (then.kind, then.planned, then.reason) == (A.RESTART, True, "degradation_prefix_cache")
+    assert "did not help" in then.detail
+    (unsupported,) = run(view("e1", slow, prefix_reset_supported=False)).actions
+    assert unsupported.kind is A.RESTART
+
+
+def test_scheduled_restart_when_due_and_inside_the_window() -> None:
+    rules = EngineRules(restart_window=(2 * 60, 5 * 60))
+    due = view("e1", scheduled_due_s=9_000.0, rules=rules)
+    assert run(due, minute=NOON).actions == ()  # outside 02:00-05:00
+    (action,) = run(due, minute=3 * 60).actions
+    assert (action.kind, action.reason, action.planned) == (A.SCHEDULED_RESTART, "schedule", True)
+    assert run(dataclasses.replace(due, scheduled_due_s=20_000.0), minute=3 * 60).actions == ()
+
+
+def test_scheduled_restarts_never_two_at_once() -> None:
+    e1 = view("e1", scheduled_due_s=1.0)
+    e2 = view("e2", scheduled_due_s=1.0)
+    decision = run(e1, e2)
+    assert kinds(decision.actions) == [("e1", A.SCHEDULED_RESTART, "schedule")]
+    # Next tick: e1 is restarting (not READY), so e2 waits its turn.
+    assert run(dataclasses.replace(e1, state=S.STARTING, scheduled_due_s=None), e2).actions == ()
+
+
+@pytest.mark.parametrize(
+    ("minute", "window", "inside"),
+    [
+        (0, None, True),
+        (120, (120, 300), True),
+        (300, (120, 300), False),
+        (23 * 60 + 30, (23 * 60, 60), True),
+        (30, (23 * 60, 60), True),
+        (90, (23 * 60, 60), False),
+    ],
+)
+def test_in_window(minute: int, window: tuple[int, int] | None, inside: bool) -> None:
+    assert in_window(minute, window) is inside
