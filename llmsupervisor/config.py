@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -73,6 +73,19 @@ class EngineSpec:
     max_failures: int = 5
     failure_window_s: float = 900.0
     stable_after_s: float = 600.0
+    # Actions (policy.py): what the supervisor may do about findings, and how often.
+    automatic_actions: bool = True
+    max_actions_per_hour: int = 6
+    action_cooldown_s: float = 60.0
+    # Batch-size ladder: steps below the engine's own args, each overriding LADDER_FLAGS.
+    ladder: tuple[Mapping[str, Any], ...] = ()
+    ladder_calm_s: float = 1800.0
+    repair_verify_s: float = 300.0
+    restart_every_h: float | None = None
+    restart_jitter_s: float = 600.0
+    restart_window: tuple[int, int] | None = None  # minutes of the local day, [start, end)
+    gpu_release_timeout_s: float = 30.0
+    detectors: Mapping[str, Any] = field(default_factory=dict)  # DetectorConfig overrides
 
     @property
     def model_id(self) -> str:
@@ -84,12 +97,20 @@ class EngineSpec:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def argv(self) -> list[str]:
-        """The full command line: command, then the flags the supervisor owns, then `args`."""
+    def step_args(self, step: int) -> Mapping[str, Any]:
+        """The flags the ladder overrides at ``step`` (0: none; the engine's own args)."""
+        merged: dict[str, Any] = {}
+        for overrides in self.ladder[: max(0, step)]:
+            merged.update(overrides)  # a step that leaves a flag out keeps the step above's value
+        return merged
+
+    def argv(self, step: int = 0) -> list[str]:
+        """The full command line: command, then the flags the supervisor owns, then `args`
+        (with the ladder step's overrides)."""
         argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
-        args = dict(self.args)
+        args = {**self.args, **self.step_args(step)}
         if len(self.gpus) > 1 and "tensor-parallel-size" not in args and "pipeline-parallel-size" not in args:
             # One engine over several GPUs means tensor parallelism over all of them.
             args["tensor-parallel-size"] = len(self.gpus)
@@ -103,6 +124,8 @@ class SupervisorSettings:
     tick_interval_s: float = 2.0
     http_listen: str = "127.0.0.1:9400"
     shutdown_timeout_s: float = 100.0
+    max_unavailable: int = 1  # planned actions never take more engines out of rotation
+    min_in_rotation: int = 1  # load shedding keeps at least this many engines in rotation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -412,6 +435,122 @@ def _args(value: Any, path: Path_, out: _Collector) -> Any:
     return result
 
 
+# The flags a ladder step may change: the ones that trade throughput for memory and heat.
+LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
+
+
+def _ladder(value: Any, path: Path_, out: _Collector) -> Any:
+    """A list of steps down; each sets some of LADDER_FLAGS, and no value rises from one step to
+    the next (a flag a step leaves out keeps the previous step's value)."""
+    if not isinstance(value, list):
+        out.add(
+            path, f"must be a list of steps (mappings of {', '.join(LADDER_FLAGS)}), got {_type_name(value)}"
+        )
+        return _MISSING
+    steps: list[dict[str, float | int]] = []
+    current: dict[str, float] = {}
+    ok = True
+    for i, step in enumerate(value):
+        if not isinstance(step, dict) or not step:
+            out.add(path + (i,), f"must be a mapping of {', '.join(LADDER_FLAGS)}")
+            ok = False
+            continue
+        checked: dict[str, float | int] = {}
+        for key, item in step.items():
+            flag = str(key).lstrip("-").replace("_", "-")
+            if flag not in LADDER_FLAGS:
+                out.add(path + (i, key), f"a ladder step may set only {', '.join(LADDER_FLAGS)}")
+                ok = False
+                continue
+            integer = flag != "gpu-memory-utilization"
+            number = _number(lo=0, lo_open=True, hi=None if integer else 1, integer=integer)(
+                item, path + (i, key), out
+            )
+            if number is _MISSING:
+                ok = False
+                continue
+            if flag in current and number > current[flag]:
+                out.add(
+                    path + (i, key), f"steps go down: {number} is above the previous step's {current[flag]}"
+                )
+                ok = False
+            current[flag] = number
+            checked[flag] = number
+        steps.append(checked)
+    return tuple(steps) if ok else _MISSING
+
+
+def _time_window(value: Any, path: Path_, out: _Collector) -> Any:
+    """``"02:00-05:00"`` (local time; may wrap past midnight) -> minutes of the day."""
+    text = value if isinstance(value, str) else ""
+    parts = text.replace(" ", "").split("-")
+    try:
+        minutes = []
+        for part in parts:
+            hours, _, mins = part.partition(":")
+            h, m = int(hours), int(mins)
+            if not (0 <= h <= 24 and 0 <= m < 60) or h * 60 + m > 24 * 60:
+                raise ValueError
+            minutes.append(h * 60 + m)
+        start, end = minutes
+    except ValueError:
+        out.add(path, f"must be a local time window like '02:00-05:00', got {value!r}")
+        return _MISSING
+    if start == end:
+        out.add(path, "the window is empty (start equals end)")
+        return _MISSING
+    return (start % 1440, end % 1440 if end != 1440 else 1440)
+
+
+def _detectors(value: Any, path: Path_, out: _Collector) -> Any:
+    """Overrides of DetectorConfig fields; checked by building one."""
+    from llmsupervisor.detectors import DetectorConfig, FindingKind
+
+    if not isinstance(value, dict):
+        out.add(path, f"must be a mapping of detector setting: value, got {_type_name(value)}")
+        return _MISSING
+    known = {f.name: f for f in fields(DetectorConfig)}
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        spec = known.get(key)
+        if spec is None:
+            out.add(path + (key,), f"unknown detector setting{_suggest(key, list(known))}")
+            continue
+        if key in ("sustain_s", "clear_s"):
+            if not isinstance(item, dict):
+                out.add(path + (key,), "must be a mapping of finding kind: seconds")
+                continue
+            kinds: dict[FindingKind, float] = {}
+            for kind_name, seconds in item.items():
+                try:
+                    kind = FindingKind(kind_name)
+                except ValueError:
+                    names = [k.value for k in FindingKind]
+                    out.add(path + (key, kind_name), f"unknown finding kind{_suggest(str(kind_name), names)}")
+                    continue
+                number = _number(lo=0)(seconds, path + (key, kind_name), out)
+                if number is not _MISSING:
+                    kinds[kind] = number
+            result[key] = kinds
+        elif key.startswith("xid_"):
+            if not isinstance(item, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in item
+            ):
+                out.add(path + (key,), "must be a list of XID numbers")
+                continue
+            result[key] = frozenset(item)
+        else:
+            number = _number(lo=0, integer=spec.type in ("int", int))(item, path + (key,), out)
+            if number is not _MISSING:
+                result[key] = number
+    try:
+        DetectorConfig(**result)
+    except (TypeError, ValueError) as exc:
+        out.add(path, str(exc))
+        return _MISSING
+    return result
+
+
 ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "name": _name,
     "model": _string(),
@@ -441,6 +580,17 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "max_failures": _number(lo=1, integer=True),
     "failure_window_s": _number(lo=0, lo_open=True),
     "stable_after_s": _number(lo=0),
+    "automatic_actions": _boolean,
+    "max_actions_per_hour": _number(lo=1, integer=True),
+    "action_cooldown_s": _number(lo=0),
+    "ladder": _ladder,
+    "ladder_calm_s": _number(lo=0),
+    "repair_verify_s": _number(lo=0),
+    "restart_every_h": _number(lo=0, lo_open=True),
+    "restart_jitter_s": _number(lo=0),
+    "restart_window": _time_window,
+    "gpu_release_timeout_s": _number(lo=0),
+    "detectors": _detectors,
 }
 REQUIRED_ENGINE_FIELDS: Final = ("name", "model", "port")
 # Fields that make no sense shared by every engine.
@@ -452,6 +602,8 @@ SUPERVISOR_FIELDS: Final[dict[str, _Check]] = {
     "tick_interval_s": _number(lo=0.05, hi=60),
     "http_listen": _string(),
     "shutdown_timeout_s": _number(lo=0, lo_open=True),
+    "max_unavailable": _number(lo=1, integer=True),
+    "min_in_rotation": _number(lo=0, integer=True),
 }
 TOP_LEVEL: Final = ("supervisor", "defaults", "engines")
 
@@ -546,6 +698,7 @@ def _engine(
     merged: dict[str, Any] = {**defaults, **checked}
     merged["env"] = {**defaults.get("env", {}), **checked.get("env", {})}
     merged["args"] = {**defaults.get("args", {}), **checked.get("args", {})}
+    merged["detectors"] = {**defaults.get("detectors", {}), **checked.get("detectors", {})}
     if "venv" in checked and "command" in checked:
         out.add(path + ("command",), "set either 'venv' or 'command', not both")
     venv = merged.pop("venv", None)
@@ -568,6 +721,10 @@ def _engine(
         _check_executable(spec.command[0], cmd_path, out)
         _check_model(spec.model, file, path + ("model",), out)
     _check_parallelism(spec, path, out)
+    for flag, value in spec.ladder[0].items() if spec.ladder else ():
+        top = spec.args.get(flag)
+        if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
+            out.add(path + ("ladder", 0, flag), f"steps go down: {value} is above the engine's own {top}")
     return spec if len(out.problems) == before else None
 
 

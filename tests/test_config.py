@@ -1024,3 +1024,92 @@ def test_relative_command_resolves_against_the_config_file(tmp_path: Path) -> No
     path.write_text("engines:\n  - name: a\n    model: org/m\n    port: 8001\n    venv: venvs/vllm\n")
     spec = load_config(path).engines[0]
     assert spec.command[0] == str(python)
+
+
+# ---- actions: ladder, schedule, detectors, fleet limits ----
+
+
+def test_actions_fields_parse(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        supervisor: {max_unavailable: 2, min_in_rotation: 0}
+        defaults:
+          command: [/bin/true]
+          detectors: {hang_idle_after_s: 8, sustain_s: {thermal: 5}}
+        engines:
+          - name: a
+            model: org/m
+            port: 8001
+            args: {max-num-seqs: 64, max-num-batched-tokens: 8192}
+            ladder:
+              - {max-num-seqs: 32}
+              - {max_num_batched_tokens: 2048, gpu-memory-utilization: 0.8}
+            restart_every_h: 24
+            restart_window: "23:30-01:30"
+            detectors: {thermal_temperature_c: 80, xid_engine_level: [13, 43]}
+        """,
+    )
+    config = load_config(path)
+    assert (config.supervisor.max_unavailable, config.supervisor.min_in_rotation) == (2, 0)
+    (spec,) = config.engines
+    assert spec.restart_window == (23 * 60 + 30, 90)
+    assert spec.restart_every_h == 24
+    # Step 2 keeps step 1's max-num-seqs: a step names only what it changes.
+    assert dict(spec.step_args(2)) == {
+        "max-num-seqs": 32,
+        "max-num-batched-tokens": 2048,
+        "gpu-memory-utilization": 0.8,
+    }
+    argv = spec.argv(2)
+    assert argv[argv.index("--max-num-seqs") + 1] == "32"
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "2048"
+    assert spec.argv(0).count("--max-num-seqs") == 1 and "64" in spec.argv(0)
+    from llmsupervisor.detectors import DetectorConfig, FindingKind
+
+    detector_config = DetectorConfig(**spec.detectors)
+    assert detector_config.hang_idle_after_s == 8
+    assert detector_config.thermal_temperature_c == 80
+    assert detector_config.sustain_s[FindingKind.THERMAL] == 5
+    assert detector_config.xid_engine_level == frozenset({13, 43})
+
+
+def test_actions_fields_problems(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        defaults:
+          command: [/bin/true]
+          detectors: {sustain_s: {kv_presure: 3}}
+        engines:
+          - name: a
+            model: org/m
+            port: 8001
+            args: {max-num-seqs: 64}
+            ladder:
+              - {max-num-seqs: 128}
+            restart_window: "23:00-25:00"
+          - name: b
+            model: org/m
+            port: 8002
+            ladder:
+              - {max-num-seqs: 32}
+              - {max-num-seqs: 48, enforce-eager: true}
+            detectors: {hang_min_misses: 0, hang_aftr_s: 3}
+        """,
+    )
+    found = problems(path)
+    assert found == [
+        f"{path}:3: defaults.detectors.sustain_s.kv_presure: unknown finding kind (did you mean 'kv_pressure'?)",
+        f"{path}:11: engines[0].restart_window: must be a local time window like '02:00-05:00', "
+        "got '23:00-25:00'",
+        f"{path}:17: engines[1].ladder[1].max-num-seqs: steps go down: 48 is above the previous step's 32",
+        f"{path}:17: engines[1].ladder[1].enforce-eager: a ladder step may set only "
+        "max-num-batched-tokens, max-num-seqs, gpu-memory-utilization",
+        f"{path}:18: engines[1].detectors.hang_aftr_s: unknown detector setting (did you mean 'hang_after_s'?)",
+        f"{path}:18: engines[1].detectors: hang_min_misses, gpu_lost_min_samples >= 1 and memory_min_samples >= 3",
+    ]
+    path.write_text(path.read_text().replace('restart_window: "23:00-25:00"', "enabled: true"))
+    assert f"{path}:10: engines[0].ladder[0].max-num-seqs: steps go down: 128 is above the engine's own 64" in (
+        problems(path)
+    )
