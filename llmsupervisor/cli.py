@@ -97,10 +97,29 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _gpu_reading(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.0f}{unit}"
+
+
 def format_status(status: dict[str, Any]) -> str:
-    header = ("ENGINE", "STATE", "GPU", "PORT", "FOR", "RESTARTS", "ROTATION", "REASON")
+    """One row per engine; the last column (findings, else the state's reason) is not padded."""
+    header = (
+        "ENGINE",
+        "STATE",
+        "GPU",
+        "PORT",
+        "FOR",
+        "RESTARTS",
+        "ROTATION",
+        "STEP",
+        "TEMP",
+        "POWER",
+        "FINDINGS / REASON",
+    )
     rows = [header]
     for name, e in status.get("engines", {}).items():
+        steps = e.get("batch_steps") or 0
+        findings = ", ".join(f"{f['kind']} ({f['severity']})" for f in e.get("findings", []))
         rows.append(
             (
                 name,
@@ -110,13 +129,18 @@ def format_status(status: dict[str, Any]) -> str:
                 _age(e["for_s"]),
                 str(e["restarts"]),
                 "in" if e.get("in_rotation") else "out",
-                (e.get("reason") or "")[:60],
+                f"{e.get('batch_step', 0)}/{steps}" if steps else "-",
+                _gpu_reading(e.get("gpu_temperature_c"), "C"),
+                _gpu_reading(e.get("gpu_power_w"), "W"),
+                (findings or e.get("reason") or "")[:80],
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows
-    )
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+    marked = status.get("gpu_faults_marked") or {}
+    if marked:
+        lines.append("GPUs marked for faults: " + ", ".join(f"GPU {g}: {n}" for g, n in marked.items()))
+    return "\n".join(lines)
 
 
 def check_config(path: Path) -> int:

@@ -10,6 +10,12 @@ A start attempt ends in one of three ways, and the loop below maps each to a sta
     stopped   an operator or shutdown asked: STOPPING -> STOPPED
     failed    unrequested exit (any code: vLLM exits 0 when EngineCore dies), startup deadline,
               failed canary, foreign port holder: -> BACKOFF (delay grows) or FATAL (budget spent)
+
+The policy (policy.py, run by the supervisor) acts through the same commands: a restart (drained
+or not, counted as a failure or not), shedding (READY <-> SHEDDING), a ladder step (the next
+spawn's flags), a prefix-cache reset. The runner keeps what the policy needs to know: the ladder
+step (persisted in STATE_DIR/engines/NAME/ladder.json), its automatic actions, the scheduled
+restart time, and whether the last start ran out of memory.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
 import logging
 import os
 import random
@@ -43,6 +50,7 @@ from llmsupervisor.detectors import (
 )
 from llmsupervisor.errors import PortHeld
 from llmsupervisor.observe import Observation, ObservationWindow
+from llmsupervisor.policy import DEGRADATION, STEP_DOWN_CAUSES
 from llmsupervisor.probes import ProbeFailure, health, host
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
@@ -60,6 +68,13 @@ engine_output_log = logging.getLogger("llmsupervisor.engine.output")
 
 S = EngineState
 READINESS_POLL_S: Final = 1.0
+GPU_RELEASE_POLL_S: Final = 0.5
+# vLLM/torch out-of-memory at start: CUDA OOM, the KV cache not fitting, CPU KV space too large.
+_OOM_RE: Final = re.compile(
+    r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
+    r"insufficient memory|is larger than the available KV cache memory",
+    re.IGNORECASE,
+)
 # vLLM log lines: optional "(EngineCore pid=12) " prefix, then the level word.
 _LEVEL_RE: Final = re.compile(r"^(?:(?:\x1b\[[\d;]*m)?\(.*?\)\S*\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _LEVELS: Final = {
@@ -76,8 +91,17 @@ class Outcome(enum.Enum):
     READY = "ready"
     STOP = "stop requested"
     RESTART = "planned restart"
+    BROKEN = "restart of a broken engine"  # the policy: hang, stall, GPU fault
     FAILED = "failed"  # exited, missed its deadline, failed a check
     DEAD = "engine dead"  # /health 503: the process lives, the engine core does not
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRestart:
+    cause: str  # metric label: operator, config_change, scheduled, step_down, hang, ...
+    reason: str  # for the log
+    drain: bool = True
+    failure: bool = False  # a broken engine: counts against the failure budget, with backoff
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,7 +190,8 @@ class EngineRunner:
         self.on_change = on_change
         self.rng = rng or random.Random()
         self.gpu_source: GpuSource = gpus or NoGpus()
-        self.detector_config = detector_config or DetectorConfig()
+        self._fixed_detector_config = detector_config
+        self.detector_config = detector_config or DetectorConfig(**spec.detectors)
         self.window: ObservationWindow = new_window(self.detector_config)
         self.tracker = FindingTracker(self.detector_config)
         self.findings: list[Finding] = []
@@ -187,8 +212,23 @@ class EngineRunner:
         self.last_failure: str | None = None
         self._want_running = spec.enabled
         self._shutdown = False
-        self._restart_reason: tuple[str, str] | None = None  # (cause, reason) of a planned restart
+        self._restart: PlannedRestart | None = None
         self._hold_drained = False
+        self._shed_reason: str | None = None
+        # What the policy needs (policy.EngineView), and what it did (exported).
+        self.ladder_step = 0
+        self.ladder_changed_s: float | None = None
+        self.step_cause_seen_s: float | None = None
+        self.action_times_s: list[float] = []
+        self.actions_total: dict[tuple[str, str], int] = {}  # (kind, reason) -> count
+        self.last_action_at: dict[str, float] = {}  # kind -> wall-clock time
+        self.scheduled_due_s: float | None = None
+        self.start_failed_oom = False
+        self.prefix_reset_at_s: float | None = None
+        self.prefix_reset_supported: bool | None = None
+        self._repair: asyncio.Task[None] | None = None
+        self._engine_pids: frozenset[int] = frozenset()
+        self._load_ladder()
         self._quick = asyncio.Event()
         self._wake = asyncio.Event()
         self._readers: list[asyncio.Task[None]] = []
@@ -208,15 +248,149 @@ class EngineRunner:
             self._wake.set()
 
     def request_restart(
-        self, reason: str, *, cause: str = "operator", spec: EngineSpec | None = None
+        self,
+        reason: str,
+        *,
+        cause: str = "operator",
+        spec: EngineSpec | None = None,
+        drain: bool = True,
+        failure: bool = False,
     ) -> None:
-        """A planned restart: drain, stop, start again (with ``spec``, for a config change)."""
+        """A planned restart: drain, stop, start again (with ``spec``, for a config change).
+        ``drain=False`` stops at once (nothing in a hung engine can finish); ``failure=True``
+        treats it as a failure (backoff, and the failure budget)."""
         if spec is not None:
-            self.spec = spec
-            self.policy = policy_for(spec)
-        self._restart_reason = (cause, reason)
+            self._apply_spec(spec)
+        self._restart = PlannedRestart(cause, reason, drain, failure)
         self._want_running = not self._shutdown
         self._wake.set()
+
+    def _apply_spec(self, spec: EngineSpec) -> None:
+        ladder_changed = spec.ladder != self.spec.ladder
+        self.spec = spec
+        self.policy = policy_for(spec)
+        if self._fixed_detector_config is None:
+            self.detector_config = DetectorConfig(**spec.detectors)
+        if ladder_changed:
+            self._load_ladder()
+
+    def request_shed(self, reason: str | None) -> None:
+        """Out of rotation without a restart while ``reason`` holds (None: back in)."""
+        self._shed_reason = reason
+        self._wake.set()
+
+    @property
+    def busy(self) -> bool:
+        """An action is in flight: the policy leaves the engine alone until it is done."""
+        return self._restart is not None or (self._repair is not None and not self._repair.done())
+
+    @property
+    def held_out(self) -> bool:
+        return self._hold_drained
+
+    # ---- the batch-size ladder ----
+
+    @property
+    def _ladder_path(self) -> Path:
+        return self.state_dir / "engines" / self.spec.name / "ladder.json"
+
+    def _load_ladder(self) -> None:
+        """The step survives daemon restarts; a changed ladder starts again at the top."""
+        self.ladder_step = 0
+        try:
+            saved = json.loads(self._ladder_path.read_text())
+        except (OSError, ValueError):
+            return
+        ladder = [dict(step) for step in self.spec.ladder]
+        if not isinstance(saved, dict) or saved.get("ladder") != ladder:
+            if saved.get("step") if isinstance(saved, dict) else None:
+                log.info(
+                    "ladder changed in the config: back to the top step", extra={"engine": self.spec.name}
+                )
+            return
+        step = saved.get("step")
+        if isinstance(step, int) and 0 < step <= len(ladder):
+            self.ladder_step = step
+            self.ladder_changed_s = self.clock.monotonic()  # calm is counted from now
+            log.info(
+                "batch-size ladder: resuming at step %d/%d (%s)",
+                step,
+                len(ladder),
+                _flags_text(self.spec.step_args(step)),
+                extra={"engine": self.spec.name},
+            )
+
+    def set_ladder_step(self, step: int, reason: str) -> None:
+        """Record the step the next spawn runs at (persisted); the caller restarts if needed."""
+        step = max(0, min(step, len(self.spec.ladder)))
+        if step == self.ladder_step:
+            return
+        log.warning(
+            "batch-size ladder: step %d -> %d (%s): %s",
+            self.ladder_step,
+            step,
+            _flags_text(self.spec.step_args(step)) or "the engine's own flags",
+            reason,
+            extra={"engine": self.spec.name},
+        )
+        self.ladder_step = step
+        self.ladder_changed_s = self.clock.monotonic()
+        self.start_failed_oom = False
+        path = self._ladder_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step, "ladder": [dict(s) for s in self.spec.ladder]}) + "\n")
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot save the ladder step to %s: %s", path, exc, extra={"engine": self.spec.name})
+
+    # ---- actions ----
+
+    def record_action(
+        self, kind: str, reason: str, *, now_s: float, wall_s: float, rate_limited: bool
+    ) -> None:
+        key = (kind, reason)
+        self.actions_total[key] = self.actions_total.get(key, 0) + 1
+        self.last_action_at[kind] = wall_s
+        if rate_limited:
+            self.action_times_s = [t for t in self.action_times_s if now_s - t < 3600.0] + [now_s]
+
+    def start_prefix_reset(self, reason: str) -> None:
+        """vLLM's cheapest repair: drop the prefix cache (dev-mode route; 404 otherwise)."""
+        self.prefix_reset_at_s = self.clock.monotonic()
+        self._repair = asyncio.create_task(self._reset_prefix_cache(reason), name=f"repair:{self.spec.name}")
+
+    async def _reset_prefix_cache(self, reason: str) -> None:
+        name = self.spec.name
+        url = self.spec.base_url + "/reset_prefix_cache"
+        for _attempt in range(5):
+            try:
+                response = await self.http.post(url, timeout=self.spec.health_timeout_s)
+            except httpx.HTTPError as exc:
+                log.warning("reset_prefix_cache: %s", exc, extra={"engine": name})
+                return
+            if response.status_code == 404:
+                self.prefix_reset_supported = False
+                log.info(
+                    "reset_prefix_cache is not offered (vLLM dev mode is off): a restart is the repair",
+                    extra={"engine": name},
+                )
+                return
+            # vLLM answers success=false while blocks are held (vllm-facts §4): retry shortly.
+            ok = response.is_success and "false" not in response.text.lower()
+            if ok:
+                self.prefix_reset_supported = True
+                log.info(
+                    "prefix cache reset (%s); checking for %g s whether that helped",
+                    reason,
+                    self.spec.repair_verify_s,
+                    extra={"engine": name},
+                )
+                return
+            await asyncio.sleep(1.0)
+        log.warning("reset_prefix_cache kept failing: a restart is the repair", extra={"engine": name})
+        self.prefix_reset_supported = False
 
     def request_drain(self, hold: bool = True) -> None:
         """Take the engine out of rotation and keep it out (``hold=False`` puts it back)."""
@@ -266,14 +440,19 @@ class EngineRunner:
                     await self._drain(reason)
                     await self._stop(reason, to=S.STOPPED)
                     continue
+                planned, self._restart = self._restart, None
                 if outcome is Outcome.RESTART:
-                    planned_cause, _ = self._restart_reason or ("operator", reason)
-                    self._restart_reason = None
-                    await self._drain(reason)
-                    await self._stop(reason, to=S.STOPPED)
-                    self._count_restart(planned_cause)
+                    planned = planned or PlannedRestart("operator", reason)
+                    if planned.drain:
+                        await self._drain(reason)
+                    await self._stop(reason, to=S.STOPPED, quick=not planned.drain)
+                    self._count_restart(planned.cause)
                     continue
-                await self._after_failure(reason, cause)
+                if outcome is Outcome.BROKEN and planned is not None:
+                    if planned.drain:
+                        await self._drain(reason)
+                    cause = planned.cause
+                await self._after_failure(reason, cause, immediate=outcome is Outcome.BROKEN)
         finally:
             # Whatever happened (a bug, cancellation), leave no process behind.
             if self.proc is not None and not self._group_gone():
@@ -288,7 +467,10 @@ class EngineRunner:
     async def _start_once(self) -> tuple[Outcome, str]:
         spec = self.spec
         reason = "start" if self.state in (S.STOPPED, S.FATAL) else f"restart after: {self.last_failure}"
-        self._restart_reason = None  # a restart asked for while stopped is this start
+        self._restart = None  # a restart asked for while stopped is this start
+        self.start_failed_oom = False
+        if self.ladder_step:
+            reason += f" at ladder step {self.ladder_step}/{len(spec.ladder)}"
         self._set_state(S.STARTING, reason)
         try:
             await self._preflight_port()
@@ -305,7 +487,7 @@ class EngineRunner:
             extra=spec.env,
             daemon_pid=os.getpid(),
         )
-        argv = spec.argv()
+        argv = spec.argv(self.ladder_step)
         try:
             self.proc = process.spawn(argv, env)
         except OSError as exc:
@@ -396,20 +578,24 @@ class EngineRunner:
         self.tracker = FindingTracker(self.detector_config)
         self._close_findings("engine restarted")
         self.last_metrics = self._previous_metrics = None
+        self.prefix_reset_at_s = None
+        self._shed_reason = None
         last_canary_s = self.clock.monotonic()  # the readiness canary just ran
+        self.scheduled_due_s = None
+        if self.spec.restart_every_h is not None:
+            jitter_s = self.rng.uniform(0.0, self.spec.restart_jitter_s)
+            self.scheduled_due_s = last_canary_s + self.spec.restart_every_h * 3600.0 + jitter_s
         while True:
             if proc.returned:
                 return Outcome.FAILED, f"process {self._exit_text(proc)} unexpectedly"
             if not self._want_running:
                 return Outcome.STOP, "stop requested"
-            if self._restart_reason is not None:
-                return Outcome.RESTART, self._restart_reason[1]
-            if self._hold_drained and self.state is S.READY:
-                self._set_state(S.DRAINING, "drain requested: out of rotation until started again")
-            elif not self._hold_drained and self.state is S.DRAINING:
-                self._set_state(S.READY, "drain cancelled: back in rotation")
+            if self._restart is not None:
+                outcome = Outcome.BROKEN if self._restart.failure else Outcome.RESTART
+                return outcome, self._restart.reason
+            self._follow_rotation()
             await self._wait_exit_or_wake(proc, self.tick_interval_s)
-            if proc.returned or not self._want_running or self._restart_reason is not None:
+            if proc.returned or not self._want_running or self._restart is not None:
                 continue
             now = self.clock.monotonic()
             if self.failures.times_s and should_reset(self.ready_since_s, now, self.policy):
@@ -424,6 +610,19 @@ class EngineRunner:
             if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (vllm-facts §6.3).
                 return Outcome.DEAD, "/health 503: engine core is dead"
+
+    def _follow_rotation(self) -> None:
+        """READY, SHEDDING or DRAINING as the operator's hold and the policy's shedding say; the
+        operator's drain wins."""
+        if self._hold_drained:
+            if self.state is not S.DRAINING:
+                self._set_state(S.DRAINING, "drain requested: out of rotation until started again")
+        elif self._shed_reason is not None:
+            if self.state is not S.SHEDDING:
+                self._set_state(S.SHEDDING, f"shedding load: {self._shed_reason}")
+        elif self.state is not S.READY:
+            why = "drain cancelled" if self.state is S.DRAINING else "load shedding over"
+            self._set_state(S.READY, f"{why}: back in rotation")
 
     async def _observe(self, proc: process.EngineProcess, last_canary_s: float) -> tuple[Observation, float]:
         """One look at the engine, every probe at once, each under its own deadline."""
@@ -469,6 +668,8 @@ class EngineRunner:
                 self.canary_latency_s = canary_r.latency_s
         if isinstance(metrics_r, EngineMetrics):
             self._previous_metrics, self.last_metrics = self.last_metrics, metrics_r
+        if isinstance(proc_r, host.ProcSample):
+            self._engine_pids = frozenset(proc_r.pids)
         obs = Observation(
             engine=spec.name,
             at_s=self.clock.monotonic(),
@@ -505,6 +706,11 @@ class EngineRunner:
                 extra={"engine": self.spec.name},
             )
         self.findings = list(update.active)
+        kinds = {f.kind for f in self.findings}
+        if kinds & set(STEP_DOWN_CAUSES):
+            self.step_cause_seen_s = obs.at_s
+        if not kinds & set(DEGRADATION):
+            self.prefix_reset_at_s = None  # the next degradation tries the cheap repair again
 
     def _close_findings(self, why: str) -> None:
         for finding in self.findings:
@@ -516,9 +722,9 @@ class EngineRunner:
         finish (or the drain deadline pass). vLLM answers new requests with HTTP 500 once it is
         SIGTERMed and keeps /health at 200, so the engine must be out of rotation before that."""
         proc = self.proc
-        if proc is None or proc.returned or self.state not in (S.READY, S.DRAINING):
+        if proc is None or proc.returned or self.state not in (S.READY, S.SHEDDING, S.DRAINING):
             return
-        if self.state is S.READY:
+        if self.state is not S.DRAINING:
             self._set_state(S.DRAINING, f"draining: {reason}")
         loop = asyncio.get_running_loop()
         grace_end = loop.time() + self.spec.drain_grace_s
@@ -543,7 +749,10 @@ class EngineRunner:
         self.restarts_total += 1
         self.restarts_by_reason[cause] = self.restarts_by_reason.get(cause, 0) + 1
 
-    async def _after_failure(self, reason: str, cause: str) -> None:
+    async def _after_failure(self, reason: str, cause: str, *, immediate: bool = False) -> None:
+        """Clean up, then back off and restart, or give up (FATAL). ``immediate``: the policy
+        restarts a broken engine (hang, stall, GPU fault) at once the first time; a repeat within
+        the failure window backs off like a crash."""
         self.last_failure = reason
         now = self.clock.monotonic()
         self.failures = self.failures.record(now, self.policy)
@@ -562,7 +771,7 @@ class EngineRunner:
                 f"giving up (llm-supervisor start {self.spec.name} retries)",
             )
             return
-        delay_s = backoff_delay_s(count, self.policy, self.rng.random())
+        delay_s = 0.0 if immediate and count == 1 else backoff_delay_s(count, self.policy, self.rng.random())
         self._set_state(
             S.BACKOFF, f"{reason}; failure {count}/{self.policy.max_failures}, restarting in {delay_s:.1f} s"
         )
@@ -572,10 +781,10 @@ class EngineRunner:
         if self._want_running:
             self._count_restart(cause)
 
-    async def _stop(self, reason: str, *, to: EngineState) -> None:
+    async def _stop(self, reason: str, *, to: EngineState, quick: bool = False) -> None:
         self._set_state(S.STOPPING, reason)
         ladder = StopLadder.for_spec(self.spec)
-        await self._terminate(ladder)
+        await self._terminate(ladder.quick() if quick else ladder)
         self._set_state(to, f"{reason}: stopped")
 
     # ---- processes ----
@@ -641,6 +850,37 @@ class EngineRunner:
                 "engine processes gone (API server %s)", proc.exit_status.describe(), extra={"engine": name}
             )
         self.proc = None
+        await self._await_gpu_release(self._engine_pids | {proc.pid})
+
+    async def _await_gpu_release(self, pids: frozenset[int]) -> None:
+        """Where NVML can list compute processes: wait until none of the stopped engine's
+        processes holds memory on its GPUs, so the next start does not fail for want of it."""
+        spec = self.spec
+        if not spec.gpus or spec.gpu_release_timeout_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.gpu_release_timeout_s
+        while True:
+            holders = sorted(
+                {
+                    p.pid
+                    for sample in self.gpu_source.samples_for(spec.gpus).values()
+                    if isinstance(sample, GpuSample) and sample.processes
+                    for p in sample.processes
+                    if p.pid in pids
+                }
+            )
+            if not holders:
+                return
+            if loop.time() >= deadline:
+                log.warning(
+                    "GPU memory still held by stopped engine pid(s) %s after %g s; starting anyway",
+                    holders,
+                    spec.gpu_release_timeout_s,
+                    extra={"engine": spec.name},
+                )
+                return
+            await asyncio.sleep(GPU_RELEASE_POLL_S)
 
     async def _wait_group_gone(
         self, proc: process.EngineProcess, timeout_s: float, *, escalatable: bool
@@ -697,8 +937,14 @@ class EngineRunner:
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
                 )
                 engine_output_log.log(level, "%s", line, extra=extra)
+                if self.state is S.STARTING and not self.start_failed_oom and _OOM_RE.search(line):
+                    self.start_failed_oom = True
         finally:
             transport.close()
+
+
+def _flags_text(args: Mapping[str, object]) -> str:
+    return " ".join(f"--{k} {v}" for k, v in args.items())
 
 
 def _inflight(metrics: EngineMetrics | ProbeFailure) -> int | None:

@@ -25,6 +25,11 @@ engine_restarts_total                  counter    engine, reason
 engine_state_changes_total             counter    engine
 engine_canary_latency_seconds          gauge      engine (absent until a canary has run)
 engine_info                            gauge      engine, port, gpus (always 1)
+engine_actions_total                   counter    engine, kind, reason (policy actions)
+engine_last_action_timestamp_seconds   gauge      engine, kind
+engine_batch_step                      gauge      engine (0: the engine's own flags; n: n steps down)
+finding_active                         gauge      engine, finding, severity
+marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
 ticks_total                            counter
 notify_failures_total                  counter
 config_loaded_timestamp_seconds        gauge      (absent while 0: never loaded)
@@ -91,6 +96,10 @@ RESTART_REASONS: Final[tuple[str, ...]] = (
     "health",
     "operator",
     "config_change",
+    "scheduled",
+    "hang",
+    "step_down",
+    "step_up",
 )
 
 # Same reasoning for config reload results.
@@ -236,7 +245,27 @@ class _SnapshotCollector:
             "Static facts about the engine in labels; always 1.",
             labels=["engine", "port", "gpus"],
         )
+        actions = CounterMetricFamily(
+            _name("engine_actions"),
+            "Automatic actions taken on the engine, by kind and the cause that led to them.",
+            labels=["engine", "kind", "reason"],
+        )
+        last_action = GaugeMetricFamily(
+            _name("engine_last_action_timestamp_seconds"),
+            "Unix time of the engine's last automatic action of each kind.",
+            labels=["engine", "kind"],
+        )
+        step = GaugeMetricFamily(
+            _name("engine_batch_step"),
+            "Batch-size ladder step the engine runs at: 0 is its own flags, n is n steps down.",
+            labels=["engine"],
+        )
         for e in engines:
+            for (kind, reason), count in sorted(e.actions_total.items()):
+                actions.add_metric([e.name, kind, reason], float(count))
+            for kind, at in sorted(e.last_action_at.items()):
+                last_action.add_metric([e.name, kind], at)
+            step.add_metric([e.name], float(e.ladder_step))
             for s in EngineState:
                 state.add_metric([e.name, s.value], 1.0 if e.state is s else 0.0)
             up.add_metric([e.name], 1.0 if e.state is EngineState.READY else 0.0)
@@ -253,6 +282,7 @@ class _SnapshotCollector:
             for kind, severity, _summary in e.findings:
                 finding.add_metric([e.name, kind, severity], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
+        yield from (actions, last_action, step)
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -280,6 +310,14 @@ class _SnapshotCollector:
         for result, count in sorted(by_result.items()):
             reloads.add_metric([result], float(count))
         yield reloads
+        marked = CounterMetricFamily(
+            _name("marked_gpu_faults"),
+            "GPU faults (XID, ECC, lost) the policy restarted an engine for, by GPU; kept in the state dir.",
+            labels=["gpu"],
+        )
+        for gpu, count in sorted(snap.gpu_faults_marked.items()):
+            marked.add_metric([str(gpu)], float(count))
+        yield marked
 
     def _gpu_families(self, gpu_samples: GpuSamples) -> Iterator[Metric]:
         try:

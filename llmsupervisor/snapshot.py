@@ -32,6 +32,15 @@ class EngineSnapshot:
     canary_latency_s: float | None = None
     # Active findings as (kind, severity, summary), e.g. ("hang", "critical", "canary missed ...").
     findings: tuple[tuple[str, str, str], ...] = ()
+    # Batch-size ladder: 0 is the engine's own flags, n is n steps down (of ladder_steps).
+    ladder_step: int = 0
+    ladder_steps: int = 0
+    # Automatic actions by (kind, reason), and the wall-clock time of the last of each kind.
+    actions_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    last_action_at: Mapping[str, float] = field(default_factory=dict)
+    # The hottest / most power-hungry of the engine's GPUs (None without NVML).
+    gpu_temperature_c: float | None = None
+    gpu_power_w: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +52,7 @@ class Snapshot:
     config_path: str = ""
     config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
     reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
+    gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
 
     def engine(self, name: str) -> EngineSnapshot | None:
         return next((e for e in self.engines if e.name == name), None)

@@ -27,6 +27,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import httpx
@@ -40,7 +42,8 @@ from llmsupervisor.exporter import Exporter
 from llmsupervisor.gpus import GpuMonitor
 from llmsupervisor.http_api import HttpApi, Response, parse_listen
 from llmsupervisor.notify import Notifier
-from llmsupervisor.probes.nvml import GpuReader
+from llmsupervisor.policy import Action, ActionKind, EngineRules, EngineView, FleetRules, decide
+from llmsupervisor.probes.nvml import GpuReader, GpuSample
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
 
@@ -48,6 +51,11 @@ log = logging.getLogger("llmsupervisor")
 
 RUNNER_RESTART_DELAY_S: Final = 5.0
 STATUS_REFRESH_S: Final = 10.0
+
+
+def local_minute_of_day() -> int:
+    now = time.localtime()
+    return now.tm_hour * 60 + now.tm_min
 
 
 class Command(enum.Enum):
@@ -65,6 +73,7 @@ class Supervisor:
         notifier: Notifier | None = None,
         gpus_of: dict[str, str] | None = None,
         gpu_reader: GpuReader | None = None,
+        minute_of_day: Callable[[], int] = local_minute_of_day,
     ) -> None:
         self.config = config
         self.gpus_of = gpus_of if gpus_of is not None else {}  # shared with the journal handler
@@ -98,6 +107,9 @@ class Supervisor:
         self._guard_pid: int | None = None
         self._guard_fd: int | None = None
         self._shutting_down = False
+        self.minute_of_day = minute_of_day
+        self._deferred_logged: dict[str, str] = {}  # engine -> the last "waiting" line logged
+        self.gpu_faults_marked: dict[int, int] = self._load_gpu_marks()
 
     # ---- signals ----
 
@@ -192,9 +204,16 @@ class Supervisor:
                     in_rotation=r.in_rotation,
                     canary_latency_s=r.canary_latency_s,
                     findings=tuple((f.kind.value, f.severity.value, f.summary) for f in r.findings),
+                    ladder_step=r.ladder_step,
+                    ladder_steps=len(r.spec.ladder),
+                    actions_total=dict(r.actions_total),
+                    last_action_at=dict(r.last_action_at),
+                    gpu_temperature_c=self._gpu_max(r.spec.gpus, "temperature_c"),
+                    gpu_power_w=self._gpu_max(r.spec.gpus, "power_w"),
                 )
                 for name, r in self.runners.items()
             ),
+            gpu_faults_marked=dict(self.gpu_faults_marked),
             ticks_total=self.ticks_total,
             last_tick_duration_s=self.last_tick_duration_s,
             notify_failures_total=self.notifier.failures_total,
@@ -226,10 +245,26 @@ class Supervisor:
                     ],
                     "last_exit": e.last_exit,
                     "last_failure": e.last_failure,
+                    "batch_step": e.ladder_step,
+                    "batch_steps": e.ladder_steps,
+                    "actions": {
+                        f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())
+                    },
+                    "gpu_temperature_c": e.gpu_temperature_c,
+                    "gpu_power_w": e.gpu_power_w,
                 }
                 for e in snap.engines
             },
+            "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
         }
+
+    def _gpu_max(self, gpus: tuple[int, ...], attribute: str) -> float | None:
+        values = [
+            getattr(sample, attribute)
+            for sample in self.gpu_monitor.samples_for(gpus).values()
+            if isinstance(sample, GpuSample) and getattr(sample, attribute) is not None
+        ]
+        return float(max(values)) if values else None
 
     def _write_status(self) -> None:
         """Rewrite the status file when something in it changed (the ages aside), or every
@@ -483,6 +518,8 @@ class Supervisor:
                 runner.request_stop()
                 continue
             was_running = runner.state not in (EngineState.STOPPED, EngineState.FATAL)
+            if was_running:
+                await self._await_capacity(runner)
             changes_before = runner.state_changes_total
             runner.request_restart("config changed", cause="config_change", spec=spec)
             if not was_running:
@@ -493,6 +530,30 @@ class Supervisor:
                 if runner.state_changes_total > changes_before + 1 and runner.state in settled:
                     break
                 await asyncio.sleep(0.5)
+
+    async def _await_capacity(self, runner: EngineRunner, timeout_s: float = 600.0) -> None:
+        """A config change is a planned action: wait (bounded) while max_unavailable other
+        engines are already out of rotation, whatever took them out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        logged = False
+        while not self._shutting_down and loop.time() < deadline:
+            out = [
+                r.spec.name
+                for r in self.runners.values()
+                if r is not runner and r.spec.enabled and r.state is not EngineState.READY
+            ]
+            if len(out) < self.config.supervisor.max_unavailable:
+                return
+            if not logged:
+                log.info(
+                    "config change waits: %s out of rotation (max_unavailable=%d)",
+                    ", ".join(out),
+                    self.config.supervisor.max_unavailable,
+                    extra={"engine": runner.spec.name},
+                )
+                logged = True
+            await asyncio.sleep(0.5)
 
     def _tick(self) -> None:
         started = time.monotonic()
@@ -508,6 +569,8 @@ class Supervisor:
                 exc_info=exc,
             )
             self.tasks[name] = asyncio.create_task(self._restart_runner(name), name=f"engine:{name}")
+        if not self._shutting_down:
+            self._act()
         self._write_status()
         self._notify_progress()
         self.ticks_total += 1
@@ -516,6 +579,122 @@ class Supervisor:
         self._last_tick_s = self.clock.monotonic()
         # Only after a complete tick: a wedged loop stops the pings and systemd restarts us.
         self.notifier.watchdog()
+
+    # ---- the policy ----
+
+    def _view(self, runner: EngineRunner) -> EngineView:
+        spec = runner.spec
+        return EngineView(
+            name=spec.name,
+            state=runner.state,
+            enabled=spec.enabled,
+            findings=tuple(runner.findings),
+            busy=runner.busy,
+            held_out=runner.held_out,
+            ladder_step=runner.ladder_step,
+            ladder_steps=len(spec.ladder),
+            ladder_changed_s=runner.ladder_changed_s,
+            step_cause_seen_s=runner.step_cause_seen_s,
+            action_times_s=tuple(runner.action_times_s),
+            scheduled_due_s=runner.scheduled_due_s,
+            start_failed_oom=runner.start_failed_oom,
+            prefix_reset_at_s=runner.prefix_reset_at_s,
+            prefix_reset_supported=runner.prefix_reset_supported,
+            rules=EngineRules(
+                automatic=spec.automatic_actions,
+                max_actions_per_hour=spec.max_actions_per_hour,
+                action_cooldown_s=spec.action_cooldown_s,
+                ladder_calm_s=spec.ladder_calm_s,
+                repair_verify_s=spec.repair_verify_s,
+                restart_window=spec.restart_window,
+            ),
+        )
+
+    def _fleet_rules(self) -> FleetRules:
+        settings = self.config.supervisor
+        return FleetRules(max_unavailable=settings.max_unavailable, min_in_rotation=settings.min_in_rotation)
+
+    def _act(self) -> None:
+        """Run the policy over every engine and hand each action to its runner."""
+        now_s = self.clock.monotonic()
+        decision = decide(
+            [self._view(r) for r in self.runners.values()],
+            now_s,
+            minute_of_day=self.minute_of_day(),
+            fleet=self._fleet_rules(),
+        )
+        waiting: dict[str, str] = {}
+        for held in decision.deferred:
+            line = f"{held.kind} ({held.reason}) waits: {held.why}"
+            waiting[held.engine] = line
+            if self._deferred_logged.get(held.engine) != line:
+                log.info("%s", line, extra={"engine": held.engine})
+        self._deferred_logged = waiting
+        for action in decision.actions:
+            runner = self.runners.get(action.engine)
+            if runner is not None:
+                self._apply(runner, action, now_s)
+
+    def _apply(self, runner: EngineRunner, action: Action, now_s: float) -> None:
+        kind = action.kind
+        log.warning("action %s (%s): %s", kind, action.reason, action.detail, extra={"engine": action.engine})
+        # Shedding follows its finding's hysteresis, and a broken engine's restarts are bounded
+        # by the failure budget: neither counts toward the rate limit (policy.py).
+        rate_limited = kind not in (ActionKind.SHED, ActionKind.UNSHED) and not action.failure
+        runner.record_action(
+            kind.value, action.reason, now_s=now_s, wall_s=time.time(), rate_limited=rate_limited
+        )
+        if kind is ActionKind.SHED:
+            runner.request_shed(action.detail)
+        elif kind is ActionKind.UNSHED:
+            runner.request_shed(None)
+        elif kind is ActionKind.RESET_PREFIX_CACHE:
+            runner.start_prefix_reset(action.detail)
+        elif kind in (ActionKind.STEP_DOWN, ActionKind.STEP_UP):
+            assert action.step is not None
+            runner.set_ladder_step(action.step, f"{action.reason}: {action.detail}")
+            if action.planned:  # an OOM at start only changes the next spawn's flags
+                runner.request_restart(f"{kind}: {action.detail}", cause=kind.value)
+        elif kind in (ActionKind.RESTART, ActionKind.SCHEDULED_RESTART):
+            if action.mark_gpus:
+                self._mark_gpus(runner.spec.gpus, action.detail)
+            cause = "scheduled" if kind is ActionKind.SCHEDULED_RESTART else action.reason
+            runner.request_restart(
+                f"{cause}: {action.detail}", cause=cause, drain=action.drain, failure=action.failure
+            )
+
+    # ---- GPUs the policy restarted engines for ----
+
+    @property
+    def _gpu_marks_path(self) -> Path:
+        return self.state_dir / "gpu-faults.json"
+
+    def _load_gpu_marks(self) -> dict[int, int]:
+        try:
+            raw = json.loads(self._gpu_marks_path.read_text())
+            return {int(gpu): int(entry["count"]) for gpu, entry in raw.items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return {}
+
+    def _mark_gpus(self, gpus: tuple[int, ...], detail: str) -> None:
+        """Count the fault against each of the engine's GPUs, in the state dir, so that a GPU
+        that keeps faulting is visible across restarts (status, metrics, the journal)."""
+        try:
+            raw = json.loads(self._gpu_marks_path.read_text())
+            if not isinstance(raw, dict):
+                raw = {}
+        except (OSError, ValueError):
+            raw = {}
+        for gpu in gpus:
+            self.gpu_faults_marked[gpu] = self.gpu_faults_marked.get(gpu, 0) + 1
+            raw[str(gpu)] = {"count": self.gpu_faults_marked[gpu], "last": detail, "at": time.time()}
+            log.error("GPU %d marked: fault %d: %s", gpu, self.gpu_faults_marked[gpu], detail)
+        try:
+            tmp = self._gpu_marks_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(raw, indent=2) + "\n")
+            tmp.replace(self._gpu_marks_path)
+        except OSError as exc:
+            log.warning("cannot save GPU marks: %s", exc)
 
     def summary(self) -> str:
         """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``."""
@@ -532,6 +711,8 @@ class Supervisor:
             text = f"{r.spec.name} {r.state.value} ({age_s // 60}m{age_s % 60:02d}s)"
             if r.state in (EngineState.BACKOFF, EngineState.FATAL) and r.last_failure:
                 text += f": {r.last_failure[:80]}"
+            elif r.state in (EngineState.SHEDDING, EngineState.DRAINING):
+                text += f": {r.state_reason[:80]}"
             parts.append(text)
         return "; ".join(parts)
 
