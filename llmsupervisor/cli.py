@@ -34,7 +34,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"config file (default {DEFAULT_CONFIG_PATH})",
     )
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("run", help="run the daemon in the foreground (the default)")
+    run_parser = sub.add_parser("run", help="run the daemon in the foreground (the default)")
+    run_parser.add_argument(
+        "--fake-gpu",
+        type=Path,
+        metavar="FILE",
+        help="testing aid: read GPU telemetry and XID events from a JSON file instead of NVML",
+    )
     check = sub.add_parser("check-config", help="validate a config file; exit 78 with one line per problem")
     check.add_argument("path", nargs="?", type=Path, help="config file (default: --config)")
     parser.add_argument("--socket", type=Path, help="control socket (default: found from --config)")
@@ -154,7 +160,7 @@ def check_config(path: Path) -> int:
     return 0
 
 
-def run(path: Path) -> int:
+def run(path: Path, fake_gpu: Path | None = None) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -168,7 +174,13 @@ def run(path: Path) -> int:
     logs.setup(config.supervisor.log_level, gpus_of=gpus_of)
     from llmsupervisor.supervisor import Supervisor
 
-    return asyncio.run(Supervisor(config, gpus_of=gpus_of).run())
+    reader = None
+    if fake_gpu is not None:
+        from llmsupervisor.probes.nvml import FileGpu
+
+        logging.getLogger("llmsupervisor").warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
+        reader = FileGpu(fake_gpu)
+    return asyncio.run(Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.path or args.config)
     if args.command in control.COMMANDS:
         return control_command(args)
-    return run(args.config)
+    return run(args.config, getattr(args, "fake_gpu", None))
 
 
 if __name__ == "__main__":

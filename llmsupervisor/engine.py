@@ -572,11 +572,12 @@ class EngineRunner:
     async def _serve(self) -> tuple[Outcome, str]:
         assert self.proc is not None
         proc = self.proc
-        self._set_state(S.READY, "ready")
-        # A new incarnation: its own window (and degradation baseline) and tracker.
+        # A new incarnation: its own window (and degradation baseline) and tracker. Before READY,
+        # which runs the policy: it must not act again on the last incarnation's findings.
         self.window = new_window(self.detector_config)
         self.tracker = FindingTracker(self.detector_config)
         self._close_findings("engine restarted")
+        self._set_state(S.READY, "ready")
         self.last_metrics = self._previous_metrics = None
         self.prefix_reset_at_s = None
         self._shed_reason = None

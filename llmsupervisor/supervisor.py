@@ -288,6 +288,10 @@ class Supervisor:
         self._status_written, self._status_written_at_s = content, now
 
     def _on_change(self, change: StateChange) -> None:
+        # The policy also runs on every state change, not only on ticks: a decision that belongs
+        # to a state (step down before the next start after an OOM) must not race a short backoff.
+        if not self._shutting_down:
+            self._act()
         self._write_status()
 
     # ---- run ----

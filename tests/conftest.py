@@ -52,7 +52,10 @@ alive = process.alive
 class Daemon:
     """The real daemon (``python -m llmsupervisor``) in its own session, logging to a file."""
 
-    def __init__(self, tmp_path: Path, config: dict[str, Any], *, name: str = "daemon") -> None:
+    def __init__(
+        self, tmp_path: Path, config: dict[str, Any], *, name: str = "daemon", run_args: tuple[str, ...] = ()
+    ) -> None:
+        self.run_args = run_args  # after `run`, e.g. ("--fake-gpu", PATH)
         self.dir = tmp_path
         self.state_dir = tmp_path / "state"
         config.setdefault("supervisor", {}).setdefault("state_dir", str(self.state_dir))
@@ -69,7 +72,14 @@ class Daemon:
         env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llmsupervisor", "--config", str(self.config_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "llmsupervisor",
+                    "--config",
+                    str(self.config_path),
+                    *(("run", *self.run_args) if self.run_args else ()),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -166,8 +176,8 @@ class Daemon:
 def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     made: list[Daemon] = []
 
-    def make(config: dict[str, Any], *, name: str = "daemon") -> Daemon:
-        d = Daemon(tmp_path, config, name=name)
+    def make(config: dict[str, Any], *, name: str = "daemon", run_args: tuple[str, ...] = ()) -> Daemon:
+        d = Daemon(tmp_path, config, name=name, run_args=run_args)
         made.append(d)
         return d
 

@@ -14,10 +14,14 @@ options that reproduce behaviours documented in docs/vllm-facts.md:
                                 survives a SIGKILL of this process (the EngineCore orphan problem);
                                 SIGTERM kills it
 ``--fake-completion-delay-s F`` each completion takes F seconds
+``--fake-oom-above-max-num-seqs N``  with ``--max-num-seqs`` above N, fail at start like a CUDA OOM
+                                (print torch's OutOfMemoryError, exit 1)
+``--fake-dev-mode``             serve ``POST /reset_prefix_cache`` (vLLM's dev-mode route; 404 otherwise)
 
 Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behind), ``POST /fake/hang``
 (completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
-exit 0 four seconds later, like vLLM's launcher watchdog).
+exit 0 four seconds later, like vLLM's launcher watchdog), ``POST /fake/kv?usage=F`` (report KV-cache
+usage F), ``GET /fake/args`` (the command line it was started with).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class FakeEngine:
         self.iterations = 0
         self.successes = 0
         self.dead = False  # EngineCore died: /health 503, completions 500
+        self.kv_usage: float | None = None  # set by POST /fake/kv
         self.hung = threading.Event()  # completions never answer
         self.child: subprocess.Popen[bytes] | None = None
 
@@ -123,7 +128,7 @@ class FakeEngine:
                 self.iterations,
                 self.successes,
             )
-        kv = min(1.0, running * 0.01)
+        kv = min(1.0, running * 0.01) if self.kv_usage is None else self.kv_usage
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
@@ -216,6 +221,8 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self.send_json(200, {"object": "list", "data": data})
             elif path == "/metrics":
                 self.send_body(200, engine.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/fake/args":
+                self.send_json(200, {"argv": sys.argv[1:]})
             elif path == "/version":
                 self.send_json(200, {"version": VERSION})
             else:
@@ -229,6 +236,12 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 code = int(parse_qs(url.query).get("code", ["1"])[0])
                 log("ERROR", f"fake crash requested, exit code {code}")
                 engine.exit(code, clean_child=False)
+            elif url.path == "/fake/kv":
+                engine.kv_usage = float(parse_qs(url.query)["usage"][0])
+                self.send_json(200, {"kv_cache_usage_perc": engine.kv_usage})
+            elif url.path == "/reset_prefix_cache" and engine.args.fake_dev_mode:
+                log("INFO", "Resetting prefix cache")
+                self.send_json(200, {"success": True})
             elif url.path == "/fake/hang":
                 engine.hung.set()
                 log("WARNING", "fake hang: completions will never answer")
@@ -304,6 +317,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-child", action="store_true")
     parser.add_argument("--fake-hold-port", action="store_true", help="accepted and ignored")
     parser.add_argument("--fake-completion-delay-s", type=float, default=0.0)
+    parser.add_argument("--fake-oom-above-max-num-seqs", type=int, default=None)
+    parser.add_argument("--fake-dev-mode", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
     args, _ignored = parser.parse_known_args(argv)  # every real vLLM flag is accepted and ignored
     return args
 
@@ -325,6 +341,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
 
+    if args.fake_oom_above_max_num_seqs is not None and args.max_num_seqs > args.fake_oom_above_max_num_seqs:
+        log("ERROR", "EngineCore failed to start.")
+        print(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.19 GiB of which 1.06 GiB is free.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     if args.fake_child:
         engine.spawn_child()
     time.sleep(args.fake_startup_delay_s)  # "loading": connections are refused meanwhile

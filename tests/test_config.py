@@ -1100,16 +1100,20 @@ def test_actions_fields_problems(tmp_path: Path) -> None:
     )
     found = problems(path)
     assert found == [
-        f"{path}:3: defaults.detectors.sustain_s.kv_presure: unknown finding kind (did you mean 'kv_pressure'?)",
+        f"{path}:3: defaults.detectors.sustain_s.kv_presure: unknown finding kind "
+        "(did you mean 'kv_pressure'?)",
         f"{path}:11: engines[0].restart_window: must be a local time window like '02:00-05:00', "
         "got '23:00-25:00'",
         f"{path}:17: engines[1].ladder[1].max-num-seqs: steps go down: 48 is above the previous step's 32",
         f"{path}:17: engines[1].ladder[1].enforce-eager: a ladder step may set only "
         "max-num-batched-tokens, max-num-seqs, gpu-memory-utilization",
-        f"{path}:18: engines[1].detectors.hang_aftr_s: unknown detector setting (did you mean 'hang_after_s'?)",
-        f"{path}:18: engines[1].detectors: hang_min_misses, gpu_lost_min_samples >= 1 and memory_min_samples >= 3",
+        f"{path}:18: engines[1].detectors.hang_aftr_s: unknown detector setting "
+        "(did you mean 'hang_after_s'?)",
+        f"{path}:18: engines[1].detectors: hang_min_misses, gpu_lost_min_samples >= 1 "
+        "and memory_min_samples >= 3",
     ]
     path.write_text(path.read_text().replace('restart_window: "23:00-25:00"', "enabled: true"))
-    assert f"{path}:10: engines[0].ladder[0].max-num-seqs: steps go down: 128 is above the engine's own 64" in (
-        problems(path)
+    assert (
+        f"{path}:10: engines[0].ladder[0].max-num-seqs: steps go down: 128 is above the engine's own 64"
+        in (problems(path))
     )

@@ -23,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
+import os
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from llmsupervisor.errors import NvmlUnavailable, SupervisorError
@@ -716,12 +719,89 @@ class FakeGpu:
             self.release(uuid)
 
 
+class FileGpu:
+    """A ``GpuReader`` driven by a JSON file that a test (or a demo) rewrites while the daemon
+    runs: ``llm-supervisor run --fake-gpu FILE``. Never for production; it stands in for NVML
+    on machines without a GPU, so that the daemon's GPU paths can be exercised end to end.
+
+    The file, re-read on every call::
+
+        {"gpus": [{"index": 0, "temperature_c": 91, "clock_event_reasons": ["hw_thermal"],
+                   "lost": false, ...any GpuSample field...}],
+         "events": [{"id": 1, "gpu": 0, "kind": "xid", "xid": 48}]}
+
+    Missing fields take ``nominal_sample`` values; ``clock_event_reasons`` may be a list of
+    names; ``"lost": true`` makes the GPU raise ``GpuLost``; each event is delivered once (by id).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._delivered: set[object] = set()
+        self._closed = threading.Event()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            raise NvmlUnavailable("fake_gpu_file", f"cannot read {self.path}: {exc}") from None
+        return data if isinstance(data, dict) else {}
+
+    def _gpus(self) -> list[dict[str, Any]]:
+        return [g for g in self._read().get("gpus", []) if isinstance(g, dict)]
+
+    def open(self) -> list[str]:
+        return [f"GPU-fake-{int(g.get('index', i)):04d}" for i, g in enumerate(self._gpus())]
+
+    def sample(self, uuid: str) -> GpuSample:
+        for i, raw in enumerate(self._gpus()):
+            index = int(raw.get("index", i))
+            if f"GPU-fake-{index:04d}" != uuid:
+                continue
+            fields = {k: v for k, v in raw.items() if k not in ("index", "lost")}
+            if raw.get("lost"):
+                raise GpuLost(uuid, "fake GPU marked lost")
+            reasons = fields.get("clock_event_reasons")
+            if isinstance(reasons, list):
+                by_name = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
+                fields["clock_event_reasons"] = sum(by_name[name] for name in reasons)
+            if isinstance(fields.get("processes"), list):
+                fields["processes"] = tuple(GpuProcess(int(p[0]), p[1]) for p in fields["processes"])
+            return nominal_sample(index, uuid, **fields)
+        raise GpuLost(uuid, "fake GPU no longer in the file")
+
+    def wait_event(self, timeout_ms: int) -> GpuEvent | None:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not self._closed.is_set():
+            with contextlib.suppress(NvmlUnavailable):
+                for raw in self._read().get("events", []):
+                    key = raw.get("id", json.dumps(raw, sort_keys=True))
+                    if key in self._delivered:
+                        continue
+                    self._delivered.add(key)
+                    gpu = raw.get("gpu")
+                    return GpuEvent(
+                        index=gpu,
+                        uuid=None if gpu is None else f"GPU-fake-{int(gpu):04d}",
+                        kind=str(raw.get("kind", "xid")),
+                        xid=raw.get("xid"),
+                    )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._closed.wait(min(0.2, left))
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+
+
 __all__ = [
     "CLOCK_EVENT_REASONS",
     "DEFAULT_EVENT_TYPES",
     "EVENT_KINDS",
     "XID_UNKNOWN",
     "FakeGpu",
+    "FileGpu",
     "GpuEvent",
     "GpuLost",
     "GpuProcess",
