@@ -67,7 +67,7 @@ log = logging.getLogger("llmsupervisor.engine")
 engine_output_log = logging.getLogger("llmsupervisor.engine.output")
 
 S = EngineState
-READINESS_POLL_S: Final = 1.0
+READINESS_POLL_S: Final = 0.25  # /health while loading: connection refused is cheap; READY sooner
 GPU_RELEASE_POLL_S: Final = 0.5
 # vLLM/torch out-of-memory at start: CUDA OOM, the KV cache not fitting, CPU KV space too large.
 _OOM_RE: Final = re.compile(

@@ -168,8 +168,11 @@ class HttpApi:
                 await self._linger(reader)
                 return
             await self._exchange(reader, writer)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass  # the client went away or stopped reading; nothing left to tell it
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            # The client went away or stopped reading (HAProxy's health checks reset the
+            # connection as soon as they have the status line: ENOTCONN on shutdown); nothing
+            # is left to tell it. ConnectionError is an OSError too.
+            pass
         except asyncio.CancelledError:
             # close() ends open connections this way. Ending normally matters: on 3.11,
             # StreamReaderProtocol logs a cancelled connection task as an unhandled error.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -451,3 +452,29 @@ def test_parse_listen(value: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_rejects(value: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_listen(value)
+
+
+def test_a_client_that_resets_after_the_request_is_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Clients that reset the connection (SO_LINGER 0) are leaving, not a server error. HAProxy's
+    health checks do this; against real HAProxy the server's shutdown(SHUT_WR) then failed with
+    ENOTCONN, logged as an error per check until OSError was treated as the client leaving. This
+    loopback test does not hit that exact timing; tests/test_haproxy_vllm.py does."""
+
+    async def slow(rest: str) -> Response:
+        await asyncio.sleep(0.2)  # the reset arrives before the answer is written
+        return Response(body=b"ok\n")
+
+    async def scenario() -> None:
+        async with serving(ROUTES, {"/slow/": slow}) as (api, client):
+            for _ in range(5):
+                sock = socket.create_connection(("127.0.0.1", api.port))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.sendall(b"GET /slow/x HTTP/1.1\r\nHost: x\r\n\r\n")
+                await asyncio.sleep(0.05)
+                sock.close()  # RST
+            await asyncio.sleep(0.5)
+            assert (await client.get("/")).status_code == 200
+
+    with caplog.at_level(logging.DEBUG, logger="llmsupervisor.http_api"):
+        run(scenario)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
