@@ -26,7 +26,9 @@ Rules every decision obeys:
 - one action in flight per engine (``EngineView.busy``);
 - planned actions (those that take a serving engine away by choice) never make more than
   ``max_unavailable`` engines unavailable, and engines already out of rotation for any reason,
-  failures included, count against it;
+  failures included, count against it. An engine READY again counts as out until it has been
+  READY for ``rotation_grace_s`` (its ``drain_grace_s``): the load balancer needs that long to
+  see it back, and taking the next engine away sooner leaves the balancer with no server;
 - automatic actions are rate limited per engine (``max_actions_per_hour``, ``action_cooldown_s``).
   Restarts of a broken engine (hang, stall, GPU fault) are not: the crash-loop budget bounds them
   (``max_failures`` in ``failure_window_s``, then FATAL), and leaving a hung engine hung is worse;
@@ -85,6 +87,7 @@ class EngineRules:
     repair_verify_s: float = 300.0
     # Minutes of the local day [start, end); end < start wraps past midnight. None: any time.
     restart_window: tuple[int, int] | None = None
+    rotation_grace_s: float = 5.0  # how long a load balancer takes to notice a change
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +103,7 @@ class EngineView:
     name: str
     state: EngineState
     enabled: bool = True
+    ready_since_s: float | None = None  # None: READY since before anyone counted (tests)
     findings: tuple[Finding, ...] = ()
     busy: bool = False  # an action (planned restart, drain, step change) is already in flight
     held_out: bool = False  # an operator drained it: leave it alone
@@ -168,6 +172,13 @@ def rate_limit(view: EngineView, now_s: float) -> str | None:
             f"(action_cooldown_s={rules.action_cooldown_s:g})"
         )
     return None
+
+
+def back_in_rotation(view: EngineView, now_s: float) -> bool:
+    """READY, and for long enough that the load balancer sends it traffic again."""
+    return view.state is S.READY and (
+        view.ready_since_s is None or now_s - view.ready_since_s >= view.rules.rotation_grace_s
+    )
 
 
 def _first(
@@ -251,7 +262,7 @@ def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fle
     deferred: list[Deferred] = []
     enabled = [v for v in views if v.enabled]
     in_rotation = sum(1 for v in enabled if v.state is S.READY)
-    unavailable = len(enabled) - in_rotation
+    unavailable = len(enabled) - sum(1 for v in enabled if back_in_rotation(v, now_s))
     for view in sorted(views, key=lambda v: v.name):
         if not view.enabled or not view.rules.automatic:
             continue
@@ -329,7 +340,7 @@ def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fle
         if limited is not None:
             deferred.append(Deferred(name, wanted.kind, wanted.reason, limited))
             continue
-        if wanted.planned and view.state is S.READY:
+        if wanted.planned and back_in_rotation(view, now_s):
             if unavailable >= fleet.max_unavailable:
                 deferred.append(
                     Deferred(

@@ -42,7 +42,15 @@ from llmsupervisor.exporter import Exporter
 from llmsupervisor.gpus import GpuMonitor
 from llmsupervisor.http_api import HttpApi, Response, parse_listen
 from llmsupervisor.notify import Notifier
-from llmsupervisor.policy import Action, ActionKind, EngineRules, EngineView, FleetRules, decide
+from llmsupervisor.policy import (
+    Action,
+    ActionKind,
+    EngineRules,
+    EngineView,
+    FleetRules,
+    back_in_rotation,
+    decide,
+)
 from llmsupervisor.probes.nvml import GpuReader, GpuSample
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
@@ -542,10 +550,11 @@ class Supervisor:
         deadline = loop.time() + timeout_s
         logged = False
         while not self._shutting_down and loop.time() < deadline:
+            now_s = self.clock.monotonic()
             out = [
                 r.spec.name
                 for r in self.runners.values()
-                if r is not runner and r.spec.enabled and r.state is not EngineState.READY
+                if r is not runner and r.spec.enabled and not back_in_rotation(self._view(r), now_s)
             ]
             if len(out) < self.config.supervisor.max_unavailable:
                 return
@@ -592,6 +601,7 @@ class Supervisor:
             name=spec.name,
             state=runner.state,
             enabled=spec.enabled,
+            ready_since_s=runner.ready_since_s,
             findings=tuple(runner.findings),
             busy=runner.busy,
             held_out=runner.held_out,
@@ -611,6 +621,7 @@ class Supervisor:
                 ladder_calm_s=spec.ladder_calm_s,
                 repair_verify_s=spec.repair_verify_s,
                 restart_window=spec.restart_window,
+                rotation_grace_s=spec.drain_grace_s,
             ),
         )
 

@@ -253,3 +253,14 @@ def test_scheduled_restarts_never_two_at_once() -> None:
 )
 def test_in_window(minute: int, window: tuple[int, int] | None, inside: bool) -> None:
     assert in_window(minute, window) is inside
+
+
+def test_an_engine_just_back_counts_as_out_until_the_load_balancer_sees_it() -> None:
+    # e2 came back 2 s ago; HAProxy needs drain_grace_s (5 s here) to send it traffic again.
+    grace = EngineRules(rotation_grace_s=5.0)
+    e1 = view("e1", finding(K.MEMORY_GROWTH), rules=grace, ready_since_s=0.0)
+    e2 = view("e2", rules=grace, ready_since_s=9_998.0)
+    decision = run(e1, e2)
+    assert decision.actions == () and "max_unavailable=1" in decision.deferred[0].why
+    later = run(e1, e2, now_s=10_003.0)
+    assert kinds(later.actions) == [("e1", A.RESTART, "memory_growth")]
