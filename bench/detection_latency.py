@@ -141,6 +141,7 @@ def latency(
 
 SCENARIOS: tuple[tuple[str, str, FindingKind], ...] = (
     ("hang (worker frozen, gauges stale at 0: the SIGSTOP case)", "hang", FindingKind.HANG),
+    ("hang with work queued (8 requests running, counters frozen)", "stall", FindingKind.HANG),
     ("stall (8 requests running, counters frozen)", "stall", FindingKind.STALL),
     ("KV pressure (usage 0.95)", "kv", FindingKind.KV_PRESSURE),
     ("thermal (91 C, hw_thermal slowdown)", "thermal", FindingKind.THERMAL),

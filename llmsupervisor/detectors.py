@@ -158,7 +158,11 @@ class DetectorConfig:
     # HANG (vllm-facts §7): no sign of life (a successful canary, or a step/token counter that
     # moved) for this long, with at least ``hang_min_misses`` deadline misses (canary, /health or
     # /metrics timing out) since the last sign of life.
-    hang_after_s: float = 120.0  # work was queued at the last reading: allow 2 x a long prefill
+    # Work was queued at the last reading. vLLM V1 prefills in chunks of max-num-batched-tokens,
+    # and its step and token counters move at every step, which takes well under a second to a
+    # few seconds on a GPU: 12 s of frozen counters *and* missed canaries is a hang. Raise it for
+    # engines that prefill huge prompts in one step (chunked prefill off).
+    hang_after_s: float = 12.0
     # The last reading said nothing was running or waiting: a 1-token canary cannot take long.
     # This is the SIGSTOP case (gauges stale at 0), found within about 2 canary deadlines.
     hang_idle_after_s: float = 10.0
