@@ -64,7 +64,7 @@ def measure(lines: list[str], decision: str) -> list[tuple[float, float]]:
     return out
 
 
-def run(runs: int) -> dict[str, list[tuple[float, float]]]:
+def run(runs: int, keep_log: Path | None = None) -> dict[str, list[tuple[float, float]]]:
     results: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
@@ -103,6 +103,8 @@ def run(runs: int) -> dict[str, list[tuple[float, float]]]:
                 )
                 d.wait_state("gpu0", "ready", timeout_s=60, restarts=before["restarts"] + 1)
             lines = d.log().splitlines()
+            if keep_log is not None:
+                keep_log.write_text(d.log())
             results["hang (no drain)"] = measure(lines, "action restart (hang)")
             results["operator restart (drain_grace_s 0, idle)"] = measure(lines, "operator: restart")
         finally:
@@ -116,8 +118,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--keep-log", type=Path, help="write the daemon's log here")
     args = parser.parse_args()
-    results = run(args.runs)
+    results = run(args.runs, args.keep_log)
     print(
         "| Recovery | runs | decision → READY (median) | engine's own start (median) "
         "| overhead median | overhead max |"

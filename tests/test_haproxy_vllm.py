@@ -65,6 +65,23 @@ def haproxy() -> str:
     return path
 
 
+MAX_TOKENS = 48
+
+
+def _judge(resp: httpx.Response) -> tuple[str, str]:
+    """A request succeeded only if it got every token it asked for. vLLM aborting in-flight
+    requests on SIGTERM (shutdown-timeout 0) answers 200 with finish_reason "abort" and a
+    truncated text: a failure for the client all the same."""
+    if resp.status_code != 200:
+        return f"http {resp.status_code}", resp.text[:200]
+    body = resp.json()
+    choice = body["choices"][0]
+    tokens = body.get("usage", {}).get("completion_tokens")
+    if choice.get("finish_reason") != "length" or tokens != MAX_TOKENS:
+        return f"truncated ({choice.get('finish_reason')})", f"{tokens} of {MAX_TOKENS} tokens"
+    return "ok", ""
+
+
 class Load:
     """Steady concurrent completions through the load balancer; every outcome is counted."""
 
@@ -82,10 +99,14 @@ class Load:
                 try:
                     resp = client.post(
                         self.url,
-                        json={"model": "tiny", "prompt": "steady load", "max_tokens": 32, "ignore_eos": True},
+                        json={
+                            "model": "tiny",
+                            "prompt": "steady load",
+                            "max_tokens": MAX_TOKENS,
+                            "ignore_eos": True,
+                        },
                     )
-                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
-                    detail = "" if resp.status_code == 200 else resp.text[:200]
+                    outcome, detail = _judge(resp)
                 except httpx.HTTPError as exc:
                     outcome, detail = type(exc).__name__, str(exc)[:200]
                 with self._lock:
