@@ -4,7 +4,8 @@ HAProxy (the Debian package) balances two real vLLM CPU engines and health-check
 the supervisor's ``/engines/NAME/ready`` (one backend; ``uri-lf`` puts the server's own name in
 the check's path). Under steady concurrent load:
 
-1. a config change to both engines rolls them one at a time, each drained first;
+1. a config change to both engines rolls them one at a time, each drained first (e2 runs with
+   vLLM's own drain off, shutdown-timeout 0: only the supervisor's drain protects its requests);
 2. a thermal throttle (fake GPU file) steps e1 one ladder step down, drained first;
    -> zero failed requests, with HAProxy's retries off so nothing masks a failure;
 3. the control: the same restart with the drain switched off in the config fails requests,
@@ -152,6 +153,8 @@ def lb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             ladder_calm_s=3600,
             detectors={"sustain_s": {"thermal": 1}},
         ),
+        # vLLM's own drain off (shutdown-timeout 0: SIGTERM aborts whatever is in flight), so
+        # that only the supervisor's drain stands between e2's restarts and failed requests.
         vllm_engine("e2", ports["e2"], model, home),
     ]
     for engine in engines:
@@ -159,6 +162,7 @@ def lb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         # engine's own gauges to reach zero; vLLM's own drain (shutdown-timeout 5) comes after.
         engine.update({"drain_grace_s": 2.0, "drain_timeout_s": 60})
         engine["args"] = {**engine["args"], "max-num-seqs": 8}
+    engines[1]["args"]["shutdown-timeout"] = 0
     config = {
         "supervisor": {
             "tick_interval_s": 1.0,
@@ -257,9 +261,9 @@ def test_without_the_drain_the_same_restart_fails_requests(lb: dict[str, Any]) -
         before = d.engine("e2")
         config = lb["config"]
         e2 = config["engines"][1]
-        # No grace for the load balancer, no wait for in-flight requests, and vLLM told to abort them.
+        # No grace for the load balancer and no wait for in-flight requests; e2 runs with vLLM's
+        # shutdown-timeout 0, so SIGTERM aborts what is in flight.
         e2.update({"drain_grace_s": 0, "drain_timeout_s": 0})
-        e2["args"] = {**e2["args"], "shutdown-timeout": 0}
         reload_with(d, config)
         d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S, restarts=before["restarts"] + 1)
     finally:
