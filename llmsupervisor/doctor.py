@@ -1,9 +1,9 @@
 """``llm-supervisor doctor``: is this machine ready for the daemon's first start?
 
 Each check is a plain function that looks at one thing and returns a ``CheckResult``;
-``run_checks`` points them at a config and ``main`` in cli.py prints one line per result::
+``run_checks`` points them at a config and ``cli.doctor`` prints one line per result::
 
-    ok    user: files and devices checked for llm-supervisor (groups llm-supervisor, video), the unit's User=
+    ok    user: checking for llm-supervisor (groups video, llm-supervisor), the unit's User=
     ok    config: /etc/llm-supervisor/config.yaml: 2 engine(s): qwen-7b, qwen-32b
     ok    engine qwen-7b: /opt/llm-supervisor/engines/vllm/bin/python -m vllm...: vllm 0.32.0 (Python 3.11.2)
     FAIL  port 8001 (engine qwen-32b): in use by pid 4242 (python3 -m http.server 8001)
@@ -185,9 +185,6 @@ def _owner(st: os.stat_result) -> str:
     return f"{stat.filemode(st.st_mode)} {user}:{group}"
 
 
-# ---- config ---------------------------------------------------------------------------------
-
-
 def check_config(path: Path) -> tuple[list[CheckResult], SupervisorConfig | None]:
     """The config through the daemon's own loader: one FAIL per problem, with its line.
 
@@ -204,9 +201,6 @@ def check_config(path: Path) -> tuple[list[CheckResult], SupervisorConfig | None
             return results, None
     names = ", ".join(e.name for e in config.engines)
     return [CheckResult("config", Level.OK, f"{path}: {len(config.engines)} engine(s): {names}")], config
-
-
-# ---- engine commands ------------------------------------------------------------------------
 
 
 def _module_of(command: Sequence[str]) -> str | None:
@@ -284,9 +278,6 @@ def _which(program: str, spec: EngineSpec) -> str | None:
     return shutil.which(program, path=spec.env.get("PATH", os.environ.get("PATH", os.defpath)))
 
 
-# ---- ports ----------------------------------------------------------------------------------
-
-
 def _unprivileged_port_start(proc: Path = Path("/proc")) -> int:
     try:
         return int((proc / "sys/net/ipv4/ip_unprivileged_port_start").read_text())
@@ -345,9 +336,6 @@ def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> CheckResult
     return CheckResult(name, Level.FAIL, f"in use by {who}")
 
 
-# ---- state dir ------------------------------------------------------------------------------
-
-
 def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> CheckResult:
     """``who`` can create files in ``path`` (or create ``path``); under the shipped unit, also
     that the unit lets the service write there at all."""
@@ -394,9 +382,6 @@ def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> CheckResu
             name, Level.OK, f"{path} does not exist yet; {who.name} can create it in {existing}"
         )
     return CheckResult(name, Level.OK, f"{path} writable by {who.name}")
-
-
-# ---- GPUs -----------------------------------------------------------------------------------
 
 
 def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
@@ -490,9 +475,6 @@ def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> CheckRes
             "(CUDA needs it; the unit's ExecStartPre=nvidia-modprobe -u creates it)",
         )
     return CheckResult(name, Level.OK, f"{shown}: read-write for {who.name}")
-
-
-# ---- all of it ------------------------------------------------------------------------------
 
 
 def check_identity(*, euid: int | None = None) -> tuple[CheckResult, Identity]:
