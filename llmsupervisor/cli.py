@@ -1,4 +1,4 @@
-"""Command line: ``llm-supervisor [run]``, ``check-config``, and the control commands
+"""Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
 (``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``) that talk to a running
 daemon over its control socket. No supervision logic here."""
 
@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     ):
         sub.add_parser(name, help=text).add_argument("engine")
     sub.add_parser("reload", help="re-read the config; restart only engines whose spec changed")
+    doctor = sub.add_parser(
+        "doctor", help="check this machine before the first start: one line per check, exit 1 on any FAIL"
+    )
+    # Also accepted after the subcommand (`llm-supervisor doctor --config PATH`).
+    doctor.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="config file")
     return parser
 
 
@@ -183,8 +188,19 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
     return asyncio.run(Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run())
 
 
+def doctor(path: Path) -> int:
+    from llmsupervisor import doctor
+
+    results = doctor.run_checks(path)
+    for result in results:
+        print(result)
+    return 1 if doctor.failed(results) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "doctor":
+        return doctor(args.config)
     if args.command == "check-config":
         return check_config(args.path or args.config)
     if args.command in control.COMMANDS:

@@ -48,11 +48,19 @@ class ControlServer:
             if stat.S_ISSOCK(self.path.lstat().st_mode):
                 self.path.unlink()  # a stale socket of an earlier run
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The umask is process-wide: bind with no await in between, or other tasks create their
+        # files and directories under 0117 meanwhile (start_unix_server yields after binding; the
+        # engines' state directories came out drw-rw---- and unusable under the packaged unit).
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o117)  # created 0660: owner and group only
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+            sock.bind(str(self.path))
+        except BaseException:
+            sock.close()
+            raise
         finally:
             os.umask(old_umask)
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
         os.chmod(self.path, 0o660)
 
     async def close(self) -> None:

