@@ -13,9 +13,15 @@ wins. Rules that follow from how vLLM exposes them (vllm-facts §3.1):
   exception is V0's ``num_requests_swapped``, which later versions dropped because nothing swaps;
 - a garbage body is a ``ProbeFailure(kind="parse")``, not an exception.
 
+Only the sample lines of the names in ``ALIASES`` go through prometheus_client's parser, which
+reads label values one character at a time: vLLM 0.32's body is ~600 lines, of which this module
+reads ~90, and parsing all of them was 10 ms a scrape, most of the daemon's CPU (bench/overhead,
+docs/benchmarks.md). Every other line only gets a check of its shape, so a body that is not the
+text format (an HTML error page, JSON) is still a parse failure.
+
 ::
 
-    GET /metrics ──► text_string_to_metric_families ──► {exposed sample name: [(labels, value)]}
+    GET /metrics ──► _wanted_lines ──► text_string_to_metric_families ──► {sample name: [(labels, value)]}
                                                               │ ALIASES (first present name)
                                                               ▼
                                                         EngineMetrics (present = rows found)
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -202,9 +209,41 @@ class EngineMetrics:
         return self.prompt_tokens_total + self.generation_tokens_total
 
 
+_METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+
+
+def _wanted_lines(body: str) -> str:
+    """The sample lines whose name this module reads; comments and other samples are dropped.
+
+    A dropped sample line is still checked: a metric name, then (after the labels, if any) a
+    number and at most a timestamp. Its labels are not parsed, which is the point.
+    """
+    kept: list[str] = []
+    for raw in body.splitlines():
+        line = raw.strip()
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        name = line[:brace].rstrip() if brace >= 0 else line.split(None, 1)[0]
+        if name in _WANTED:
+            kept.append(line)
+            continue
+        if _METRIC_NAME_RE.match(name) is None:
+            raise _BadBody(f"not a metric line: {line[:80]!r}")
+        rest = line[line.rfind("}") + 1 :] if brace >= 0 else line[len(name) :]
+        fields = rest.split()
+        try:
+            if not 1 <= len(fields) <= 2 or (brace >= 0 and "}" not in line):
+                raise ValueError
+            float(fields[0])
+        except ValueError:
+            raise _BadBody(f"not a metric line: {line[:80]!r}") from None
+    return "\n".join(kept)
+
+
 def _collect(body: str) -> dict[str, _Series]:
     store: dict[str, _Series] = defaultdict(list)
-    for family in text_string_to_metric_families(body):
+    for family in text_string_to_metric_families(_wanted_lines(body)):
         for sample in family.samples:
             # *_created is a timestamp gauge that the client library adds to every counter and
             # histogram; none of our names end in it, but skip it explicitly all the same.
