@@ -324,6 +324,21 @@ def test_window_quantile_edges() -> None:
     assert relayout.minus(h) is relayout
 
 
+def test_histograms_are_stored_compactly_and_read_as_before() -> None:
+    # Every window holds ~1,200 observations per engine: the bounds are shared, the counts packed.
+    a, b = parsed(body("vllm-0.32.0-cpu.txt")), parsed(body("vllm-0.32.0-cpu.txt"))
+    assert a.ttft_seconds is not None and b.ttft_seconds is not None
+    assert a.ttft_seconds.les is b.ttft_seconds.les
+    assert a.present is b.present
+    h = hist((0.1, 3), (1.0, 2**40), (INF, 2**40), total=1.5)
+    assert h.buckets == ((0.1, 3), (1.0, 2**40), (INF, 2**40))
+    assert h.counts == (3, 2**40, 2**40)
+    assert h == hist((0.1, 3), (1.0, 2**40), (INF, 2**40), total=1.5)
+    assert h != hist((0.1, 4), (1.0, 2**40), (INF, 2**40), total=1.5)
+    assert hash(h) == hash(hist((0.1, 3), (1.0, 2**40), (INF, 2**40), total=1.5))
+    assert Histogram(buckets=(), sum=0.0, count=0).quantile(0.5) is None
+
+
 def test_window_over_two_real_captures() -> None:
     idle = parsed(body("vllm-0.32.0-cpu-idle.txt"))
     busy = parsed(body("vllm-0.32.0-cpu.txt"))
