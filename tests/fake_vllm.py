@@ -74,6 +74,7 @@ ADVANCING = {
     "vllm:iteration_tokens_total_sum": 360,
     "vllm:generation_tokens_total": 320,
     "vllm:prompt_tokens_total": 40,
+    "vllm:request_success_total": 1,  # per finished_reason: requests finish, as under real traffic
 }
 
 
