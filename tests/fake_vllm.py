@@ -17,6 +17,15 @@ options that reproduce behaviours documented in docs/vllm-facts.md:
 ``--fake-oom-above-max-num-seqs N``  with ``--max-num-seqs`` above N, fail at start like a CUDA OOM
                                 (print torch's OutOfMemoryError, exit 1)
 ``--fake-dev-mode``             serve ``POST /reset_prefix_cache`` (vLLM's dev-mode route; 404 otherwise)
+``--fake-metrics-file PATH``    serve this ``/metrics`` body (a capture in tests/fixtures/metrics) instead of
+                                the built-in one, which lacks most of real vLLM's families and is far smaller
+``--fake-metrics-scale K``      in that body, repeat every series labelled ``engine="0"`` K times as
+                                ``engine="0"``..``"K-1"`` (a data-parallel server of K engine cores): a bigger
+                                body with the same families, for the benchmark's body-size sweep
+``--fake-metrics-advance``      the step and token counters of that body move on every scrape, as on a busy
+                                engine (the supervisor then sends no canaries); without it they stay frozen
+``--fake-scrape-log PATH``      append ``time.monotonic()`` of every ``GET /metrics`` to PATH, one per line:
+                                the benchmark reads the daemon's observation rounds from it
 
 Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behind), ``POST /fake/hang``
 (completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
@@ -37,7 +46,7 @@ import time
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 from urllib.parse import parse_qs, urlsplit
 
 VERSION = "0.32.0"
@@ -62,6 +71,48 @@ def log(level: str, msg: str) -> None:
     print(f"{level} {stamp} [fake_vllm.py:{line}] {msg}", file=stream, flush=True)
 
 
+# Counters of a captured body that advance per scrape with --fake-metrics-advance, and by how much:
+# enough that the supervisor sees steps and tokens move, as on an engine generating.
+ADVANCING = {
+    "vllm:iteration_tokens_total_count": 40,
+    "vllm:iteration_tokens_total_sum": 360,
+    "vllm:generation_tokens_total": 320,
+    "vllm:prompt_tokens_total": 40,
+    "vllm:request_success_total": 1,  # per finished_reason: requests finish, as under real traffic
+}
+
+
+class FileMetrics:
+    """A captured ``/metrics`` body, optionally grown (``scale``) and with moving counters (``advance``)."""
+
+    def __init__(self, text: str, *, scale: int, advance: bool) -> None:
+        self.lines: list[str] = []
+        self.moving: list[tuple[int, str, float, int]] = []  # (line index, "name{labels}", base, step)
+        for line in text.splitlines():
+            copies = [line]
+            if scale > 1 and not line.startswith("#") and 'engine="0"' in line:
+                copies = [line.replace('engine="0"', f'engine="{i}"') for i in range(scale)]
+            for copy in copies:
+                series, _, value = copy.rpartition(" ")
+                name = series.partition("{")[0]
+                if advance and name in ADVANCING:
+                    self.moving.append((len(self.lines), series, float(value), ADVANCING[name]))
+                self.lines.append(copy)
+        self.scrapes = 0
+        self.lock = threading.Lock()
+
+    def render(self) -> bytes:
+        with self.lock:
+            self.scrapes += 1
+            n = self.scrapes
+        lines = self.lines
+        if self.moving:
+            lines = list(lines)
+            for index, series, base, step in self.moving:
+                lines[index] = f"{series} {base + n * step}"
+        return ("\n".join(lines) + "\n").encode()
+
+
 class FakeEngine:
     """Shared state of the fake server: flags, counters and the fake EngineCore child."""
 
@@ -79,6 +130,17 @@ class FakeEngine:
         self.kv_usage: float | None = None  # set by POST /fake/kv
         self.hung = threading.Event()  # completions never answer
         self.child: subprocess.Popen[bytes] | None = None
+        self.file_metrics: FileMetrics | None = None
+        if args.fake_metrics_file:
+            with open(args.fake_metrics_file, encoding="utf-8") as f:
+                text = f.read()
+            self.file_metrics = FileMetrics(
+                text, scale=args.fake_metrics_scale, advance=args.fake_metrics_advance
+            )
+        self.scrape_log: TextIO | None = None
+        if args.fake_scrape_log:
+            # Line-buffered: one short write per scrape, readable while the fake runs.
+            self.scrape_log = open(args.fake_scrape_log, "a", buffering=1)  # noqa: SIM115
 
     def spawn_child(self) -> None:
         self.child = subprocess.Popen(
@@ -220,7 +282,11 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 ]
                 self.send_json(200, {"object": "list", "data": data})
             elif path == "/metrics":
-                self.send_body(200, engine.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+                if engine.scrape_log is not None:
+                    with engine.lock:
+                        engine.scrape_log.write(f"{time.monotonic():.6f}\n")
+                body = engine.file_metrics.render() if engine.file_metrics else engine.metrics().encode()
+                self.send_body(200, body, "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/fake/args":
                 self.send_json(200, {"argv": sys.argv[1:]})
             elif path == "/version":
@@ -320,6 +386,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-oom-above-max-num-seqs", type=int, default=None)
     parser.add_argument("--fake-dev-mode", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--fake-metrics-file", default=None)
+    parser.add_argument("--fake-metrics-scale", type=int, default=1)
+    parser.add_argument("--fake-metrics-advance", action="store_true")
+    parser.add_argument("--fake-scrape-log", default=None)
     args, _ignored = parser.parse_known_args(argv)  # every real vLLM flag is accepted and ignored
     return args
 

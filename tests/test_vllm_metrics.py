@@ -13,8 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes import ProbeFailure, vllm_metrics
 from llmsupervisor.probes.vllm_metrics import (
     ALIASES,
     HISTOGRAM_ROWS,
@@ -212,6 +213,62 @@ def test_garbage_is_a_parse_failure_not_an_exception(text: str) -> None:
     assert result.detail
 
 
+def _full_store(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """What _collect read before only the wanted lines went through the parser: every line."""
+    store: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in vllm_metrics._WANTED:
+                store.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return store
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("vllm-*.txt")))
+def test_reading_only_the_wanted_lines_changes_nothing(name: str) -> None:
+    assert vllm_metrics._collect(body(name)) == _full_store(body(name))
+
+
+def test_a_data_parallel_body_reads_the_same_as_a_full_parse() -> None:
+    text = body("vllm-0.32.0-cpu.txt")
+    grown = "\n".join(
+        "\n".join(line.replace('engine="0"', f'engine="{i}"') for i in range(4))
+        if 'engine="0"' in line and not line.startswith("#")
+        else line
+        for line in text.splitlines()
+    )
+    m = parsed(grown)
+    assert vllm_metrics._collect(grown) == _full_store(grown)
+    assert m.requests_running == 4 * parsed(text).requests_running  # type: ignore[operator]
+
+
+def test_other_families_are_checked_but_their_labels_are_not_read() -> None:
+    ok = (
+        "# HELP python_info Python platform information\n"
+        'python_info{implementation="CPython",odd="a } b {"} 1.0\n'
+        "  process_open_fds 42.0 1700000000000\n"
+        "\t\n"
+        'vllm:num_requests_running{engine="0"} 3.0\n'
+    )
+    assert parsed(ok).requests_running == 3
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "process_open_fds twelve",
+        "process_open_fds",
+        "process_open_fds 1 2 3",
+        'python_info{implementation="CPython" 1.0',
+        "9lives 1.0",
+        "<p>502</p>",
+    ],
+)
+def test_a_malformed_line_of_another_family_is_still_a_parse_failure(line: str) -> None:
+    result = parse_metrics(f'vllm:num_requests_running{{engine="0"}} 3.0\n{line}\n')
+    assert isinstance(result, ProbeFailure)
+    assert result.kind == "parse"
+
+
 def test_alias_table_shape() -> None:
     for canonical, names in ALIASES.items():
         assert names[0] == canonical, "the 0.32 name comes first"
@@ -265,6 +322,21 @@ def test_window_quantile_edges() -> None:
     assert restarted.minus(h) is restarted  # counts went down: the engine restarted
     relayout = hist((0.5, 10), (INF, 10))
     assert relayout.minus(h) is relayout
+
+
+def test_histograms_are_stored_compactly_and_read_as_before() -> None:
+    # Every window holds ~1,200 observations per engine: the bounds are shared, the counts packed.
+    a, b = parsed(body("vllm-0.32.0-cpu.txt")), parsed(body("vllm-0.32.0-cpu.txt"))
+    assert a.ttft_seconds is not None and b.ttft_seconds is not None
+    assert a.ttft_seconds.les is b.ttft_seconds.les
+    assert a.present is b.present
+    h = hist((0.1, 3), (1.0, 2**40), (INF, 2**40), total=1.5)
+    assert h.buckets == ((0.1, 3), (1.0, 2**40), (INF, 2**40))
+    assert h.counts == (3, 2**40, 2**40)
+    assert h == hist((0.1, 3), (1.0, 2**40), (INF, 2**40), total=1.5)
+    assert h != hist((0.1, 4), (1.0, 2**40), (INF, 2**40), total=1.5)
+    assert hash(h) == hash(hist((0.1, 3), (1.0, 2**40), (INF, 2**40), total=1.5))
+    assert Histogram(buckets=(), sum=0.0, count=0).quantile(0.5) is None
 
 
 def test_window_over_two_real_captures() -> None:

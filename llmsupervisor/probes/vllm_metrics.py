@@ -13,9 +13,15 @@ wins. Rules that follow from how vLLM exposes them (vllm-facts §3.1):
   exception is V0's ``num_requests_swapped``, which later versions dropped because nothing swaps;
 - a garbage body is a ``ProbeFailure(kind="parse")``, not an exception.
 
+Only the sample lines of the names in ``ALIASES`` go through prometheus_client's parser, which
+reads label values one character at a time: vLLM 0.32's body is ~600 lines, of which this module
+reads ~90, and parsing all of them was 10 ms a scrape, most of the daemon's CPU (bench/overhead,
+docs/benchmarks.md). Every other line only gets a check of its shape, so a body that is not the
+text format (an HTML error page, JSON) is still a parse failure.
+
 ::
 
-    GET /metrics ──► text_string_to_metric_families ──► {exposed sample name: [(labels, value)]}
+    GET /metrics ──► _wanted_lines ──► text_string_to_metric_families ──► {sample name: [(labels, value)]}
                                                               │ ALIASES (first present name)
                                                               ▼
                                                         EngineMetrics (present = rows found)
@@ -25,11 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
+from array import array
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -100,17 +108,55 @@ class _BadBody(Exception):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+_Shareable = TypeVar("_Shareable", tuple[float, ...], frozenset[str])
+# Values that repeat across scrapes (bucket layouts, sets of present rows), kept once: every
+# engine's window holds ~1,200 observations. vLLM has a handful of each; the cap only guards
+# against a server that invents new ones on every scrape.
+_SHARED: dict[object, object] = {}
+_SHARED_MAX: Final = 512
+
+
+def _shared(value: _Shareable) -> _Shareable:
+    found = _SHARED.get(value)
+    if found is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        _SHARED[value] = found = value
+    return found  # type: ignore[return-value]  # equal to value, so of its type
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Histogram:
     """One cumulative Prometheus histogram, summed over engines.
 
     ``buckets`` are ``(le, cumulative count)`` in ascending ``le``; the last is ``+Inf`` when the
     body had one. ``sum`` is in the family's unit (seconds for the latency families).
+
+    Stored compactly: the bounds as one tuple shared by every histogram of the same layout, the
+    counts packed 8 bytes each. Each engine's observation window keeps ~1,200 observations with
+    three of these (vLLM 0.32 has ~22 buckets each); as tuples of ``(le, count)`` pairs they were
+    6.7 kB of the 9.5 kB of an observation, now about 0.9 kB (docs/benchmarks.md).
     """
 
-    buckets: tuple[tuple[float, int], ...]
+    les: tuple[float, ...]
+    packed_counts: bytes  # array("q"), native order: this process only
     sum: float
     count: int
+
+    def __init__(self, *, buckets: Iterable[tuple[float, int]], sum: float, count: int) -> None:
+        pairs = tuple(buckets)
+        object.__setattr__(self, "les", _shared(tuple(le for le, _ in pairs)))
+        object.__setattr__(self, "packed_counts", array("q", [c for _, c in pairs]).tobytes())
+        object.__setattr__(self, "sum", sum)
+        object.__setattr__(self, "count", count)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(memoryview(self.packed_counts).cast("q"))
+
+    @property
+    def buckets(self) -> tuple[tuple[float, int], ...]:
+        return tuple(zip(self.les, self.counts, strict=True))
 
     def quantile(self, q: float) -> float | None:
         """Estimate the q-quantile the way PromQL's ``histogram_quantile`` does.
@@ -120,14 +166,15 @@ class Histogram:
         """
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile {q} is outside [0, 1]")
-        if not self.buckets:
+        buckets = self.buckets
+        if not buckets:
             return None
-        total = self.buckets[-1][1]
+        total = buckets[-1][1]
         if total <= 0:
             return None
         rank = q * total
         prev_le, prev_count = 0.0, 0
-        for i, (le, cumulative) in enumerate(self.buckets):
+        for i, (le, cumulative) in enumerate(buckets):
             if cumulative >= rank and cumulative > 0:
                 if math.isinf(le):
                     return prev_le if i > 0 else None
@@ -147,14 +194,16 @@ class Histogram:
         """
         if older is None:
             return self
-        if [le for le, _ in older.buckets] != [le for le, _ in self.buckets] or older.count > self.count:
+        if older.les != self.les or older.count > self.count:
             return self
-        diffs = tuple(
-            (le, new - old) for (le, new), (_, old) in zip(self.buckets, older.buckets, strict=True)
+        diffs = [new - old for new, old in zip(self.counts, older.counts, strict=True)]
+        if any(d < 0 for d in diffs):
+            return self
+        return Histogram(
+            buckets=zip(self.les, diffs, strict=True),
+            sum=self.sum - older.sum,
+            count=self.count - older.count,
         )
-        if any(d < 0 for _, d in diffs):
-            return self
-        return Histogram(buckets=diffs, sum=self.sum - older.sum, count=self.count - older.count)
 
 
 def window_quantile(newer: Histogram | None, older: Histogram | None, q: float = 0.95) -> float | None:
@@ -202,9 +251,41 @@ class EngineMetrics:
         return self.prompt_tokens_total + self.generation_tokens_total
 
 
+_METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+
+
+def _wanted_lines(body: str) -> str:
+    """The sample lines whose name this module reads; comments and other samples are dropped.
+
+    A dropped sample line is still checked: a metric name, then (after the labels, if any) a
+    number and at most a timestamp. Its labels are not parsed, which is the point.
+    """
+    kept: list[str] = []
+    for raw in body.splitlines():
+        line = raw.strip()
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        name = line[:brace].rstrip() if brace >= 0 else line.split(None, 1)[0]
+        if name in _WANTED:
+            kept.append(line)
+            continue
+        if _METRIC_NAME_RE.match(name) is None:
+            raise _BadBody(f"not a metric line: {line[:80]!r}")
+        rest = line[line.rfind("}") + 1 :] if brace >= 0 else line[len(name) :]
+        fields = rest.split()
+        try:
+            if not 1 <= len(fields) <= 2 or (brace >= 0 and "}" not in line):
+                raise ValueError
+            float(fields[0])
+        except ValueError:
+            raise _BadBody(f"not a metric line: {line[:80]!r}") from None
+    return "\n".join(kept)
+
+
 def _collect(body: str) -> dict[str, _Series]:
     store: dict[str, _Series] = defaultdict(list)
-    for family in text_string_to_metric_families(body):
+    for family in text_string_to_metric_families(_wanted_lines(body)):
         for sample in family.samples:
             # *_created is a timestamp gauge that the client library adds to every counter and
             # histogram; none of our names end in it, but skip it explicitly all the same.
@@ -310,7 +391,7 @@ def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
             e2e_latency_seconds=_histogram(store, "vllm:e2e_request_latency_seconds", present),
             itl_seconds=_histogram(store, "vllm:inter_token_latency_seconds", present),
             sleep_state=_sleep_state(_first(store, "vllm:engine_sleep_state", present)),
-            present=frozenset(present),
+            present=_shared(frozenset(present)),
         )
     except _BadBody as exc:
         return ProbeFailure("parse", str(exc))
