@@ -235,8 +235,7 @@ HANG_CASES: list[tuple[str, list[Observation], float, bool]] = [
     ),
     (
         "work queued, counters frozen, canary missing: under hang_after_s",
-        [ob(0, metrics=busy(100), canary=OK)]
-        + [ob(t, metrics=busy(100), canary=TIMEOUT) for t in (5, 10)],
+        [ob(0, metrics=busy(100), canary=OK)] + [ob(t, metrics=busy(100), canary=TIMEOUT) for t in (5, 10)],
         10,
         False,
     ),
