@@ -158,9 +158,10 @@ def lb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         vllm_engine("e2", ports["e2"], model, home),
     ]
     for engine in engines:
-        # Out of rotation 2 s before the stop (HAProxy checks every 0.5 s), then wait for the
+        # Out of rotation 5 s (the default) before the stop: HAProxy checks every 0.5 s, and its
+        # checks are slower on a loaded 2-core host (CI). Then wait for the
         # engine's own gauges to reach zero; vLLM's own drain (shutdown-timeout 5) comes after.
-        engine.update({"drain_grace_s": 2.0, "drain_timeout_s": 60})
+        engine.update({"drain_grace_s": 5.0, "drain_timeout_s": 60})
         engine["args"] = {**engine["args"], "max-num-seqs": 8}
     engines[1]["args"]["shutdown-timeout"] = 0
     config = {
