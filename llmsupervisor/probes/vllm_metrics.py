@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import sys
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -329,7 +330,8 @@ def _by_label(series: _Series | None, label: str) -> dict[str, float] | None:
         return None
     sums: dict[str, float] = defaultdict(float)
     for labels, value in series:
-        sums[labels.get(label, "")] += value
+        # Interned: the same few values ("stop", "length", ...) are kept by every observation.
+        sums[sys.intern(labels.get(label, ""))] += value
     return dict(sums)
 
 
