@@ -452,7 +452,7 @@ class EngineRunner:
                     if planned.drain:
                         await self._drain(reason)
                     cause = planned.cause
-                await self._after_failure(reason, cause, immediate=outcome is Outcome.BROKEN)
+                await self._after_failure(reason, cause)
         finally:
             # Whatever happened (a bug, cancellation), leave no process behind.
             if self.proc is not None and not self._group_gone():
@@ -769,10 +769,9 @@ class EngineRunner:
         self.restarts_total += 1
         self.restarts_by_reason[cause] = self.restarts_by_reason.get(cause, 0) + 1
 
-    async def _after_failure(self, reason: str, cause: str, *, immediate: bool = False) -> None:
-        """Clean up, then back off and restart, or give up (FATAL). ``immediate``: the policy
-        restarts a broken engine (hang, stall, GPU fault) at once the first time; a repeat within
-        the failure window backs off like a crash."""
+    async def _after_failure(self, reason: str, cause: str) -> None:
+        """Clean up, then restart (at once the first time within the failure window, with a
+        growing backoff on repeats), or give up (FATAL)."""
         self.last_failure = reason
         now = self.clock.monotonic()
         self.failures = self.failures.record(now, self.policy)
@@ -791,7 +790,9 @@ class EngineRunner:
                 f"giving up (llm-supervisor start {self.spec.name} retries)",
             )
             return
-        delay_s = 0.0 if immediate and count == 1 else backoff_delay_s(count, self.policy, self.rng.random())
+        # One failure of an engine that was running is not a loop: waiting only adds downtime
+        # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.
+        delay_s = 0.0 if count == 1 else backoff_delay_s(count - 1, self.policy, self.rng.random())
         self._set_state(
             S.BACKOFF, f"{reason}; failure {count}/{self.policy.max_failures}, restarting in {delay_s:.1f} s"
         )
