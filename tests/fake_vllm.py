@@ -30,7 +30,7 @@ options that reproduce behaviours documented in docs/vllm-facts.md:
 Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behind), ``POST /fake/hang``
 (completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
 exit 0 four seconds later, like vLLM's launcher watchdog), ``POST /fake/kv?usage=F`` (report KV-cache
-usage F), ``GET /fake/args`` (the command line it was started with).
+usage F), ``POST /fake/leak?mib_per_s=F`` (grow the RSS by F MiB a second, at most LEAK_LIMIT_MIB: a slow leak), ``GET /fake/args`` (the command line it was started with).
 """
 
 from __future__ import annotations
@@ -113,6 +113,10 @@ class FileMetrics:
         return ("\n".join(lines) + "\n").encode()
 
 
+MIB = 1024 * 1024
+LEAK_LIMIT_MIB = 1536  # the host has 24 GiB; a leak that stops here is still a leak to the detector
+
+
 class FakeEngine:
     """Shared state of the fake server: flags, counters and the fake EngineCore child."""
 
@@ -173,6 +177,18 @@ class FakeEngine:
         timer = threading.Timer(delay_s, fire)
         timer.daemon = True
         timer.start()
+
+    def start_leak(self, rate_mib_per_s: float) -> None:
+        """Grow the RSS steadily, as a slow leak does: touched pages, kept forever."""
+        held: list[bytearray] = []
+
+        def leak() -> None:
+            while len(held) < LEAK_LIMIT_MIB:
+                held.append(bytearray(b"x" * MIB))  # written, so resident
+                time.sleep(1.0 / rate_mib_per_s)
+
+        threading.Thread(target=leak, daemon=True).start()
+        log("WARNING", f"fake leak: {rate_mib_per_s} MiB/s")
 
     def kill_engine(self, reason: str) -> None:
         with self.lock:
@@ -308,6 +324,10 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             elif url.path == "/reset_prefix_cache" and engine.args.fake_dev_mode:
                 log("INFO", "Resetting prefix cache")
                 self.send_json(200, {"success": True})
+            elif url.path == "/fake/leak":
+                rate_mib_per_s = float(parse_qs(url.query).get("mib_per_s", ["8"])[0])
+                engine.start_leak(rate_mib_per_s)
+                self.send_json(200, {"leaking_mib_per_s": rate_mib_per_s})
             elif url.path == "/fake/hang":
                 engine.hung.set()
                 log("WARNING", "fake hang: completions will never answer")
