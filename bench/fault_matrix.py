@@ -287,10 +287,15 @@ class Supervisor:
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
-    def seen(self, engine: str) -> Seen: ...
+    def seen(self, engine: str) -> Seen:
+        raise NotImplementedError
+
     def restart(self, engine: str) -> None: ...
     def change_args(self, engine: str, args: dict[str, Any]) -> None: ...
     def bring_back(self, engine: str) -> None: ...
+
+    def settle(self, engine: str) -> None:
+        """Anything the supervisor needs before the next fault (llm-supervisor: a clean slate)."""
 
     def reacted(self, before: Seen, now: Seen) -> str | None:
         """What the supervisor did about the fault, or None while it did nothing."""
@@ -430,8 +435,9 @@ class SystemdUser(Supervisor):
         self.sc("restart", "--no-block", f"vllm-{engine}")
 
     def bring_back(self, engine: str) -> None:
-        self.sc("reset-failed", f"vllm-{engine}", check=False)
-        self.sc("restart", "--no-block", f"vllm-{engine}")
+        if self.seen(engine).state.split("/")[0] in ("inactive", "failed"):
+            self.sc("reset-failed", f"vllm-{engine}", check=False)
+            self.sc("start", "--no-block", f"vllm-{engine}")
 
 
 class Supervisord(Supervisor):
@@ -529,12 +535,18 @@ class Supervisord(Supervisor):
         threading.Thread(target=self.ctl, args=("update",), daemon=True).start()
 
     def bring_back(self, engine: str) -> None:
-        threading.Thread(target=self.ctl, args=("restart", engine), daemon=True).start()
+        if self.seen(engine).state in ("EXITED", "FATAL", "STOPPED"):
+            threading.Thread(target=self.ctl, args=("start", engine), daemon=True).start()
 
 
 class LlmSupervisor(Supervisor):
     name = "llm-supervisor"
     checks_ready_endpoint = True
+
+    @property
+    def stable_after_s(self) -> float:
+        # Real engines: 30 s of READY; fake ones (the smoke run) start in 2 s, 5 s will do.
+        return 30.0 if any("venv" in e.entry for e in self.engines.values()) else 5.0
 
     def config(self) -> dict[str, Any]:
         engines = []
@@ -547,6 +559,10 @@ class LlmSupervisor(Supervisor):
                 # The slow-leak row in minutes, not hours: a 2-minute window, a 1-minute span
                 # and no sustain (the defaults, a 30-minute window, 20-minute span and 5-minute
                 # sustain, would make the same finding ~25 minutes in).
+                # Faults minutes apart, not hours: 30 s of READY clears the failure count
+                # (default 600 s), so that each fault starts from a clean slate (the harness
+                # waits for it) and five faults in a row are not a crash loop.
+                entry["stable_after_s"] = self.stable_after_s
                 entry["detectors"] = {
                     "memory_window_s": 120,
                     "memory_min_span_s": 60,
@@ -641,9 +657,18 @@ class LlmSupervisor(Supervisor):
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         self.control("reload")
 
+    def settle(self, engine: str) -> None:
+        """Until the failure count is clear (READY for stable_after_s, then one tick)."""
+        deadline = now_s() + 300
+        while now_s() < deadline:
+            e = self.control("status")["engines"][engine]
+            if e["state"] == "ready" and (e["for_s"] or 0) >= self.stable_after_s + 3:
+                return
+            time.sleep(1.0)
+
     def bring_back(self, engine: str) -> None:
-        state = self.seen(engine).state
-        self.control("start" if state in ("fatal", "stopped") else "restart", engine)
+        if self.seen(engine).state in ("fatal", "stopped"):
+            self.control("start", engine)
 
 
 SUPERVISORS: dict[str, type[Supervisor]] = {
@@ -843,7 +868,7 @@ class Ctx:
     gpu_file: Path
     tmp: Path
     real: bool
-    undo: list[Callable[[], None]] = field(default_factory=list)
+    undo: list[Callable[[], object]] = field(default_factory=list)
     extra_leftovers: set[int] = field(default_factory=set)
 
 
@@ -947,7 +972,12 @@ def stale_port(ctx: Ctx) -> None:
         [sys.executable, "-c", HOLDER_CODE, str(ctx.engine.port)], env=env, start_new_session=True
     )
     ctx.extra_leftovers.add(holder.pid)
-    ctx.undo.append(lambda: (holder.kill(), holder.wait()))
+
+    def remove() -> None:
+        holder.kill()
+        holder.wait()
+
+    ctx.undo.append(remove)
 
 
 def crash_loop(ctx: Ctx) -> None:
@@ -996,14 +1026,14 @@ FAULTS = [
     Fault("hang", "hang (worker frozen, SIGSTOP)", hang, 120, real=True),
     Fault("sigkill", "API server SIGKILLed (orphans)", sigkill_api_server, 180, real=True),
     Fault("stale_port", "port held by a stale process", stale_port, 120, real=True),
-    Fault("crash_loop", "crash loop (model files gone)", crash_loop, 150, real=True, ends_when_given_up=True),
+    Fault("crash_loop", "crash loop (model files gone)", crash_loop, 240, real=True, ends_when_given_up=True),
     Fault("planned_restart", "planned restart under load", planned_restart, 300, real=True, planned=True),
     Fault("config_change", "config change under load", config_change, 300, real=True, planned=True),
     Fault("slow_leak", "slow leak (RSS +8 MiB/s)", slow_leak, 150, real=False),
     Fault("nvml_throttle", "NVML thermal throttle (fake GPU)", nvml_throttle, 120, real=False),
     Fault("nvml_xid", "NVML XID 48 (fake GPU)", nvml_xid, 60, real=False),
 ]
-SMOKE_FAULTS = {"api_crash": 30, "exit_zero": 30, "hang": 40, "nvml_xid": 30}
+SMOKE_FAULTS = {"api_crash": 20, "exit_zero": 20, "hang": 30, "nvml_xid": 20}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1027,19 +1057,21 @@ class Row:
     failure_kinds: dict[str, int]
     leftover_processes: list[str]
     gave_up: bool
+    gave_up_s: float | None
     restarts_seen: int
     window_s: float
 
 
-def wait_healthy(sup: Supervisor, lb: Balancer, max_tokens: int, timeout_s: float) -> None:
+def wait_healthy(sup: Supervisor, lb: Balancer, timeout_s: float, nudge_after_s: float) -> None:
     """Both engines answer, and the balancer routes to both: the start line of every fault."""
     deadline = now_s() + timeout_s
     nudged_at = now_s()
     while now_s() < deadline:
         answers = [complete(e.port, 2, timeout_s=30)[0] for e in sup.engines.values()]
         if all(answers) and all(lb.servers_up().get(n) for n in sup.engines):
+            sup.settle("a")
             return
-        if not answers[0] and now_s() - nudged_at > 60:
+        if not answers[0] and now_s() - nudged_at > nudge_after_s:
             log(f"{sup.name}: engine a is not back; asking the supervisor to start it")
             with contextlib.suppress(Exception):
                 sup.bring_back("a")
@@ -1059,6 +1091,7 @@ def run_fault(sup: Supervisor, lb: Balancer, load: Load, fault: Fault, ctx: Ctx,
     fault.inject(ctx)
     detect_s = reaction = None
     gave_up = False
+    gave_up_s: float | None = None
     last = before
     up_at = None
     while now_s() - t0 < window_s:
@@ -1068,6 +1101,8 @@ def run_fault(sup: Supervisor, lb: Balancer, load: Load, fault: Fault, ctx: Ctx,
             reaction = sup.reacted(before, last)
             if reaction:
                 detect_s = now_s() - t0
+        if last.gave_up and gave_up_s is None:
+            gave_up_s = now_s() - t0
         gave_up = gave_up or last.gave_up
         down, up = prober.down_and_up(t0)
         if up is not None and up_at is None:
@@ -1112,6 +1147,7 @@ def run_fault(sup: Supervisor, lb: Balancer, load: Load, fault: Fault, ctx: Ctx,
         failure_kinds=kinds,
         leftover_processes=describe(leftovers),
         gave_up=gave_up,
+        gave_up_s=None if gave_up_s is None else round(gave_up_s, 1),
         restarts_seen=max(0, last.restarts - before.restarts),
         window_s=window_s,
     )
@@ -1133,16 +1169,17 @@ def run_supervisor(name: str, faults: list[tuple[Fault, float]], real: bool, out
     _write_gpus(gpu_file)
     sup = SUPERVISORS[name](tmp, engines, gpu_file)
     max_tokens = LOAD_MAX_TOKENS
+    nudge_after_s = 60.0 if real else 10.0  # a real engine may still be loading
     rows: list[Row] = []
     log(f"{name}: starting {len(engines)} {'vLLM' if real else 'fake'} engines")
     sup.start()
     lb = Balancer(tmp, sup)
     load: Load | None = None
     try:
-        wait_healthy(sup, lb, max_tokens, timeout_s=900)
+        wait_healthy(sup, lb, timeout_s=900, nudge_after_s=nudge_after_s)
         load = Load(lb.port, max_tokens, LOAD_RATE_REAL_PER_S if real else LOAD_RATE_FAKE_PER_S).start()
         for fault, window_s in faults:
-            wait_healthy(sup, lb, max_tokens, timeout_s=900)
+            wait_healthy(sup, lb, timeout_s=900, nudge_after_s=nudge_after_s)
             ctx = Ctx(sup=sup, engine=engines[0], gpu_file=gpu_file, tmp=tmp, real=real)
             rows.append(run_fault(sup, lb, load, fault, ctx, window_s))
     finally:
@@ -1176,7 +1213,13 @@ def cell(row: Row) -> str:
     else:
         serve = f"**not in {row.window_s:g} s**"
     left = f", **{len(row.leftover_processes)} left**" if row.leftover_processes else ""
-    gave_up = ", gave up" if row.gave_up else ""
+    gave_up = (
+        f", gave up at {row.gave_up_s:g} s"
+        if row.gave_up_s is not None
+        else ", gave up"
+        if row.gave_up
+        else ""
+    )
     return f"{detected}; {serve}; {row.failed} failed{left}{gave_up}"
 
 
@@ -1211,7 +1254,29 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(f.key for f in FAULTS), help="comma-separated keys")
     parser.add_argument("--smoke", action="store_true", help="fake engines, four faults, short windows (CI)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print the table of earlier results (later files replace the same supervisor and fault)",
+    )
     args = parser.parse_args()
+    if args.report:
+        merged: dict[tuple[str, str], Row] = {}
+        names: list[str] = []
+        for file in args.report:
+            for raw in json.loads(file.read_text())["rows"]:
+                raw.setdefault("gave_up_s", None)
+                row = Row(**raw)
+                merged[(row.supervisor, row.fault)] = row
+                if row.supervisor not in names:
+                    names.append(row.supervisor)
+        order: list[str] = [n for n in ("systemd", "supervisord", "llm-supervisor") if n in names]
+        print(markdown(list(merged.values()), order), end="")
+        return 0
+    # SIGTERM unwinds like Ctrl-C: every supervisor, engine and balancer is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     supervisors = [s for s in args.supervisors.split(",") if s]
     wanted = set(args.faults.split(","))
     unknown = wanted - {f.key for f in FAULTS}
@@ -1228,38 +1293,49 @@ def main() -> int:
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M%S")
     scratch = Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     rows: list[Row] = []
+    errors: list[str] = []
     started = time.time()
+    path = args.out / f"fault-matrix-{stamp}{'-smoke' if args.smoke else ''}.json"
+
+    def write() -> str:
+        report = {
+            "benchmark": "fault-matrix",
+            "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+            "duration_s": round(time.time() - started),
+            "settings": {
+                "smoke": args.smoke,
+                "supervisors": supervisors,
+                "load_rate_per_s": {"vLLM": LOAD_RATE_REAL_PER_S, "fake": LOAD_RATE_FAKE_PER_S},
+                "load_max_tokens": LOAD_MAX_TOKENS,
+            },
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "load_average_at_end": os.getloadavg(),
+            },
+            "commit": subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip(),
+            "errors": errors,
+            "rows": [asdict(r) for r in rows],
+        }
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        table = markdown(rows, supervisors)
+        path.with_suffix(".md").write_text(table)
+        return table
+
     for name in supervisors:
         for real in (True, False):
             faults = [(f, w) for f, w, r in plan if r == real]
-            if faults:
+            if not faults:
+                continue
+            try:
                 rows.extend(run_supervisor(name, faults, real, scratch))
-    suffix = "-smoke" if args.smoke else ""
-    report = {
-        "benchmark": "fault-matrix",
-        "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-        "duration_s": round(time.time() - started),
-        "settings": {
-            "smoke": args.smoke,
-            "supervisors": supervisors,
-            "load_rate_per_s": {"vLLM": LOAD_RATE_REAL_PER_S, "fake": LOAD_RATE_FAKE_PER_S},
-            "load_max_tokens": LOAD_MAX_TOKENS,
-        },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_end": os.getloadavg(),
-        },
-        "commit": subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
-        "rows": [asdict(r) for r in rows],
-    }
-    path = args.out / f"fault-matrix-{stamp}{suffix}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    table = markdown(rows, supervisors)
-    path.with_suffix(".md").write_text(table)
-    print(table)
+            except Exception as exc:  # one column failing must not lose the others
+                errors.append(f"{name} ({'vLLM' if real else 'fake'}): {type(exc).__name__}: {exc}")
+                log(f"{name}: FAILED: {exc}")
+            write()
+    print(write())
     print(f"written: {path}")
     shutil.rmtree(scratch, ignore_errors=True)
     return 0

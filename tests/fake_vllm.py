@@ -30,7 +30,8 @@ options that reproduce behaviours documented in docs/vllm-facts.md:
 Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behind), ``POST /fake/hang``
 (completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
 exit 0 four seconds later, like vLLM's launcher watchdog), ``POST /fake/kv?usage=F`` (report KV-cache
-usage F), ``POST /fake/leak?mib_per_s=F`` (grow the RSS by F MiB a second, at most LEAK_LIMIT_MIB: a slow leak), ``GET /fake/args`` (the command line it was started with).
+usage F), ``POST /fake/leak?mib_per_s=F`` (grow the RSS by F MiB a second, up to
+LEAK_LIMIT_MIB: a slow leak), ``GET /fake/args`` (the command line it was started with).
 """
 
 from __future__ import annotations
