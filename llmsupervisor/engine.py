@@ -181,6 +181,7 @@ class EngineRunner:
         rng: random.Random | None = None,
         gpus: GpuSource | None = None,
         detector_config: DetectorConfig | None = None,
+        sweeper: host.GroupSweeper | None = None,
     ) -> None:
         self.spec = spec
         self.state_dir = state_dir
@@ -190,6 +191,8 @@ class EngineRunner:
         self.on_change = on_change
         self.rng = rng or random.Random()
         self.gpu_source: GpuSource = gpus or NoGpus()
+        # The daemon shares one across engines; alone, an engine sweeps on every look.
+        self.sweeper = sweeper or host.GroupSweeper(max_age_s=0.0, monotonic=clock.monotonic)
         self._fixed_detector_config = detector_config
         self.detector_config = detector_config or DetectorConfig(**spec.detectors)
         self.window: ObservationWindow = new_window(self.detector_config)
@@ -658,20 +661,13 @@ class EngineRunner:
         run_canary = not progressing and now - last_canary_s >= spec.canary_interval_s
         probe_timeout_s = spec.health_timeout_s
 
-        async def sweep() -> host.ProcSample | ProbeFailure:
-            try:
-                async with asyncio.timeout(probe_timeout_s):
-                    return await asyncio.to_thread(host.sweep_group, proc.pgid)
-            except TimeoutError:
-                return ProbeFailure("timeout", f"process sweep took over {probe_timeout_s} s")
-
         async def no_canary() -> None:
             return None
 
         health_r, metrics_r, proc_r, canary_r = await asyncio.gather(
             health.check_health(self.http, spec.base_url, timeout_s=probe_timeout_s),
             fetch_metrics(self.http, spec.base_url, timeout_s=probe_timeout_s),
-            sweep(),
+            self.sweeper.sample(proc.pgid, timeout_s=probe_timeout_s),
             health.canary(
                 self.http,
                 spec.base_url,

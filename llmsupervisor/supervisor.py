@@ -51,6 +51,7 @@ from llmsupervisor.policy import (
     back_in_rotation,
     decide,
 )
+from llmsupervisor.probes.host import GroupSweeper
 from llmsupervisor.probes.nvml import GpuReader, GpuSample
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
@@ -107,6 +108,10 @@ class Supervisor:
 
             gpu_reader = NvmlReader()
         self.gpu_monitor = GpuMonitor(gpu_reader, interval_s=config.supervisor.tick_interval_s)
+        # One /proc sweep per tick for all engines: per engine, it cost engines x processes.
+        self.sweeper = GroupSweeper(
+            max_age_s=config.supervisor.tick_interval_s, monotonic=self.clock.monotonic
+        )
         self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
         self._last_tick_s = self.clock.monotonic()
         self.runners: dict[str, EngineRunner] = {}
@@ -395,6 +400,7 @@ class Supervisor:
             tick_interval_s=self.config.supervisor.tick_interval_s,
             on_change=self._on_change,
             gpus=self.gpu_monitor,
+            sweeper=self.sweeper,
         )
 
     def _add_engine(self, spec: EngineSpec) -> None:
