@@ -182,6 +182,7 @@ class EngineRunner:
         gpus: GpuSource | None = None,
         detector_config: DetectorConfig | None = None,
         sweeper: host.GroupSweeper | None = None,
+        on_round: Callable[[str, float], None] = lambda name, seconds: None,
     ) -> None:
         self.spec = spec
         self.state_dir = state_dir
@@ -189,6 +190,7 @@ class EngineRunner:
         self.clock = clock
         self.tick_interval_s = tick_interval_s
         self.on_change = on_change
+        self.on_round = on_round  # (engine, seconds) per observation round, for the exporter
         self.rng = rng or random.Random()
         self.gpu_source: GpuSource = gpus or NoGpus()
         # The daemon shares one across engines; alone, an engine sweeps on every look.
@@ -598,10 +600,14 @@ class EngineRunner:
                 outcome = Outcome.BROKEN if self._restart.failure else Outcome.RESTART
                 return outcome, self._restart.reason
             self._follow_rotation()
+            wait_started_s = self.clock.monotonic()
             await self._wait_exit_or_wake(proc, self.tick_interval_s)
             if proc.returned or not self._want_running or self._restart is not None:
                 continue
             now = self.clock.monotonic()
+            # Timed from when the round was due: waking late because the shared loop was busy
+            # is part of what a round costs (and what bench/overhead sees from outside).
+            round_started_s = min(now, wait_started_s + self.tick_interval_s)
             if self.failures.times_s and should_reset(self.ready_since_s, now, self.policy):
                 log.info(
                     "ready for %.0f s: failure count reset",
@@ -614,6 +620,7 @@ class EngineRunner:
                 continue  # a stop or restart came in: act on it now, not after a slow canary
             obs, last_canary_s = observed
             self._detect(obs)
+            self.on_round(self.spec.name, self.clock.monotonic() - round_started_s)
             if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (vllm-facts §6.3).
                 return Outcome.DEAD, "/health 503: engine core is dead"

@@ -420,6 +420,7 @@ class Supervisor:
             on_change=self._on_change,
             gpus=self.gpu_monitor,
             sweeper=self.sweeper,
+            on_round=self.exporter.observe_engine_round,
         )
 
     def _add_engine(self, spec: EngineSpec) -> None:
@@ -543,10 +544,11 @@ class Supervisor:
         task.add_done_callback(lambda _: self._forget_engine(name))
 
     def _forget_engine(self, name: str) -> None:
-        """A removed engine's task has ended: close its HTTP client, unless a later reload has
-        added the engine back meanwhile."""
+        """A removed engine's task has ended: close its HTTP client and drop its round histogram,
+        unless a later reload has added the engine back meanwhile."""
         if name in self.runners:
             return
+        self.exporter.forget_engine(name)
         client = self._clients.pop(name, None)
         if client is not None:
             closing = asyncio.create_task(client.aclose(), name=f"close-http:{name}")
