@@ -286,7 +286,10 @@ def _finding(
 
 def _upto(window: ObservationWindow, start_s: float, now: float) -> tuple[Observation, ...]:
     """Observations in [start_s, now]: an observation stamped after ``now`` is not seen yet."""
-    return tuple(o for o in window.since(start_s) if o.at_s <= now)
+    since = window.since(start_s)
+    if not since or since[-1].at_s <= now:  # the loop's case: nothing newer than now to drop
+        return since
+    return tuple(o for o in since if o.at_s <= now)
 
 
 def _back(window: ObservationWindow, now: float) -> Iterator[Observation]:
@@ -635,9 +638,29 @@ def new_window(cfg: DetectorConfig, *, max_count: int = 4096) -> ObservationWind
     )
 
 
-def _comparable(
-    window: ObservationWindow, now: float, cfg: DetectorConfig, *, same_load: bool
-) -> tuple[SpanStats, SpanStats, Observation] | None:
+# The pinned baseline's span_stats, by engine: a pinned baseline (~300 observations, a tuple)
+# never changes, yet the degradation detectors would read it again on every tick. A hit needs the
+# very same tuple, so it is the answer span_stats would give; one entry per engine bounds it.
+_BASELINE_STATS: dict[str, tuple[tuple[Observation, ...], SpanStats | None]] = {}
+
+
+def _baseline_stats(baseline: tuple[Observation, ...]) -> SpanStats | None:
+    engine = baseline[0].engine
+    hit = _BASELINE_STATS.get(engine)
+    if hit is not None and hit[0] is baseline:
+        return hit[1]
+    stats = span_stats(baseline)
+    _BASELINE_STATS[engine] = (baseline, stats)
+    return stats
+
+
+# The baseline's stats, the current span's stats, and the newest observation of the current span.
+Spans = tuple[SpanStats, SpanStats, Observation]
+
+
+def _degradation_spans(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Spans | None:
+    """The baseline and the last ``degradation_eval_s``, if both can be compared at all; the
+    three degradation detectors share it (``detect_all`` computes it once per tick)."""
     baseline_obs = window.baseline
     if not baseline_obs:
         return None
@@ -646,11 +669,17 @@ def _comparable(
     recent = tuple(o for o in recent if o.at_s > baseline_obs[-1].at_s)
     if not recent or now - recent[-1].at_s > cfg.stale_after_s:
         return None
-    base, current = span_stats(baseline_obs), span_stats(recent)
+    base, current = _baseline_stats(baseline_obs), span_stats(recent)
     if base is None or current is None or current.duration_s < 0.8 * cfg.degradation_eval_s:
         return None
-    if not same_load:
-        return base, current, recent[-1]
+    return base, current, recent[-1]
+
+
+def _at_similar_load(spans: Spans | None, cfg: DetectorConfig) -> Spans | None:
+    """``spans`` if both carried enough load, and similar load; else None."""
+    if spans is None:
+        return None
+    base, current, _ = spans
     if base.mean_running is None or current.mean_running is None:
         return None
     if base.mean_running < cfg.degradation_min_running or current.mean_running < cfg.degradation_min_running:
@@ -658,14 +687,18 @@ def _comparable(
     load_ratio = current.mean_running / base.mean_running
     if not 1 / cfg.degradation_max_load_ratio <= load_ratio <= cfg.degradation_max_load_ratio:
         return None
-    return base, current, recent[-1]
+    return spans
 
 
 def detect_throughput_degradation(
     window: ObservationWindow, now: float, cfg: DetectorConfig
 ) -> Finding | None:
     """Generated tokens/s per running request at or below factor x the baseline, at similar load."""
-    spans = _comparable(window, now, cfg, same_load=True)
+    return _throughput_degradation(_degradation_spans(window, now, cfg), cfg)
+
+
+def _throughput_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
+    spans = _at_similar_load(all_spans, cfg)
     if spans is None:
         return None
     base, current, latest = spans
@@ -691,7 +724,11 @@ def detect_throughput_degradation(
 
 def detect_ttft_degradation(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
     """TTFT p95 at or above factor x the baseline's, at similar load, with enough requests."""
-    spans = _comparable(window, now, cfg, same_load=True)
+    return _ttft_degradation(_degradation_spans(window, now, cfg), cfg)
+
+
+def _ttft_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
+    spans = _at_similar_load(all_spans, cfg)
     if spans is None:
         return None
     base, current, latest = spans
@@ -719,7 +756,10 @@ def detect_prefix_cache_degradation(
     window: ObservationWindow, now: float, cfg: DetectorConfig
 ) -> Finding | None:
     """Prefix-cache hit rate at or below factor x the baseline's (a baseline worth comparing)."""
-    spans = _comparable(window, now, cfg, same_load=False)
+    return _prefix_cache_degradation(_degradation_spans(window, now, cfg), cfg)
+
+
+def _prefix_cache_degradation(spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
     if spans is None:
         return None
     base, current, latest = spans
@@ -1003,13 +1043,22 @@ def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float]
 
 def detect_memory_growth(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
     """The group's RSS rising along a line steeper than ``memory_growth_mib_per_h``."""
-    samples = [
-        (o, o.proc) for o in _upto(window, now - cfg.memory_window_s, now) if isinstance(o.proc, ProcSample)
-    ]
-    if not samples or now - samples[-1][0].at_s > cfg.stale_after_s:
-        return None
-    pgid = samples[-1][1].pgid
-    samples = [(o, p) for o, p in samples if p.pgid == pgid]  # one incarnation only
+    # One pass from the newest back over up to memory_window_s of observations (900 at 2 s).
+    start_s = now - cfg.memory_window_s
+    samples: list[tuple[Observation, ProcSample]] = []
+    pgid: int | None = None
+    for o in _back(window, now):
+        if o.at_s < start_s:
+            break
+        if not isinstance(o.proc, ProcSample):
+            continue
+        if pgid is None:
+            if now - o.at_s > cfg.stale_after_s:
+                return None
+            pgid = o.proc.pgid
+        if o.proc.pgid == pgid:  # one incarnation only
+            samples.append((o, o.proc))
+    samples.reverse()
     if len(samples) < cfg.memory_min_samples:
         return None
     span_s = samples[-1][0].at_s - samples[0][0].at_s
@@ -1098,10 +1147,32 @@ DETECTORS: Final[Mapping[FindingKind, Detector]] = MappingProxyType(
 )
 
 
+# The degradation detectors on spans computed once for the three of them.
+_DEGRADATION_FROM_SPANS: Final[
+    Mapping[FindingKind, Callable[[Spans | None, DetectorConfig], Finding | None]]
+] = MappingProxyType(
+    {
+        K.DEGRADATION_THROUGHPUT: _throughput_degradation,
+        K.DEGRADATION_TTFT: _ttft_degradation,
+        K.DEGRADATION_PREFIX_CACHE: _prefix_cache_degradation,
+    }
+)
+
+
 def detect_all(window: ObservationWindow, now: float, cfg: DetectorConfig) -> list[Finding]:
-    """Every detector over one engine's window: this tick's raw findings, in FindingKind order."""
-    found = (detector(window, now, cfg) for detector in DETECTORS.values())
-    return [f for f in found if f is not None]
+    """Every detector over one engine's window: this tick's raw findings, in FindingKind order.
+
+    The same as calling each of ``DETECTORS``, but the three degradation detectors share one
+    reading of the spans they compare: it runs for every engine on every tick.
+    """
+    spans = _degradation_spans(window, now, cfg)
+    found: list[Finding] = []
+    for kind, detector in DETECTORS.items():
+        from_spans = _DEGRADATION_FROM_SPANS.get(kind)
+        finding = from_spans(spans, cfg) if from_spans is not None else detector(window, now, cfg)
+        if finding is not None:
+            found.append(finding)
+    return found
 
 
 @dataclass(frozen=True, slots=True)

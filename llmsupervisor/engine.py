@@ -181,6 +181,8 @@ class EngineRunner:
         rng: random.Random | None = None,
         gpus: GpuSource | None = None,
         detector_config: DetectorConfig | None = None,
+        sweeper: host.GroupSweeper | None = None,
+        on_round: Callable[[str, float], None] = lambda name, seconds: None,
     ) -> None:
         self.spec = spec
         self.state_dir = state_dir
@@ -188,8 +190,11 @@ class EngineRunner:
         self.clock = clock
         self.tick_interval_s = tick_interval_s
         self.on_change = on_change
+        self.on_round = on_round  # (engine, seconds) per observation round, for the exporter
         self.rng = rng or random.Random()
         self.gpu_source: GpuSource = gpus or NoGpus()
+        # The daemon shares one across engines; alone, an engine sweeps on every look.
+        self.sweeper = sweeper or host.GroupSweeper(max_age_s=0.0, monotonic=clock.monotonic)
         self._fixed_detector_config = detector_config
         self.detector_config = detector_config or DetectorConfig(**spec.detectors)
         self.window: ObservationWindow = new_window(self.detector_config)
@@ -595,10 +600,14 @@ class EngineRunner:
                 outcome = Outcome.BROKEN if self._restart.failure else Outcome.RESTART
                 return outcome, self._restart.reason
             self._follow_rotation()
+            wait_started_s = self.clock.monotonic()
             await self._wait_exit_or_wake(proc, self.tick_interval_s)
             if proc.returned or not self._want_running or self._restart is not None:
                 continue
             now = self.clock.monotonic()
+            # Timed from when the round was due: waking late because the shared loop was busy
+            # is part of what a round costs (and what bench/overhead sees from outside).
+            round_started_s = min(now, wait_started_s + self.tick_interval_s)
             if self.failures.times_s and should_reset(self.ready_since_s, now, self.policy):
                 log.info(
                     "ready for %.0f s: failure count reset",
@@ -611,6 +620,7 @@ class EngineRunner:
                 continue  # a stop or restart came in: act on it now, not after a slow canary
             obs, last_canary_s = observed
             self._detect(obs)
+            self.on_round(self.spec.name, self.clock.monotonic() - round_started_s)
             if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (vllm-facts §6.3).
                 return Outcome.DEAD, "/health 503: engine core is dead"
@@ -658,20 +668,13 @@ class EngineRunner:
         run_canary = not progressing and now - last_canary_s >= spec.canary_interval_s
         probe_timeout_s = spec.health_timeout_s
 
-        async def sweep() -> host.ProcSample | ProbeFailure:
-            try:
-                async with asyncio.timeout(probe_timeout_s):
-                    return await asyncio.to_thread(host.sweep_group, proc.pgid)
-            except TimeoutError:
-                return ProbeFailure("timeout", f"process sweep took over {probe_timeout_s} s")
-
         async def no_canary() -> None:
             return None
 
         health_r, metrics_r, proc_r, canary_r = await asyncio.gather(
             health.check_health(self.http, spec.base_url, timeout_s=probe_timeout_s),
             fetch_metrics(self.http, spec.base_url, timeout_s=probe_timeout_s),
-            sweep(),
+            self.sweeper.sample(proc.pgid, timeout_s=probe_timeout_s),
             health.canary(
                 self.http,
                 spec.base_url,

@@ -9,6 +9,7 @@ a library registers globally leaks into ``/metrics``.
     supervisor loop ──► Snapshot (immutable) ◄── snapshot() ── _SnapshotCollector ─┐
     later GPU probe ──► gpu_samples() ──────────────────────────────────┘          │
     loop, per tick ──► Exporter.observe_tick(s) ──► Histogram ──────────────────────┤
+    engine, per round ─► Exporter.observe_engine_round(name, s) ─► Histogram ─────────┤
                                                                                      ▼
                                           Exporter.render() = generate_latest(registry)
 
@@ -35,6 +36,7 @@ notify_failures_total                  counter
 config_loaded_timestamp_seconds        gauge      (absent while 0: never loaded)
 config_reloads_total                   counter    result
 tick_duration_seconds                  histogram
+engine_observation_seconds             histogram  engine
 gpu_<name>                             see below  gpu (and ``reason`` for throttle_reason)
 =====================================  =========  ==========================================
 
@@ -53,6 +55,7 @@ malformed one is skipped and logged once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -70,8 +73,8 @@ log = logging.getLogger(__name__)
 
 PREFIX: Final = "llmsupervisor_"
 
-# 1 ms to 5 s: a healthy tick is under 1 ms at 8 engines, 2 ms at 64 (docs/benchmarks.md); the
-# alert threshold (1 s) is a bucket edge.
+# 1 ms to 5 s: a healthy tick is under 1 ms at 8 engines, 2 ms at 64, an engine's observation
+# round 10-100 ms (docs/benchmarks.md); the alert thresholds (1 s, 2.5 s) are bucket edges.
 TICK_BUCKETS_S: Final[tuple[float, ...]] = (
     0.001,
     0.0025,
@@ -153,7 +156,8 @@ class Exporter:
     ``snapshot`` is called on every scrape and must return the latest immutable ``Snapshot``
     (cheap: the loop swaps one reference). ``gpu_samples`` is optional and may raise; a failure
     drops the GPU families from that scrape and is logged, the rest of the scrape still works.
-    The loop calls ``observe_tick(seconds)`` once per completed tick.
+    The loop calls ``observe_tick(seconds)`` once per completed tick, and each engine
+    ``observe_engine_round(name, seconds)`` once per observation round.
     """
 
     def __init__(
@@ -176,6 +180,17 @@ class Exporter:
             registry=self.registry,
         )
 
+        self._engine_round = Histogram(
+            _name("engine_observation_seconds"),
+            # What an engine's tick costs, as bench/overhead measures it from outside: the gap
+            # between two /metrics scrapes of one engine, less tick_interval_s.
+            "Wall time of one engine's observation round (probes, parsing, detectors), waits for "
+            "the event loop that every engine shares included, in seconds.",
+            ["engine"],
+            buckets=TICK_BUCKETS_S,
+            registry=self.registry,
+        )
+
     @property
     def content_type(self) -> str:
         # The 0.0.4 text format: what generate_latest() writes, and what every Prometheus parses.
@@ -183,6 +198,14 @@ class Exporter:
 
     def observe_tick(self, seconds: float) -> None:
         self._tick_duration.observe(seconds)
+
+    def observe_engine_round(self, engine: str, seconds: float) -> None:
+        self._engine_round.labels(engine=engine).observe(seconds)
+
+    def forget_engine(self, engine: str) -> None:
+        """Drop a removed engine's round histogram (its other series go with the snapshot)."""
+        with contextlib.suppress(KeyError):
+            self._engine_round.remove(engine)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

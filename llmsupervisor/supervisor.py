@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from llmsupervisor.policy import (
     back_in_rotation,
     decide,
 )
+from llmsupervisor.probes.host import GroupSweeper
 from llmsupervisor.probes.nvml import GpuReader, GpuSample
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
 from llmsupervisor.state import EngineState, StateChange
@@ -59,6 +61,8 @@ log = logging.getLogger("llmsupervisor")
 
 RUNNER_RESTART_DELAY_S: Final = 5.0
 STATUS_REFRESH_S: Final = 10.0
+# Per engine: its probes (/health, /metrics, a canary) and the odd drain or cache reset at once.
+ENGINE_HTTP_LIMITS: Final = httpx.Limits(max_connections=8, max_keepalive_connections=4)
 
 
 def local_minute_of_day() -> int:
@@ -91,7 +95,10 @@ class Supervisor:
         self.state_dir = config.supervisor.state_dir.resolve()
         self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.control_path = control.default_socket_path(self.state_dir)
-        self._http: httpx.AsyncClient | None = None
+        # One HTTP client per engine (by name), closed with the daemon or when the engine is removed.
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._client_stack: contextlib.AsyncExitStack | None = None
+        self._tls: ssl.SSLContext | None = None
         self._reload_lock = asyncio.Lock()
         self._roll_task: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[Any]] = set()  # reloads, engines being removed
@@ -107,6 +114,10 @@ class Supervisor:
 
             gpu_reader = NvmlReader()
         self.gpu_monitor = GpuMonitor(gpu_reader, interval_s=config.supervisor.tick_interval_s)
+        # One /proc sweep per tick for all engines: per engine, it cost engines x processes.
+        self.sweeper = GroupSweeper(
+            max_age_s=config.supervisor.tick_interval_s, monotonic=self.clock.monotonic
+        )
         self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
         self._last_tick_s = self.clock.monotonic()
         self.runners: dict[str, EngineRunner] = {}
@@ -311,11 +322,13 @@ class Supervisor:
             log.warning("cannot become a child subreaper: orphans of crashed engines go to PID 1")
         await self._sweep_leftovers()
         self._start_guard()
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
         server = control.ControlServer(self.control_path, self._on_control)
         await self.gpu_monitor.start()
-        async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
-            self._http = http
+        # Engines speak plain http (EngineSpec.base_url), yet every httpx client builds a TLS
+        # context (~0.7 MB with the CA bundle): one, shared by all of them.
+        self._tls = ssl.create_default_context()
+        async with contextlib.AsyncExitStack() as clients:
+            self._client_stack = clients
             for spec in self.config.engines:
                 self._add_engine(spec)
             self._write_status()
@@ -385,16 +398,29 @@ class Supervisor:
         body = {"engine": name, "state": runner.state.value, "reason": runner.state_reason}
         return _json(200 if runner.in_rotation else 503, body)
 
+    def _client_for(self, name: str) -> httpx.AsyncClient:
+        """The engine's own HTTP client. With one pool for every engine, httpcore scans all of
+        its connections on each request (encode/httpcore#1035), and at 64 engines its keep-alive
+        limit closed and reopened connections every tick (docs/benchmarks.md)."""
+        client = self._clients.get(name)
+        if client is None or client.is_closed:
+            assert self._client_stack is not None and self._tls is not None
+            client = httpx.AsyncClient(limits=ENGINE_HTTP_LIMITS, trust_env=False, verify=self._tls)
+            self._client_stack.push_async_callback(client.aclose)  # closing twice is harmless
+            self._clients[name] = client
+        return client
+
     def _make_runner(self, spec: EngineSpec) -> EngineRunner:
-        assert self._http is not None
         return EngineRunner(
             spec,
             state_dir=self.state_dir,
-            http=self._http,
+            http=self._client_for(spec.name),
             clock=self.clock,
             tick_interval_s=self.config.supervisor.tick_interval_s,
             on_change=self._on_change,
             gpus=self.gpu_monitor,
+            sweeper=self.sweeper,
+            on_round=self.exporter.observe_engine_round,
         )
 
     def _add_engine(self, spec: EngineSpec) -> None:
@@ -515,6 +541,19 @@ class Supervisor:
         log.info("engine removed from the config: stopping it", extra={"engine": name})
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+        task.add_done_callback(lambda _: self._forget_engine(name))
+
+    def _forget_engine(self, name: str) -> None:
+        """A removed engine's task has ended: close its HTTP client and drop its round histogram,
+        unless a later reload has added the engine back meanwhile."""
+        if name in self.runners:
+            return
+        self.exporter.forget_engine(name)
+        client = self._clients.pop(name, None)
+        if client is not None:
+            closing = asyncio.create_task(client.aclose(), name=f"close-http:{name}")
+            self._retiring.add(closing)
+            closing.add_done_callback(self._retiring.discard)
 
     async def _roll(self, specs: list[EngineSpec], previous: asyncio.Task[None] | None) -> None:
         """Restart changed engines one at a time: the next one only once the previous is READY

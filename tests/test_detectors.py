@@ -521,6 +521,19 @@ def test_degradation_evidence() -> None:
     assert finding.evidence["ratio"] == pytest.approx(0.5, rel=0.05)
 
 
+def test_span_stats_are_reused_only_for_the_very_same_observations() -> None:
+    # Two windows of the same engine, read in turn as two incarnations would be: each answer is
+    # its own window's, though the detectors keep the last spans' stats per engine.
+    slow, now = _degradation(tokens_per_s_per_running=5.0)
+    same, same_now = _degradation()
+    assert now == same_now
+    for _ in range(2):
+        assert detect_throughput_degradation(slow, now, CFG) is not None
+        assert detect_throughput_degradation(same, now, CFG) is None
+    # A later now reads a shorter recent span: computed afresh, not served from the last one.
+    assert detect_throughput_degradation(slow, now + 10, CFG) is not None
+
+
 def test_baseline_waits_for_traffic_and_ignores_canaries() -> None:
     sim = Sim()
     observations = sim.run(600, running=0, requests=0, canary=True)  # idle but for canaries

@@ -173,6 +173,22 @@ def test_tick_duration_histogram(exporter: Exporter) -> None:
     assert value(reg, name + "_bucket", le="+Inf") == 5.0
 
 
+def test_engine_observation_histogram(exporter: Exporter) -> None:
+    reg = exporter.registry
+    name = "llmsupervisor_engine_observation_seconds"
+    for seconds in (0.004, 0.02, 3.0):
+        exporter.observe_engine_round("gpu0", seconds)
+    exporter.observe_engine_round("gpu1", 0.3)
+    assert value(reg, name + "_count", engine="gpu0") == 3.0
+    assert value(reg, name + "_bucket", engine="gpu0", le="0.025") == 2.0
+    assert value(reg, name + "_bucket", engine="gpu0", le="2.5") == 2.0
+    assert value(reg, name + "_sum", engine="gpu1") == pytest.approx(0.3)
+    exporter.forget_engine("gpu1")
+    exporter.forget_engine("never-seen")
+    assert value(reg, name + "_count", engine="gpu1") is None
+    assert value(reg, name + "_count", engine="gpu0") == 3.0
+
+
 def test_each_scrape_reads_the_latest_snapshot() -> None:
     current = [SNAPSHOT]
     exporter = Exporter(lambda: current[0])
@@ -282,10 +298,12 @@ def test_gpu_metric_names_are_documented_with_units() -> None:
 
 
 def emitted_series() -> set[str]:
-    """Every sample name the exporter can emit (all GPU names fed, one tick observed)."""
+    """Every sample name the exporter can emit (all GPU names fed, one tick and one engine round
+    observed)."""
     gpu = {name if m.label is None else f"{name}/hw_slowdown": 1.0 for name, m in GPU_METRICS.items()}
     exporter = Exporter(lambda: SNAPSHOT, gpu_samples=lambda: {0: gpu})
     exporter.observe_tick(0.01)
+    exporter.observe_engine_round("gpu0", 0.02)
     return {s.name for m in exporter.registry.collect() for s in m.samples}
 
 
@@ -325,7 +343,7 @@ def test_dashboard_parses_and_uses_the_datasource_variable() -> None:
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${DS_PROMETHEUS}"
     titles = " ".join(p["title"].lower() for p in panels)
-    for topic in ("state", "restart", "canary", "tick", "gpu temperature", "gpu power"):
+    for topic in ("state", "restart", "canary", "tick", "observation", "gpu temperature", "gpu power"):
         assert topic in titles, topic
 
 
@@ -344,7 +362,7 @@ def test_alert_rules_use_only_emitted_or_announced_series() -> None:
     emitted = emitted_series() | FUTURE_SERIES
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 10
+    assert len(rules) == 11
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
@@ -408,7 +426,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(promtool: str, snapsho
 def test_promtool_check_rules(promtool: str) -> None:
     result = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 10 rules found" in result.stdout
+    assert "SUCCESS: 11 rules found" in result.stdout
 
 
 def test_dashboard_promql_parses(promtool: str, tmp_path: Path) -> None:
@@ -470,6 +488,13 @@ ALERT_SCENARIO: dict[str, Any] = {
         _series("llmsupervisor_tick_duration_seconds_bucket", "0x20", le="1.0"),
         _series("llmsupervisor_tick_duration_seconds_bucket", "0+30x20", le="2.5"),
         _series("llmsupervisor_tick_duration_seconds_bucket", "0+30x20", le="+Inf"),
+        # gpu0's rounds land between 2.5 s and 5 s (its probes near their deadlines), gpu1's
+        # under 1 s.
+        _series("llmsupervisor_engine_observation_seconds_bucket", "0x20", engine="gpu0", le="2.5"),
+        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu0", le="5.0"),
+        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu0", le="+Inf"),
+        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu1", le="1.0"),
+        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu1", le="+Inf"),
         _series("llmsupervisor_notify_failures_total", "0 0 0 1x17"),
         _series("llmsupervisor_config_reloads_total", "0x20", result="ok"),
         _series("llmsupervisor_config_reloads_total", "0 0 0 1x17", result="invalid"),
@@ -490,6 +515,8 @@ ALERT_SCENARIO: dict[str, Any] = {
         _firing("5m", "LlmSupervisorScrapeDown", "critical", **BASE),
         _quiet("5m", "LlmSupervisorSlowTicks"),
         _firing("17m", "LlmSupervisorSlowTicks", "warning", instance="host:9400"),
+        _quiet("10m", "LlmSupervisorSlowObservations"),
+        _firing("20m", "LlmSupervisorSlowObservations", "warning", instance="host:9400", engine="gpu0"),
         _quiet("2m", "LlmSupervisorNotifyFailures"),
         _firing("4m", "LlmSupervisorNotifyFailures", "warning", **BASE),
         _quiet("2m", "LlmSupervisorConfigReloadInvalid"),

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import psutil
 import pytest
 
-from llmsupervisor.probes.host import ProcSample, RawProcess, list_group_psutil, summarize, sweep_group
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.host import (
+    GroupSweeper,
+    ListGroups,
+    ProcSample,
+    RawProcess,
+    list_group_psutil,
+    summarize,
+    sweep_group,
+    sweep_groups,
+)
 
 GiB = 1024**3
 
@@ -172,3 +184,85 @@ def test_a_group_that_is_gone_is_empty(group: tuple[subprocess.Popen[bytes], int
     assert sweep_group(leader.pid).process_count == 2
     stop_leader(leader)  # the child is reaped before the leader exits
     assert sweep_group(leader.pid).processes == ()
+
+
+class SweepClock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+
+def counting_lister(calls: list[frozenset[int]], release: threading.Event | None = None) -> ListGroups:
+    def lister(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
+        calls.append(frozenset(pgids))
+        if release is not None:
+            release.wait(5)
+        return {g: [r for r in VLLM_TREE if r.pgid == g] for g in pgids}
+
+    return lister
+
+
+def test_engines_share_one_sweep_per_max_age() -> None:
+    calls: list[frozenset[int]] = []
+    clock = SweepClock()
+    sweeper = GroupSweeper(max_age_s=2.0, monotonic=clock.monotonic, list_groups=counting_lister(calls))
+
+    async def scenario() -> None:
+        assert (await sweeper.sample(500, timeout_s=5)) == summarize(500, VLLM_TREE)
+        # The next engine asks for a group the first sweep did not cover: a new sweep, over both.
+        assert isinstance(await sweeper.sample(900, timeout_s=5), ProcSample)
+        clock.now_s += 1.0
+        assert (await sweeper.sample(500, timeout_s=5)).process_count == 4  # type: ignore[union-attr]
+        assert (await sweeper.sample(900, timeout_s=5)).process_count == 1  # type: ignore[union-attr]
+        clock.now_s += 1.0  # the shared sweep is a tick old: the next look sweeps again
+        assert (await sweeper.sample(900, timeout_s=5)).process_count == 1  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+    assert calls == [frozenset({500}), frozenset({500, 900}), frozenset({500, 900})]
+
+
+def test_groups_nobody_asks_for_are_forgotten() -> None:
+    calls: list[frozenset[int]] = []
+    clock = SweepClock()
+    sweeper = GroupSweeper(
+        max_age_s=0.0, forget_after_s=10.0, monotonic=clock.monotonic, list_groups=counting_lister(calls)
+    )
+
+    async def scenario() -> None:
+        await sweeper.sample(500, timeout_s=5)
+        clock.now_s += 11.0
+        await sweeper.sample(900, timeout_s=5)
+
+    asyncio.run(scenario())
+    assert calls == [frozenset({500}), frozenset({900})]
+
+
+def test_a_stuck_sweep_times_out_each_asker_without_starting_another() -> None:
+    calls: list[frozenset[int]] = []
+    release = threading.Event()
+    clock = SweepClock()
+    sweeper = GroupSweeper(
+        max_age_s=0.0, monotonic=clock.monotonic, list_groups=counting_lister(calls, release)
+    )
+
+    async def scenario() -> None:
+        first = await sweeper.sample(500, timeout_s=0.05)
+        assert isinstance(first, ProbeFailure) and first.kind == "timeout"
+        clock.now_s += 5.0
+        second = await sweeper.sample(500, timeout_s=0.05)  # the same sweep, still in flight
+        assert isinstance(second, ProbeFailure) and second.kind == "timeout"
+        release.set()
+        await asyncio.sleep(0.1)
+        assert isinstance(await sweeper.sample(500, timeout_s=5), ProcSample)
+
+    asyncio.run(scenario())
+    assert calls == [frozenset({500}), frozenset({500})]
+
+
+def test_real_groups_in_one_pass(group: tuple[subprocess.Popen[bytes], int]) -> None:
+    leader = group[0].pid
+    samples = sweep_groups([leader, os.getpgid(0)])
+    assert samples[leader].pids == {leader, group[1]}
+    assert os.getpid() in samples[os.getpgid(0)].pids

@@ -27,10 +27,14 @@ def test_readiness_endpoints_follow_rotation_and_metrics_lint_clean(daemon_facto
     assert b.json()["state"] == "starting"
     assert _get(d.http_url + "/engines/nope/ready") == 404
 
-    metrics = httpx.get(d.http_url + "/metrics", timeout=5).text
+    # Engine rounds are timed from the first tick in READY on; b, still starting, has none.
+    rounds_a = 'llmsupervisor_engine_observation_seconds_count{engine="a"}'
+    wait_for(lambda: rounds_a in _metrics(d), timeout_s=15, what="a's first observation round")
+    metrics = _metrics(d)
     assert 'llmsupervisor_engine_state{engine="a",state="ready"} 1.0' in metrics
     assert 'llmsupervisor_engine_state{engine="b",state="starting"} 1.0' in metrics
     assert "llmsupervisor_tick_duration_seconds_count" in metrics
+    assert 'llmsupervisor_engine_observation_seconds_count{engine="b"}' not in metrics
     promtool = shutil.which("promtool")
     if promtool:
         lint = subprocess.run(
@@ -49,6 +53,10 @@ def test_readiness_endpoints_follow_rotation_and_metrics_lint_clean(daemon_facto
     wait_for(lambda: _get(d.http_url + "/engines/a/ready") == 503, timeout_s=10, what="a out of rotation")
     assert _get(d.http_url + "/readyz") == 503
     assert d.stop() == 0
+
+
+def _metrics(d) -> str:
+    return httpx.get(d.http_url + "/metrics", timeout=5).text
 
 
 def _get(url: str) -> int:

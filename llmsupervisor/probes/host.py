@@ -6,19 +6,27 @@ tree, including children orphaned when their parent died (a walk from the leader
 those). ``process_*`` in vLLM's ``/metrics`` describes the API server only; EngineCore and Worker
 RSS have to be read here.
 
-The sweep blocks (it reads ``/proc``), so the loop runs ``sweep_group`` in a thread. It is split
-in two so tests can feed fixtures: ``list_group_psutil`` (the only part that touches the OS)
-produces ``RawProcess`` records, and the pure ``summarize`` turns them into a ``ProcSample``.
+The sweep blocks (it reads ``/proc``), so the loop runs it in a thread. It is split in two so
+tests can feed fixtures: ``list_groups_psutil`` (the only part that touches the OS) produces
+``RawProcess`` records, and the pure ``summarize`` turns them into a ``ProcSample``.
+
+Finding a group's members means asking every process on the host for its group, so one sweep per
+engine costs engines x processes. ``GroupSweeper`` makes one sweep, over every group asked for
+recently, serve every engine that asks within ``max_age_s`` (a tick): engines x processes becomes
+processes, and one thread per tick instead of one per engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import psutil
+
+from llmsupervisor.probes import ProbeFailure
 
 ZOMBIE: Final = psutil.STATUS_ZOMBIE  # "zombie"
 
@@ -110,16 +118,19 @@ def summarize(pgid: int, raws: Iterable[RawProcess]) -> ProcSample:
 _ATTRS: Final = ["name", "cmdline", "memory_info", "cpu_times", "status"]
 
 
-def list_group_psutil(pgid: int) -> list[RawProcess]:
-    """The processes whose process group is ``pgid`` right now (blocking; reads ``/proc``).
+def list_groups_psutil(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
+    """The processes of each group in ``pgids`` right now, in one pass (blocking; reads ``/proc``).
 
     ``os.getpgid`` per PID is one cheap syscall; the full read happens only for members.
-    Processes that exit mid-sweep are left out; unreadable fields are ``None``.
+    Processes that exit mid-sweep are left out; unreadable fields are ``None``. Every group asked
+    for has an entry, empty when it has no processes.
     """
-    found: list[RawProcess] = []
+    found: dict[int, list[RawProcess]] = {pgid: [] for pgid in pgids}
     for pid in psutil.pids():
         try:
-            if os.getpgid(pid) != pgid:
+            pgid = os.getpgid(pid)
+            members = found.get(pgid)
+            if members is None:
                 continue
             info = psutil.Process(pid).as_dict(attrs=_ATTRS, ad_value=None)
         except (OSError, psutil.Error):  # gone mid-sweep, or not ours to read
@@ -127,7 +138,7 @@ def list_group_psutil(pgid: int) -> list[RawProcess]:
         mem = info["memory_info"]
         cpu = info["cpu_times"]
         cmdline = info["cmdline"]
-        found.append(
+        members.append(
             RawProcess(
                 pid=pid,
                 pgid=pgid,
@@ -142,6 +153,11 @@ def list_group_psutil(pgid: int) -> list[RawProcess]:
     return found
 
 
+def list_group_psutil(pgid: int) -> list[RawProcess]:
+    """The processes whose process group is ``pgid`` right now (blocking; reads ``/proc``)."""
+    return list_groups_psutil((pgid,))[pgid]
+
+
 def sweep_group(
     pgid: int, *, list_group: Callable[[int], Iterable[RawProcess]] = list_group_psutil
 ) -> ProcSample:
@@ -149,11 +165,94 @@ def sweep_group(
     return summarize(pgid, list_group(pgid))
 
 
+ListGroups = Callable[[Collection[int]], Mapping[int, Iterable[RawProcess]]]
+
+
+def sweep_groups(
+    pgids: Collection[int], *, list_groups: ListGroups = list_groups_psutil
+) -> dict[int, ProcSample]:
+    """Sweep several groups in one pass; blocking, so run it with ``asyncio.to_thread``."""
+    listed = list_groups(pgids)
+    return {pgid: summarize(pgid, listed.get(pgid, ())) for pgid in pgids}
+
+
+@dataclass(frozen=True, slots=True)
+class _Sweep:
+    started_s: float
+    pgids: frozenset[int]
+    task: asyncio.Task[dict[int, ProcSample]]
+
+
+class GroupSweeper:
+    """One sweep of the host's processes, shared by every engine that asks within ``max_age_s``.
+
+    A sweep covers every group asked for in the last ``forget_after_s``, so the engines of one
+    tick share it; a group it does not cover (a new incarnation) starts a new one. A sweep in
+    flight is awaited, never doubled: one that blocks (a process stuck in the kernel can block a
+    read of its ``/proc`` files) costs each asker its deadline, but not a thread per asker per tick.
+    ``max_age_s=0`` sweeps on every call (tests, and a daemon with one engine gains nothing).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_age_s: float,
+        monotonic: Callable[[], float],
+        forget_after_s: float = 60.0,
+        list_groups: ListGroups = list_groups_psutil,
+    ) -> None:
+        self.max_age_s = max_age_s
+        self.forget_after_s = forget_after_s
+        self._monotonic = monotonic
+        self._list_groups = list_groups
+        self._asked_s: dict[int, float] = {}  # pgid -> when an engine last asked for it
+        self._sweep: _Sweep | None = None
+
+    def _current(self, pgid: int, now: float) -> _Sweep | None:
+        sweep = self._sweep
+        if sweep is None or pgid not in sweep.pgids:
+            return None
+        if not sweep.task.done():
+            return sweep  # in flight: its answer is the freshest there will be soon
+        if now - sweep.started_s >= self.max_age_s or sweep.task.cancelled():
+            return None
+        return sweep
+
+    async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
+        """Group ``pgid`` as the latest shared sweep saw it, or a timeout after ``timeout_s``."""
+        now = self._monotonic()
+        self._asked_s[pgid] = now
+        sweep = self._current(pgid, now)
+        if sweep is None:
+            horizon = now - self.forget_after_s
+            for old in [g for g, t in self._asked_s.items() if t < horizon]:
+                del self._asked_s[old]
+            pgids = frozenset(self._asked_s)
+            task = asyncio.ensure_future(
+                asyncio.to_thread(sweep_groups, pgids, list_groups=self._list_groups)
+            )
+            # Each asker gets the error; if all have given up, nothing else should log it.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            sweep = self._sweep = _Sweep(now, pgids, task)
+        try:
+            async with asyncio.timeout(timeout_s):
+                # Shielded: an asker that gives up (deadline, cancelled round) leaves the sweep
+                # running for the others.
+                samples = await asyncio.shield(sweep.task)
+        except TimeoutError:
+            return ProbeFailure("timeout", f"process sweep took over {timeout_s} s")
+        return samples[pgid]
+
+
 __all__ = [
+    "GroupSweeper",
+    "ListGroups",
     "ProcInfo",
     "ProcSample",
     "RawProcess",
     "list_group_psutil",
+    "list_groups_psutil",
     "summarize",
     "sweep_group",
+    "sweep_groups",
 ]

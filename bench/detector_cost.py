@@ -1,0 +1,146 @@
+"""CPU time of ``detect_all`` per engine per tick on a full observation window.
+
+bench/overhead measures the daemon for a minute, when the window is young: the degradation
+baseline is pinned only after 10 minutes of traffic and the window fills in ~31. This replays a
+busy engine at the default 2 s tick (the captured vLLM 0.32 body, counters advancing, one
+process) until both are full, then times 200 more ticks of append + ``detect_all``, as the
+engine's loop runs them.
+
+    python bench/detector_cost.py                      # this checkout
+    python bench/detector_cost.py --against /tmp/old   # and another checkout's detectors, alternating
+
+With ``--against`` both run five times, alternating, and the findings of both are compared on
+every replayed tick (they must be identical).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's package, not whichever the venv has installed
+from llmsupervisor import detectors  # noqa: E402
+from llmsupervisor.observe import Observation  # noqa: E402
+from llmsupervisor.probes.host import ProcInfo, ProcSample  # noqa: E402
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, Histogram, parse_metrics  # noqa: E402
+
+FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32.0-cpu.txt"
+TICK_S = 2.0
+FILL_TICKS = 1232  # 41 minutes: the ring is full and the baseline pinned
+TIMED_TICKS = 200
+
+
+def busy_engine(base: EngineMetrics) -> Iterator[Observation]:
+    """A busy engine: 4 running, 5 requests and 80 tokens finished per tick, TTFTs spread over
+    the captured body's buckets, RSS growing slowly."""
+    assert base.ttft_seconds is not None
+    les = base.ttft_seconds.les
+    for i in range(1, FILL_TICKS + TIMED_TICKS + 1):
+        finished = 5 * i
+        # Cumulative: a fifth of the requests under each of the 4th..7th bounds, all by the 8th.
+        ttft = [min(finished, finished * max(0, k - 2) // 5) for k in range(len(les))]
+        metrics = replace(
+            base,
+            requests_running=4,
+            requests_waiting=0,
+            iterations_total=10 * i,
+            generation_tokens_total=80 * i,
+            prompt_tokens_total=1000 * i,
+            prefix_cache_queries_total=1000 * i,
+            prefix_cache_hits_total=500 * i,
+            request_success_total_by_reason=MappingProxyType({"length": finished}),
+            ttft_seconds=Histogram(buckets=zip(les, ttft, strict=True), sum=0.1 * finished, count=finished),
+        )
+        rss_bytes = 2_000_000_000 + 1000 * i
+        proc = ProcSample(
+            pgid=7,
+            processes=(
+                ProcInfo(
+                    pid=7,
+                    title="vllm serve",
+                    rss_bytes=rss_bytes,
+                    cpu_seconds=1.0,
+                    status="sleeping",
+                    zombie=False,
+                ),
+            ),
+            rss_bytes_total=rss_bytes,
+            cpu_seconds_total=1.0,
+            process_count=1,
+            zombie_count=0,
+        )
+        yield Observation(
+            engine="gpu0", at_s=i * TICK_S, metrics=metrics, proc=proc, engine_pids=frozenset({7})
+        )
+
+
+def load_detectors(checkout: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "other_detectors", checkout / "llmsupervisor" / "detectors.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def ms_per_tick(module: ModuleType, observations: list[Observation]) -> float:
+    cfg = module.DetectorConfig()
+    window = module.new_window(cfg)
+    for obs in observations[:FILL_TICKS]:
+        window.append(obs)
+    assert window.baseline is not None, "no baseline pinned"
+    started = time.process_time()
+    for obs in observations[FILL_TICKS:]:
+        window.append(obs)
+        module.detect_all(window, obs.at_s, cfg)
+    return (time.process_time() - started) / TIMED_TICKS * 1000
+
+
+def findings(module: ModuleType, observations: list[Observation]) -> list[list[tuple[object, ...]]]:
+    cfg = module.DetectorConfig()
+    window = module.new_window(cfg)
+    out = []
+    for obs in observations:
+        window.append(obs)
+        found = module.detect_all(window, obs.at_s, cfg)
+        out.append([(f.kind.value, f.severity.value, dict(f.evidence), f.since_s) for f in found])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--against", type=Path, help="another checkout whose detectors.py to compare")
+    args = p.parse_args()
+    base = parse_metrics(FIXTURE.read_text())
+    assert isinstance(base, EngineMetrics)
+    observations = list(busy_engine(base))
+    modules = {"this": detectors}
+    if args.against is not None:
+        modules["against"] = load_detectors(args.against)
+    runs: dict[str, list[float]] = {name: [] for name in modules}
+    for _ in range(5 if args.against else 3):
+        for name, module in modules.items():
+            runs[name].append(ms_per_tick(module, observations))
+    for name, values in runs.items():
+        print(
+            f"{name}: detect_all {statistics.median(values):.3f} ms per tick (median; runs "
+            + " ".join(f"{v:.3f}" for v in values)
+            + ")"
+        )
+    if args.against is not None:
+        same = findings(modules["this"], observations) == findings(modules["against"], observations)
+        print("findings identical on every tick" if same else "FINDINGS DIFFER")
+
+
+if __name__ == "__main__":
+    main()
