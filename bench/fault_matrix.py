@@ -929,6 +929,13 @@ def hang(ctx: Ctx) -> None:
     else:
         httpx.post(f"http://127.0.0.1:{ctx.engine.port}/fake/hang", timeout=5)
 
+        def unstick() -> None:
+            # A hung fake never recovers; where the supervisor did not restart it, the operator does.
+            if not complete(ctx.engine.port, 2, timeout_s=PROBE_TIMEOUT_S)[0]:
+                ctx.sup.restart(ctx.engine.name)
+
+        ctx.undo.append(unstick)
+
 
 def slow_leak(ctx: Ctx) -> None:
     httpx.post(f"http://127.0.0.1:{ctx.engine.port}/fake/leak?mib_per_s=8", timeout=5)
