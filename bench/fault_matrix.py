@@ -605,20 +605,10 @@ class LlmSupervisor(Supervisor):
             time.sleep(0.1)
 
     def control(self, command: str, engine: str | None = None) -> Any:
-        request: dict[str, Any] = {"command": command}
-        if engine:
-            request["engine"] = engine
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(30)
-            s.connect(str(self.socket))
-            s.sendall(json.dumps(request).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        answer = json.loads(data)
+        from llmsupervisor.control import request
+
+        payload: dict[str, Any] = {"command": command, **({"engine": engine} if engine else {})}
+        answer = request(self.socket, payload, timeout_s=30)
         if not answer.get("ok"):
             raise RuntimeError(f"llm-supervisor {command}: {answer.get('error')}")
         return answer.get("result")
