@@ -269,6 +269,61 @@ def test_a_malformed_line_of_another_family_is_still_a_parse_failure(line: str) 
     assert result.kind == "parse"
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:num_requests_running{engine="0"} 3.0.0',
+        'vllm:num_requests_running{engine="0"} 1_000',
+        'vllm:num_requests_running{engine="0"} 3 soon',
+        'vllm:num_requests_running{engine="0"}',
+    ],
+)
+def test_a_bad_value_of_a_series_seen_before_is_a_parse_failure(line: str) -> None:
+    assert parsed('vllm:num_requests_running{engine="0"} 3.0\n').requests_running == 3
+    result = parse_metrics(line + "\n")
+    assert isinstance(result, ProbeFailure)
+    assert result.kind == "parse"
+
+
+def test_a_series_key_is_parsed_once_and_its_new_values_are_read_on_every_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_metrics, "_KEYS", {})
+    text = body("vllm-0.32.0-cpu.txt")
+    first = parsed(text)
+    keys = dict(vllm_metrics._KEYS)
+    wanted = [k for k, reading in keys.items() if reading is not None]
+    assert len(wanted) > 50 and len(keys) > len(wanted)  # other families' keys are kept, unread
+
+    # The same series with new values: no new keys, and the values are the new ones.
+    busier = "\n".join(
+        f"{line.rsplit(' ', 1)[0]} 7.0" if line.startswith("vllm:num_requests_running{") else line
+        for line in text.splitlines()
+    )
+    second = parsed(busier)
+    assert keys == vllm_metrics._KEYS
+    assert second.requests_running == 7 != first.requests_running
+    assert vllm_metrics._collect(busier) == _full_store(busier)
+
+
+def test_a_key_the_parser_rejects_is_not_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_metrics, "_KEYS", {})
+    bad = 'vllm:time_to_first_token_seconds_bucket{le="0.1",engine=0} 1\n'
+    for _ in range(2):
+        assert isinstance(parse_metrics(bad), ProbeFailure)
+    assert vllm_metrics._KEYS == {}
+
+
+def test_the_key_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that puts a new label value on every scrape must not grow the daemon forever."""
+    monkeypatch.setattr(vllm_metrics, "_KEYS", {})
+    monkeypatch.setattr(vllm_metrics, "_KEYS_MAX", 10)
+    for request in range(25):
+        m = parsed(f'vllm:num_requests_running{{engine="0",request="{request}"}} {request}\n')
+        assert m.requests_running == request
+        assert len(vllm_metrics._KEYS) <= 10
+
+
 def test_alias_table_shape() -> None:
     for canonical, names in ALIASES.items():
         assert names[0] == canonical, "the 0.32 name comes first"

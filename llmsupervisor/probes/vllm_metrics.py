@@ -13,18 +13,20 @@ wins. Rules that follow from how vLLM exposes them (vllm-facts §3.1):
   exception is V0's ``num_requests_swapped``, which later versions dropped because nothing swaps;
 - a garbage body is a ``ProbeFailure(kind="parse")``, not an exception.
 
-Only the sample lines of the names in ``ALIASES`` go through prometheus_client's parser, which
-reads label values one character at a time: vLLM 0.32's body is ~600 lines, of which this module
-reads ~90, and parsing all of them was 10 ms a scrape, most of the daemon's CPU (bench/overhead,
-docs/benchmarks.md). Every other line only gets a check of its shape, so a body that is not the
-text format (an HTML error page, JSON) is still a parse failure.
+prometheus_client's parser reads label values one character at a time: vLLM 0.32's body is ~600
+lines, of which this module reads ~90, and parsing all of them was 10 ms a scrape, most of the
+daemon's CPU (bench/overhead, docs/benchmarks.md). So each line is split at its value, and only
+the series key before it (name and labels) of a name in ``ALIASES`` goes through the parser, once:
+what it made of the key is kept, and later scrapes only read the number. Every other line gets a
+check of its shape, so a body that is not the text format (an HTML error page, JSON) is still a
+parse failure.
 
 ::
 
-    GET /metrics ──► _wanted_lines ──► text_string_to_metric_families ──► {sample name: [(labels, value)]}
-                                                              │ ALIASES (first present name)
-                                                              ▼
-                                                        EngineMetrics (present = rows found)
+    GET /metrics ──► line: key | value ──► _KEYS (key seen before) ──► {sample name: [(labels, value)]}
+                            │ new key               ▲                         │ ALIASES (first present)
+                            ▼                       │                         ▼
+                  text_string_to_metric_families ───┘           EngineMetrics (present = rows found)
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _wanted_names() -> frozenset[str]:
 
 _WANTED: Final[frozenset[str]] = _wanted_names()
 
-_Series = list[tuple[dict[str, str], float]]
+_Series = list[tuple[Mapping[str, str], float]]
 
 
 class _BadBody(Exception):
@@ -254,44 +256,75 @@ class EngineMetrics:
 
 _METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 
+# What a series key (a sample line up to its value: the name and the labels, as exposed) was read
+# as: (sample name, labels) for a sample this module reads, None for one whose name was checked
+# and is not read. Only values change between scrapes; vLLM's keys stay the same for the life of
+# the server and across engines serving one model, so prometheus_client's parser reads each key
+# once per daemon instead of on every scrape (bench/overhead, docs/benchmarks.md). The cap only
+# guards against a server that invents new label values on every scrape.
+_KeyReading = tuple[str, Mapping[str, str]] | None
+_KEYS: dict[str, _KeyReading] = {}
+_KEYS_MAX: Final = 16384
 
-def _wanted_lines(body: str) -> str:
-    """The sample lines whose name this module reads; comments and other samples are dropped.
 
-    A dropped sample line is still checked: a metric name, then (after the labels, if any) a
+def _read_key(key: str, brace: int) -> _KeyReading:
+    name = key[:brace].rstrip() if brace >= 0 else key
+    if name not in _WANTED:
+        if _METRIC_NAME_RE.match(name) is None:
+            raise _BadBody(f"not a metric line: {key[:80]!r}")
+        return None
+    samples = [s for family in text_string_to_metric_families(f"{key} 0\n") for s in family.samples]
+    if len(samples) != 1:
+        raise _BadBody(f"not one sample: {key[:80]!r}")
+    return samples[0].name, MappingProxyType(dict(samples[0].labels))
+
+
+def _value(fields: list[str], line: str) -> float:
+    """The sample value, as prometheus_client reads it; a timestamp after it is checked, not kept."""
+    try:
+        if not 1 <= len(fields) <= 2 or "_" in fields[0]:
+            raise ValueError
+        if len(fields) == 2:
+            float(fields[1])
+        return float(fields[0])
+    except ValueError:
+        raise _BadBody(f"not a metric line: {line[:80]!r}") from None
+
+
+def _collect(body: str) -> dict[str, _Series]:
+    """Every sample of a wanted name, as {sample name: [(labels, value)]}, in body order.
+
+    Every other sample line is still checked: a metric name, then (after the labels, if any) a
     number and at most a timestamp. Its labels are not parsed, which is the point.
     """
-    kept: list[str] = []
+    store: dict[str, _Series] = defaultdict(list)
+    keys = _KEYS
     for raw in body.splitlines():
         line = raw.strip()
         if not line or line[0] == "#":
             continue
         brace = line.find("{")
-        name = line[:brace].rstrip() if brace >= 0 else line.split(None, 1)[0]
-        if name in _WANTED:
-            kept.append(line)
-            continue
-        if _METRIC_NAME_RE.match(name) is None:
-            raise _BadBody(f"not a metric line: {line[:80]!r}")
-        rest = line[line.rfind("}") + 1 :] if brace >= 0 else line[len(name) :]
-        fields = rest.split()
+        if brace >= 0:
+            # Values and timestamps hold no "}", so the last one closes the labels, whatever
+            # their values contain.
+            close = line.rfind("}")
+            if close < brace:
+                raise _BadBody(f"not a metric line: {line[:80]!r}")
+            key, fields = line[: close + 1], line[close + 1 :].split()
+        else:
+            key, *fields = line.split()
         try:
-            if not 1 <= len(fields) <= 2 or (brace >= 0 and "}" not in line):
-                raise ValueError
-            float(fields[0])
-        except ValueError:
-            raise _BadBody(f"not a metric line: {line[:80]!r}") from None
-    return "\n".join(kept)
-
-
-def _collect(body: str) -> dict[str, _Series]:
-    store: dict[str, _Series] = defaultdict(list)
-    for family in text_string_to_metric_families(_wanted_lines(body)):
-        for sample in family.samples:
-            # *_created is a timestamp gauge that the client library adds to every counter and
-            # histogram; none of our names end in it, but skip it explicitly all the same.
-            if sample.name in _WANTED and not sample.name.endswith("_created"):
-                store[sample.name].append((dict(sample.labels), float(sample.value)))
+            reading = keys[key]
+        except KeyError:
+            reading = _read_key(key, brace)
+            if len(keys) >= _KEYS_MAX:
+                keys.clear()
+            keys[key] = reading
+        value = _value(fields, line)
+        # *_created is a timestamp gauge that the client library adds to every counter and
+        # histogram; none of our names end in it, but skip it explicitly all the same.
+        if reading is not None and not reading[0].endswith("_created"):
+            store[reading[0]].append((reading[1], value))
     return store
 
 
