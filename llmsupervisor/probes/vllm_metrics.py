@@ -269,7 +269,9 @@ _KEYS_MAX: Final = 16384
 
 def _read_key(key: str, brace: int) -> _KeyReading:
     name = key[:brace].rstrip() if brace >= 0 else key
-    if name not in _WANTED:
+    # *_created is a timestamp gauge that the client library adds to every counter and histogram;
+    # none of our names end in it, but it is never read all the same.
+    if name not in _WANTED or name.endswith("_created"):
         if _METRIC_NAME_RE.match(name) is None:
             raise _BadBody(f"not a metric line: {key[:80]!r}")
         return None
@@ -321,9 +323,7 @@ def _collect(body: str) -> dict[str, _Series]:
                 keys.clear()
             keys[key] = reading
         value = _value(fields, line)
-        # *_created is a timestamp gauge that the client library adds to every counter and
-        # histogram; none of our names end in it, but skip it explicitly all the same.
-        if reading is not None and not reading[0].endswith("_created"):
+        if reading is not None:
             store[reading[0]].append((reading[1], value))
     return store
 
