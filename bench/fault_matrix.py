@@ -313,7 +313,8 @@ class SystemdUser(Supervisor):
 
     def _env(self) -> dict[str, str]:
         return {
-            **os.environ,
+            # Not NOTIFY_SOCKET: the nested manager would report READY to a systemd running us.
+            **{k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_")},
             "XDG_RUNTIME_DIR": str(self.tmp / "xdg"),
             "XDG_CONFIG_HOME": str(self.tmp / "config"),
         }
@@ -368,12 +369,10 @@ class SystemdUser(Supervisor):
         xdg.mkdir(mode=0o700, exist_ok=True)
         for engine in self.engines.values():
             self.write_unit(engine)
-        self.manager = subprocess.Popen(
-            [str(SYSTEMD), "--user"],
-            env=self._env(),
-            stdout=open(self.log_path, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.manager = subprocess.Popen(
+                [str(SYSTEMD), "--user"], env=self._env(), stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = now_s() + 30
         while subprocess.run(
             ["systemctl", "--user", "is-system-running"], env=self._env(), capture_output=True, text=True
@@ -485,11 +484,10 @@ class Supervisord(Supervisor):
         self.rpc_port = free_port()
         self.conf = self.tmp / "supervisord.conf"
         self.conf.write_text(self.conf_text())
-        self.proc = subprocess.Popen(
-            [str(binary), "-c", str(self.conf)],
-            stdout=open(self.log_path, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [str(binary), "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT
+            )
         self.rpc = xmlrpc.client.ServerProxy(f"http://127.0.0.1:{self.rpc_port}/RPC2")
         deadline = now_s() + 30
         while True:
@@ -581,22 +579,26 @@ class LlmSupervisor(Supervisor):
         self.http_port = free_port()
         self.config_path = self.tmp / "llm-supervisor.yaml"
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llmsupervisor",
-                "--config",
-                str(self.config_path),
-                "run",
-                "--fake-gpu",
-                str(self.gpu_file),
-            ],
-            env=env,
-            stdout=open(self.log_path, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
+        # Not the caller's LLMSUPERVISOR_* settings, nor its NOTIFY_SOCKET: run from a systemd
+        # service, the benchmark's daemon would otherwise report READY and STOPPING to it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMSUPERVISOR_", "NOTIFY_"))}
+        env["PYTHONPATH"] = str(REPO)
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "llmsupervisor",
+                    "--config",
+                    str(self.config_path),
+                    "run",
+                    "--fake-gpu",
+                    str(self.gpu_file),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.socket = self.tmp / "state" / "control.sock"
         deadline = now_s() + 60
         while not self.socket.exists():
