@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from llmsupervisor.config import EngineSpec, SupervisorSettings
+from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
-from llmsupervisor.observe import Observation
 from llmsupervisor.probes.health import CheckResult
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, nominal_sample

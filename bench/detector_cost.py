@@ -28,7 +28,7 @@ from types import MappingProxyType, ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's package, not whichever the venv has installed
 from llmsupervisor import detectors  # noqa: E402
-from llmsupervisor.observe import Observation  # noqa: E402
+from llmsupervisor.core.observe import Observation  # noqa: E402
 from llmsupervisor.probes.host import ProcInfo, ProcSample  # noqa: E402
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, Histogram, parse_metrics  # noqa: E402
 

@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import yaml
 
+from llmsupervisor.core.policy import EngineRules
+from llmsupervisor.core.restarts import RestartPolicy, StopLadder
 from llmsupervisor.errors import ConfigError, ConfigProblem
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/llm-supervisor/config.yaml")
@@ -96,6 +98,38 @@ class EngineSpec:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            backoff_jitter_ratio=self.backoff_jitter_ratio,
+            max_failures=self.max_failures,
+            failure_window_s=self.failure_window_s,
+            stable_after_s=self.stable_after_s,
+        )
+
+    @property
+    def stop_ladder(self) -> StopLadder:
+        return StopLadder(
+            main_term_timeout_s=self.stop_timeout_s,
+            group_term_timeout_s=self.group_term_timeout_s,
+            kill_timeout_s=self.kill_timeout_s,
+        )
+
+    @property
+    def rules(self) -> EngineRules:
+        """What the policy reads of this engine's settings."""
+        return EngineRules(
+            automatic=self.automatic_actions,
+            max_actions_per_hour=self.max_actions_per_hour,
+            action_cooldown_s=self.action_cooldown_s,
+            ladder_calm_s=self.ladder_calm_s,
+            repair_verify_s=self.repair_verify_s,
+            restart_window=self.restart_window,
+            rotation_grace_s=self.drain_grace_s,
+        )
 
     def step_args(self, step: int) -> Mapping[str, Any]:
         """The flags the ladder overrides at ``step`` (0: none; the engine's own args)."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from llmsupervisor.observe import Observation, ObservationWindow, check_timed_out
+from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.host import ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample

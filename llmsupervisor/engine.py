@@ -39,6 +39,16 @@ import httpx
 from llmsupervisor import process
 from llmsupervisor.clock import Clock
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.observe import Observation, ObservationWindow
+from llmsupervisor.core.policy import DEGRADATION, STEP_DOWN_CAUSES
+from llmsupervisor.core.restarts import (
+    FailureHistory,
+    RestartPolicy,
+    backoff_delay_s,
+    is_crash_loop,
+    should_reset,
+)
+from llmsupervisor.core.state import EngineState, StateChange, transition
 from llmsupervisor.detectors import (
     DetectorConfig,
     Finding,
@@ -49,19 +59,9 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.errors import PortHeld
-from llmsupervisor.observe import Observation, ObservationWindow
-from llmsupervisor.policy import DEGRADATION, STEP_DOWN_CAUSES
 from llmsupervisor.probes import ProbeFailure, health, host
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
-from llmsupervisor.restarts import (
-    FailureHistory,
-    RestartPolicy,
-    backoff_delay_s,
-    is_crash_loop,
-    should_reset,
-)
-from llmsupervisor.state import EngineState, StateChange, transition
 
 log = logging.getLogger("llmsupervisor.engine")
 engine_output_log = logging.getLogger("llmsupervisor.engine.output")

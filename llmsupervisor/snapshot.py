@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llmsupervisor.state import EngineState
+from llmsupervisor.core.state import EngineState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,13 +37,7 @@ import httpx
 from llmsupervisor import control, logs, process
 from llmsupervisor.clock import Clock, MonotonicClock
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
-from llmsupervisor.engine import EngineRunner
-from llmsupervisor.errors import ConfigError
-from llmsupervisor.exporter import Exporter
-from llmsupervisor.gpus import GpuMonitor
-from llmsupervisor.http_api import HttpApi, Response, parse_listen
-from llmsupervisor.notify import Notifier
-from llmsupervisor.policy import (
+from llmsupervisor.core.policy import (
     Action,
     ActionKind,
     EngineRules,
@@ -52,10 +46,16 @@ from llmsupervisor.policy import (
     back_in_rotation,
     decide,
 )
+from llmsupervisor.core.state import EngineState, StateChange
+from llmsupervisor.engine import EngineRunner
+from llmsupervisor.errors import ConfigError
+from llmsupervisor.exporter import Exporter
+from llmsupervisor.http_api import HttpApi, Response, parse_listen
+from llmsupervisor.notify import Notifier
+from llmsupervisor.probes.gpus import GpuMonitor
 from llmsupervisor.probes.host import GroupSweeper
 from llmsupervisor.probes.nvml import GpuReader, GpuSample
 from llmsupervisor.snapshot import EngineSnapshot, Snapshot
-from llmsupervisor.state import EngineState, StateChange
 
 log = logging.getLogger("llmsupervisor")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors import (
     DEFAULT_CLEAR_S,
     DEFAULT_SUSTAIN_S,
@@ -42,7 +43,6 @@ from llmsupervisor.detectors import (
     detect_ttft_degradation,
     new_window,
 )
-from llmsupervisor.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import CheckResult
 from llmsupervisor.probes.host import ProcInfo, ProcSample

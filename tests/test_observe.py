@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmsupervisor.observe import Observation
+from llmsupervisor.core.observe import Observation
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 
 

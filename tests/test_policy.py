@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from llmsupervisor.detectors import Finding, FindingKind, Severity
-from llmsupervisor.policy import (
+from llmsupervisor.core.policy import (
     Action,
     ActionKind,
     Decision,
@@ -18,7 +17,8 @@ from llmsupervisor.policy import (
     in_window,
     rate_limit,
 )
-from llmsupervisor.state import EngineState
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.detectors import Finding, FindingKind, Severity
 
 K = FindingKind
 S = EngineState

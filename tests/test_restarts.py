@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmsupervisor.restarts import (
+from llmsupervisor.core.restarts import (
     FailureHistory,
     RestartPolicy,
     backoff_delay_s,

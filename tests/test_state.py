@@ -7,8 +7,15 @@ from collections import deque
 
 import pytest
 
+from llmsupervisor.core.state import (
+    EDGES,
+    RUNNING_STATES,
+    EngineState,
+    StateChange,
+    check_transition,
+    transition,
+)
 from llmsupervisor.errors import IllegalTransition, SupervisorError
-from llmsupervisor.state import EDGES, RUNNING_STATES, EngineState, StateChange, check_transition, transition
 
 S = EngineState
 ALL_PAIRS = list(itertools.product(EngineState, repeat=2))

@@ -19,6 +19,24 @@ class RestartPolicy:
     stable_after_s: float = 600.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopLadder:
+    """How an engine is stopped, as data: SIGTERM to the API server (vLLM drains only then), then
+    SIGTERM to the group, then SIGKILL to it, each rung with its own deadline."""
+
+    main_term_timeout_s: float = 45.0
+    group_term_timeout_s: float = 5.0
+    kill_timeout_s: float = 10.0
+
+    def quick(self) -> StopLadder:
+        """For a second SIGINT, or an engine that is already dead: no drain, short rungs."""
+        return replace(
+            self,
+            main_term_timeout_s=min(self.main_term_timeout_s, 1.0),
+            group_term_timeout_s=min(self.group_term_timeout_s, 1.0),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class FailureHistory:
     """Monotonic times of recent failures, oldest first."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuReader, GpuSample, ThreadedGpuReader
 
-log = logging.getLogger("llmsupervisor.gpus")
+log = logging.getLogger("llmsupervisor.probes.gpus")
 
 EVENT_BACKLOG = 256  # per GPU; an engine that never looks must not grow memory
 
