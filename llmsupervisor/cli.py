@@ -177,7 +177,7 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
     # GPU= on each engine's journal entries (kept in step with reloads by the supervisor).
     gpus_of = {e.name: ",".join(str(g) for g in e.gpus) for e in config.engines}
     logs.setup(config.supervisor.log_level, gpus_of=gpus_of)
-    from llmsupervisor.supervisor import Supervisor
+    from llmsupervisor.daemon.supervisor import Supervisor
 
     reader = None
     if fake_gpu is not None:

@@ -67,7 +67,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.snapshot import EngineSnapshot, Snapshot
+from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 
 log = logging.getLogger(__name__)
 

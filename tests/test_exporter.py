@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.exporter import GPU_METRICS, RELOAD_RESULTS, RESTART_REASONS, TICK_BUCKETS_S, Exporter
 from llmsupervisor.http_api import HttpApi, Response
-from llmsupervisor.snapshot import EngineSnapshot, Snapshot
+from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "packaging" / "prometheus" / "alerts.yml"

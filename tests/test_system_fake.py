@@ -251,7 +251,7 @@ def test_next_start_cleans_engines_of_a_killed_daemon(daemon_factory):
     d.start()
     first = d.wait_state("a", "ready")
     guard = next(
-        p for p in psutil.Process(d.pid).children() if "llmsupervisor.guard" in " ".join(p.cmdline())
+        p for p in psutil.Process(d.pid).children() if "llmsupervisor.daemon.guard" in " ".join(p.cmdline())
     )
     guard.kill()
     d.signal(signal.SIGKILL)

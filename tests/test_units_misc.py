@@ -13,7 +13,8 @@ import pytest
 
 from llmsupervisor import logs
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.engine import StopLadder, engine_log_level
+from llmsupervisor.core.restarts import StopLadder
+from llmsupervisor.engine.output import engine_log_level
 from llmsupervisor.process import (
     MARKER_DAEMON_PID,
     MARKER_ENGINE,
@@ -196,7 +197,7 @@ def test_stop_ladder_from_spec_and_quick() -> None:
         group_term_timeout_s=5.0,
         kill_timeout_s=10.0,
     )
-    ladder = StopLadder.for_spec(spec)
+    ladder = spec.stop_ladder
     assert ladder == StopLadder(main_term_timeout_s=45.0, group_term_timeout_s=5.0, kill_timeout_s=10.0)
     # No drain: at most a second per SIGTERM step, the SIGKILL wait unchanged.
     assert ladder.quick() == StopLadder(

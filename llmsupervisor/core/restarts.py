@@ -39,16 +39,26 @@ class StopLadder:
 
 @dataclass(frozen=True, slots=True)
 class FailureHistory:
-    """Monotonic times of recent failures, oldest first."""
+    """Monotonic times of recent failures, oldest first, and how many failures in a row came
+    without the engine reaching READY in between.
+
+    The second number is what makes the budget work for slow loads: an engine whose every start
+    fails after 10 minutes never has ``max_failures`` failures inside a 15-minute window, yet it
+    is plainly in a crash loop. Failures before READY count regardless of the window."""
 
     times_s: tuple[float, ...] = field(default=())
+    unready: int = 0  # failures since the engine was last READY
 
     def record(self, now: float, policy: RestartPolicy) -> FailureHistory:
         recent = tuple(t for t in self.times_s if now - t < policy.failure_window_s)
-        return replace(self, times_s=(*recent, now))
+        return replace(self, times_s=(*recent, now), unready=self.unready + 1)
+
+    def reached_ready(self) -> FailureHistory:
+        return replace(self, unready=0)
 
     def count(self, now: float, policy: RestartPolicy) -> int:
-        return sum(1 for t in self.times_s if now - t < policy.failure_window_s)
+        in_window = sum(1 for t in self.times_s if now - t < policy.failure_window_s)
+        return max(in_window, self.unready)
 
     def reset(self) -> FailureHistory:
         return FailureHistory()

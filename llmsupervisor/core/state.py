@@ -60,8 +60,8 @@ EDGES: Final[Mapping[EngineState, frozenset[EngineState]]] = {
     S.FATAL: frozenset({S.STARTING, S.STOPPED}),
 }
 
-# States in which the engine has (or may have) live processes.
-RUNNING_STATES: Final = frozenset({S.STARTING, S.READY, S.SHEDDING, S.DRAINING, S.STOPPING})
+# The states of a serving engine, between which rotation moves it without a restart.
+SERVING: Final = frozenset({S.READY, S.SHEDDING, S.DRAINING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +84,16 @@ def transition(
     """Validate one edge and describe it; the caller applies and logs it."""
     check_transition(engine, from_state, to_state)
     return StateChange(engine, from_state, to_state, reason, now)
+
+
+def rotation_target(state: EngineState, *, held: bool, shed: str | None) -> EngineState | None:
+    """The next state toward what the operator's hold and the policy's shedding ask of a serving
+    engine; None when it is there (or not serving). The operator's hold wins over shedding.
+    DRAINING -> SHEDDING is not an edge, so a drained engine that must shed goes through READY
+    (the step the old code skipped: defect D1)."""
+    if state not in SERVING:
+        return None
+    want = S.DRAINING if held else S.SHEDDING if shed is not None else S.READY
+    if state is want:
+        return None
+    return want if want in EDGES[state] else S.READY

@@ -12,11 +12,15 @@ outside systemd, such as a terminal or a container without an init that reaps.
 It finds the engines two ways (see process.py): the marker variables in the environment, and
 the process groups the daemon recorded in the state dir (EngineCore and workers rename
 themselves, which hides their environment). It imports only ``process`` and psutil.
+
+``GuardProcess`` is the daemon's side: it starts the guard and, at a clean exit, closes the
+pipe and reaps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -24,6 +28,54 @@ import time
 from pathlib import Path
 
 from llmsupervisor import process
+
+GUARD_EXIT_TIMEOUT_S = 15.0
+
+
+class GuardProcess:
+    def __init__(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self.pid: int | None = None
+        self._fd: int | None = None
+
+    def start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        try:
+            self.pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-m", "llmsupervisor.daemon.guard", str(self._state_dir), str(os.getpid())],
+                dict(os.environ),
+                file_actions=[(os.POSIX_SPAWN_DUP2, read_fd, 0)],
+                setsid=True,
+            )
+        except OSError as exc:
+            os.close(write_fd)
+            logging.getLogger("llmsupervisor").warning(
+                "cannot start the guard process (%s): engines would outlive a SIGKILLed daemon "
+                "until its next start",
+                exc,
+            )
+            return
+        finally:
+            os.close(read_fd)
+        os.set_inheritable(write_fd, False)
+        self._fd = write_fd
+
+    def stop(self) -> None:
+        """Close our end (the guard finds nothing left to kill) and reap it, bounded."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self.pid is not None:
+            deadline = time.monotonic() + GUARD_EXIT_TIMEOUT_S
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    pid, _ = os.waitpid(self.pid, os.WNOHANG)
+                    if pid == 0:
+                        time.sleep(0.05)
+                        continue
+                break
+            self.pid = None
 
 
 def _ours(state_dir: str, daemon_pid: str) -> list[int]:

@@ -1,0 +1,216 @@
+"""The engines the daemon runs: one runner and one task each, their HTTP clients, their statuses.
+
+The fleet is the only place runners are created, replaced and retired. A runner task that dies
+of a bug is out of rotation at once (its status says so the moment the task ends), keeps its
+counters and failure budget for its successor, which starts after ``RUNNER_RESTART_DELAY_S``,
+and is never replaced while the daemon shuts down; repeated deaths spend the budget and end in
+FATAL like any other crash loop (defect D6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Final
+
+import httpx
+
+from llmsupervisor import aio
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.restarts import is_crash_loop
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.engine.commands import Command, Escalate, Stop
+from llmsupervisor.engine.http import EngineHttp, VllmHttp
+from llmsupervisor.engine.launch import Processes
+from llmsupervisor.engine.lifecycle import History
+from llmsupervisor.engine.observer import GpuSource, GroupSampler
+from llmsupervisor.engine.runner import EngineRunner
+from llmsupervisor.engine.status import EngineStatus
+
+log = logging.getLogger("llmsupervisor")
+
+RUNNER_RESTART_DELAY_S: Final = 5.0
+# Per engine: its probes (/health, /metrics, a canary) and the odd drain or cache reset at once.
+ENGINE_HTTP_LIMITS: Final = httpx.Limits(max_connections=8, max_keepalive_connections=4)
+
+
+class Fleet:
+    def __init__(
+        self,
+        *,
+        procs: Processes,
+        tick_interval_s: float,
+        gpus: GpuSource,
+        sweeper: GroupSampler,
+        http_for: Callable[[EngineSpec], EngineHttp] | None = None,
+    ) -> None:
+        self.changes = aio.Changes()
+        self._procs = procs
+        self._tick_s = tick_interval_s
+        self._gpus = gpus
+        self._sweeper = sweeper
+        self._http_for = http_for or self._vllm_http
+        self.runners: dict[str, EngineRunner] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._retiring: dict[str, tuple[EngineRunner, asyncio.Task[None]]] = {}
+        self._dead: dict[str, EngineStatus] = {}  # engines whose runner task died, until replaced
+        self._respawns: set[asyncio.Task[None]] = set()
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._sent: dict[str, int] = {}  # commands sent per engine (this runner's)
+        self._tls: ssl.SSLContext | None = None
+        self.shutting_down = False
+
+    # ---- HTTP clients ----
+
+    def _vllm_http(self, spec: EngineSpec) -> EngineHttp:
+        """The engine's own HTTP client. With one pool for every engine, httpcore scans all of
+        its connections on each request (encode/httpcore#1035), and at 64 engines its keep-alive
+        limit closed and reopened connections every tick (docs/benchmarks.md)."""
+        client = self._clients.get(spec.name)
+        if client is None or client.is_closed:
+            # Engines speak plain http, yet every httpx client builds a TLS context (~0.7 MB
+            # with the CA bundle): one, shared by all of them.
+            self._tls = self._tls or ssl.create_default_context()
+            client = httpx.AsyncClient(limits=ENGINE_HTTP_LIMITS, trust_env=False, verify=self._tls)
+            self._clients[spec.name] = client
+        return VllmHttp(client, spec)
+
+    async def aclose(self) -> None:
+        for client in list(self._clients.values()):
+            await client.aclose()
+        self._clients.clear()
+
+    # ---- runners ----
+
+    def add(self, spec: EngineSpec, *, history: History | None = None) -> None:
+        runner = EngineRunner(
+            spec,
+            procs=self._procs,
+            http_for=self._http_for,
+            tick_interval_s=self._tick_s,
+            changed=self.changes,
+            gpus=self._gpus,
+            sweeper=self._sweeper,
+            history=history,
+        )
+        self.runners[spec.name] = runner
+        self._sent[spec.name] = 0
+        self._dead.pop(spec.name, None)
+        task = asyncio.create_task(runner.run(), name=f"engine:{spec.name}")
+        task.add_done_callback(lambda t, name=spec.name: self._task_ended(name, t))
+        self.tasks[spec.name] = task
+        self.changes.set()
+
+    def send(self, name: str, cmd: Command) -> None:
+        runner = self.runners.get(name)
+        if runner is not None and name not in self._dead:
+            self._sent[name] = self._sent.get(name, 0) + 1
+            runner.send(cmd)
+
+    def pending(self, name: str) -> bool:
+        """Commands sent that the runner has not taken yet: the policy must not act on this
+        engine again before its status shows them (one action in flight per engine)."""
+        status = self.status(name)
+        return status is not None and self._sent.get(name, 0) > status.commands_taken
+
+    def statuses(self) -> tuple[EngineStatus, ...]:
+        """Every engine's latest status, in config order; a dead runner's as the fleet wrote it."""
+        return tuple(self._dead.get(name) or runner.status() for name, runner in self.runners.items())
+
+    def status(self, name: str) -> EngineStatus | None:
+        runner = self.runners.get(name)
+        return None if runner is None else self._dead.get(name) or runner.status()
+
+    def retire(self, name: str) -> None:
+        """An engine removed from the config: stop it for good; shutdown still waits for it."""
+        runner = self.runners.pop(name)
+        task = self.tasks.pop(name)
+        self._dead.pop(name, None)
+        log.info("engine removed from the config: stopping it", extra={"engine": name})
+        runner.send(Stop(final=True))
+        self._retiring[name] = (runner, task)
+
+        def retired(_: object) -> None:
+            if name in self._retiring and self._retiring[name][1] is task:
+                del self._retiring[name]
+            if name not in self.runners:
+                client = self._clients.pop(name, None)
+                if client is not None:
+                    closing = asyncio.create_task(client.aclose(), name=f"close-http:{name}")
+                    self._respawns.add(closing)
+                    closing.add_done_callback(self._respawns.discard)
+
+        task.add_done_callback(retired)
+
+    def _task_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        if self.tasks.get(name) is not task:
+            return  # retired, or already replaced
+        runner = self.runners[name]
+        exc = None if task.cancelled() else task.exception()
+        if exc is None and (runner.status().final or self.shutting_down):
+            return  # a runner that was told to stop for good
+        status = runner.status()
+        history = runner.history
+        now = aio.now()
+        policy = status.spec.restart_policy
+        history.last_failure = f"runner task died: {exc!r}" if exc is not None else "runner task ended"
+        history.failures = history.failures.record(now, policy)
+        give_up = self.shutting_down or is_crash_loop(history.failures, now, policy)
+        log.error(
+            "engine task ended unexpectedly%s; %s",
+            f": {exc!r}" if exc else "",
+            "not replacing it" if give_up else f"replacing it in {RUNNER_RESTART_DELAY_S:g} s",
+            extra={"engine": name},
+            exc_info=exc,
+        )
+        self._dead[name] = replace(
+            status,
+            state=EngineState.FATAL if give_up else EngineState.BACKOFF,
+            state_reason=history.last_failure + ("" if give_up else "; replacing the runner"),
+            state_since_s=now,
+            incarnation=None,
+            findings=(),
+            busy=True,
+            failures=history.failures.count(now, policy),
+            last_failure=history.last_failure,
+            task_failed=history.last_failure,
+        )
+        self.changes.set()
+        if not give_up:
+            respawn = asyncio.create_task(self._replace(name, status.spec, history), name=f"respawn:{name}")
+            self._respawns.add(respawn)
+            respawn.add_done_callback(self._respawns.discard)
+
+    async def _replace(self, name: str, spec: EngineSpec, history: History) -> None:
+        await aio.wait_any(timeout_s=RUNNER_RESTART_DELAY_S)
+        if self.shutting_down or name not in self._dead or name not in self.runners:
+            return
+        history.restarts_total += 1
+        history.restarts_by_reason["runner_died"] = history.restarts_by_reason.get("runner_died", 0) + 1
+        self.add(spec, history=history)
+
+    # ---- shutdown ----
+
+    def all_tasks(self) -> set[asyncio.Task[None]]:
+        return {*self.tasks.values(), *(task for _runner, task in self._retiring.values())}
+
+    def stop_all(self) -> None:
+        """Every engine, retiring ones included (defect D10), told to stop for good."""
+        self.shutting_down = True
+        for name in self.runners:
+            self.send(name, Stop(final=True))
+
+    def escalate_all(self) -> None:
+        for runner in [*self.runners.values(), *(runner for runner, _task in self._retiring.values())]:
+            runner.send(Escalate())
+
+    async def cancel(self, tasks: Iterable[asyncio.Task[None]], *, timeout_s: float) -> None:
+        tasks = list(tasks)
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait(tasks, timeout=timeout_s)

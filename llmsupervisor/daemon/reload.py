@@ -1,0 +1,98 @@
+"""Carrying out a reload plan (core/reload_plan.py) on the fleet.
+
+Removed engines are retired, added ones start, stopped ones get their new spec and stay
+stopped. Engines that run and changed are restarted one at a time: each waits until fewer than
+``max_unavailable`` other engines are out of rotation, and the next one waits until this one is
+READY again (or has failed), so a config change never takes more than one engine away. The roll
+waits on the fleet's changes, not on a polling timer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from llmsupervisor import aio
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.policy import back_in_rotation
+from llmsupervisor.core.policy_memory import PolicyMemory
+from llmsupervisor.core.reload_plan import ReloadPlan
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.fleet import Fleet
+from llmsupervisor.daemon.reconcile import view_of
+from llmsupervisor.engine.commands import Respec, Restart, Start, Stop
+
+log = logging.getLogger("llmsupervisor")
+
+CAPACITY_WAIT_S: Final = 600.0
+SETTLE_MARGIN_S: Final = 120.0
+_SETTLED = (EngineState.READY, EngineState.FATAL, EngineState.BACKOFF, EngineState.STOPPED)
+
+
+def apply_now(plan: ReloadPlan, fleet: Fleet) -> None:
+    """Everything of the plan that takes no engine out of rotation."""
+    for name in plan.removed:
+        fleet.retire(name)
+    for spec in plan.added:
+        fleet.add(spec)
+    for spec in plan.respec:
+        fleet.send(spec.name, Respec(spec))
+    for name in plan.disable:
+        fleet.send(name, Stop())
+    for name in plan.enable:
+        fleet.send(name, Start())
+
+
+async def roll(
+    specs: tuple[EngineSpec, ...],
+    fleet: Fleet,
+    memory: PolicyMemory,
+    *,
+    max_unavailable: Callable[[], int],
+) -> None:
+    for spec in specs:
+        if fleet.shutting_down or fleet.status(spec.name) is None:
+            continue
+        await _await_capacity(spec.name, fleet, memory, max_unavailable)
+        status = fleet.status(spec.name)
+        if fleet.shutting_down or status is None:
+            continue
+        changes_before = status.state_changes_total
+        fleet.send(spec.name, Restart(cause="config_change", reason="config changed", spec=spec))
+        deadline = aio.now() + spec.start_timeout_s + spec.drain_timeout_s + SETTLE_MARGIN_S
+        while not fleet.shutting_down and aio.now() < deadline:
+            status = fleet.status(spec.name)
+            if status is None or (status.state_changes_total > changes_before + 1 and status.state in _SETTLED):
+                break
+            seen = fleet.changes.version
+            await aio.wait_any(fleet.changes.wait(seen), timeout_s=deadline - aio.now())
+
+
+async def _await_capacity(
+    name: str, fleet: Fleet, memory: PolicyMemory, max_unavailable: Callable[[], int]
+) -> None:
+    """A config change is a planned action: wait (bounded) while max_unavailable other engines
+    are already out of rotation, whatever took them out."""
+    deadline = aio.now() + CAPACITY_WAIT_S
+    logged = False
+    while not fleet.shutting_down and aio.now() < deadline:
+        now = aio.now()
+        out = [
+            s.name
+            for s in fleet.statuses()
+            if s.name != name and s.spec.enabled and not back_in_rotation(view_of(s, memory.of(s.name)), now)
+        ]
+        if len(out) < max_unavailable():
+            return
+        if not logged:
+            log.info(
+                "config change waits: %s out of rotation (max_unavailable=%d)",
+                ", ".join(out),
+                max_unavailable(),
+                extra={"engine": name},
+            )
+            logged = True
+        # Rotation grace passes without a status change: wake for it too.
+        seen = fleet.changes.version
+        await aio.wait_any(fleet.changes.wait(seen), timeout_s=min(1.0, deadline - aio.now()))

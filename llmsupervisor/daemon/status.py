@@ -1,0 +1,218 @@
+"""The daemon's state as others see it: the snapshot, the status JSON, the one-line summary.
+
+Every projection here is a function of the engines' published statuses (engine/status.py) plus
+the daemon's own counters: nothing reads a runner. A snapshot is built per reader call (an
+HTTP scrape, a status request, a status-file write) from those immutable values, so a reader
+can never see a half-updated engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from llmsupervisor.core.policy_memory import PolicyMemory
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.files import write_json_atomic
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.nvml import GpuSample
+
+log = logging.getLogger("llmsupervisor")
+
+STATUS_REFRESH_S: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSnapshot:
+    name: str
+    state: EngineState
+    state_reason: str
+    state_age_s: float  # seconds in the current state
+    gpus: tuple[int, ...]
+    port: int
+    pid: int | None
+    restarts_total: int
+    # Restarts by cause: "crash", "health", "start_failed", "operator", "config_change", ...
+    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
+    state_changes_total: int = 0
+    last_exit: str | None = None
+    last_failure: str | None = None
+    # Whether a load balancer should send this engine traffic (READY and not shedding load).
+    in_rotation: bool = False
+    canary_latency_s: float | None = None
+    # Active findings as (kind, severity, summary), e.g. ("hang", "critical", "canary missed ...").
+    findings: tuple[tuple[str, str, str], ...] = ()
+    # Batch-size ladder: 0 is the engine's own flags, n is n steps down (of ladder_steps).
+    ladder_step: int = 0
+    ladder_steps: int = 0
+    # Automatic actions by (kind, reason), and the wall-clock time of the last of each kind.
+    actions_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    last_action_at: Mapping[str, float] = field(default_factory=dict)
+    # The hottest / most power-hungry of the engine's GPUs (None without NVML).
+    gpu_temperature_c: float | None = None
+    gpu_power_w: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    engines: tuple[EngineSnapshot, ...]
+    ticks_total: int = 0
+    last_tick_duration_s: float = 0.0
+    notify_failures_total: int = 0
+    config_path: str = ""
+    config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
+    reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
+    gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
+
+    def engine(self, name: str) -> EngineSnapshot | None:
+        return next((e for e in self.engines if e.name == name), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonCounters:
+    ticks_total: int = 0
+    last_tick_duration_s: float = 0.0
+    notify_failures_total: int = 0
+    config_path: str = ""
+    config_loaded_timestamp_s: float = 0.0
+    reloads_total: Mapping[str, int] = field(default_factory=dict)
+
+
+GpuSamples = Callable[[Iterable[int]], Mapping[int, GpuSample | ProbeFailure]]
+
+
+def _gpu_max(samples: GpuSamples, gpus: tuple[int, ...], attribute: str) -> float | None:
+    values = [
+        getattr(sample, attribute)
+        for sample in samples(gpus).values()
+        if isinstance(sample, GpuSample) and getattr(sample, attribute) is not None
+    ]
+    return float(max(values)) if values else None
+
+
+def snapshot(
+    statuses: Sequence[EngineStatus],
+    *,
+    now: float,
+    memory: PolicyMemory,
+    gpu_samples: GpuSamples,
+    gpu_faults_marked: Mapping[int, int],
+    counters: DaemonCounters,
+) -> Snapshot:
+    return Snapshot(
+        engines=tuple(
+            EngineSnapshot(
+                name=s.name,
+                state=s.state,
+                state_reason=s.state_reason,
+                state_age_s=now - s.state_since_s,
+                gpus=s.spec.gpus,
+                port=s.spec.port,
+                pid=s.pid,
+                restarts_total=s.restarts_total,
+                restarts_by_reason=dict(s.restarts_by_reason),
+                state_changes_total=s.state_changes_total,
+                last_exit=s.last_exit,
+                last_failure=s.last_failure,
+                in_rotation=s.in_rotation,
+                canary_latency_s=s.canary_latency_s,
+                findings=tuple((f.kind.value, f.severity.value, f.summary) for f in s.findings),
+                ladder_step=s.ladder_step,
+                ladder_steps=s.ladder_steps,
+                actions_total=dict(memory.of(s.name).actions_total),
+                last_action_at=dict(memory.of(s.name).last_action_at),
+                gpu_temperature_c=_gpu_max(gpu_samples, s.spec.gpus, "temperature_c"),
+                gpu_power_w=_gpu_max(gpu_samples, s.spec.gpus, "power_w"),
+            )
+            for s in statuses
+        ),
+        gpu_faults_marked=dict(gpu_faults_marked),
+        ticks_total=counters.ticks_total,
+        last_tick_duration_s=counters.last_tick_duration_s,
+        notify_failures_total=counters.notify_failures_total,
+        config_path=counters.config_path,
+        config_loaded_timestamp_s=counters.config_loaded_timestamp_s,
+        reloads_total=dict(counters.reloads_total),
+    )
+
+
+def status_json(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as JSON: the status file, and `llm-supervisor status --json`."""
+    return {
+        "pid": os.getpid(),
+        "config": snap.config_path,
+        "engines": {
+            e.name: {
+                "state": e.state.value,
+                "reason": e.state_reason,
+                "for_s": round(e.state_age_s, 1),
+                "pid": e.pid,
+                "port": e.port,
+                "gpus": list(e.gpus),
+                "in_rotation": e.in_rotation,
+                "restarts": e.restarts_total,
+                "restarts_by_reason": dict(e.restarts_by_reason),
+                "canary_latency_s": e.canary_latency_s,
+                "findings": [{"kind": k, "severity": sev, "summary": text} for k, sev, text in e.findings],
+                "last_exit": e.last_exit,
+                "last_failure": e.last_failure,
+                "batch_step": e.ladder_step,
+                "batch_steps": e.ladder_steps,
+                "actions": {f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())},
+                "gpu_temperature_c": e.gpu_temperature_c,
+                "gpu_power_w": e.gpu_power_w,
+            }
+            for e in snap.engines
+        },
+        "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
+    }
+
+
+def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str | None = None) -> str:
+    """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``."""
+    enabled = [s for s in statuses if s.spec.enabled]
+    ready = sum(1 for s in enabled if s.state is EngineState.READY)
+    parts = [f"{ready}/{len(enabled)} engines ready"]
+    if reload_problem:
+        parts.insert(0, reload_problem)
+    for s in statuses:
+        if s.state is EngineState.READY or (s.state is EngineState.STOPPED and not s.spec.enabled):
+            continue
+        age_s = int(now - s.state_since_s)
+        text = f"{s.name} {s.state.value} ({age_s // 60}m{age_s % 60:02d}s)"
+        if s.state in (EngineState.BACKOFF, EngineState.FATAL) and s.last_failure:
+            text += f": {s.last_failure[:80]}"
+        elif s.state in (EngineState.SHEDDING, EngineState.DRAINING):
+            text += f": {s.state_reason[:80]}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+class StatusFile:
+    """``STATE_DIR/status.json``, rewritten when something in it changed (the ages aside), or
+    every STATUS_REFRESH_S for the ages: not a disk write on every tick."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._written: str | None = None
+        self._written_at_s = 0.0
+
+    def write(self, status: dict[str, Any], *, now: float) -> None:
+        content = json.dumps(
+            {**status, "engines": {n: {**e, "for_s": None} for n, e in status["engines"].items()}},
+            sort_keys=True,
+        )
+        if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
+            return
+        try:
+            write_json_atomic(self.path, status)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.path, exc)
+            return
+        self._written, self._written_at_s = content, now

@@ -1,0 +1,529 @@
+"""The daemon: one asyncio loop, one request queue, one reconcile step.
+
+::
+
+     SIGTERM / SIGINT / SIGHUP ──┐
+                                 ├──► requests ──► Supervisor._loop ◄── changes ◄── runners
+     control socket ─────────────┘                     │                 (engine/runner.py)
+                                                       │ on a request, a change or a tick
+                                                       ▼
+         statuses ──► reconcile (policy memory ─► policy ─► actions) ──► commands ──► runners
+                                                       │
+                                  every tick: status file, sd_notify STATUS/WATCHDOG, metrics
+
+Startup takes the state dir's lock first (cli.py), then: subreaper, the sweep of an earlier
+run's leftovers, the guard, the runners, the control socket and the HTTP listener. Shutdown
+tells every runner (retiring ones too) to stop for good, waits for them under
+``shutdown_timeout_s`` (a second SIGINT skips the drains), and confirms that nothing is left.
+
+Signal handlers and the control socket only put a request on the queue, and only the loop acts
+on it: a reload goes one way whether it comes from SIGHUP or from `llm-supervisor reload`. A
+misbehaving engine cannot take the daemon down: each runner is its own task, and one that dies
+of a bug is replaced by the fleet (daemon/fleet.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from llmsupervisor import aio, control, logs, process
+from llmsupervisor.config import SupervisorConfig, load_config
+from llmsupervisor.core.policy import FleetRules
+from llmsupervisor.core.policy_memory import PolicyMemory
+from llmsupervisor.core.reload_plan import plan_reload
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon import reload as reloading
+from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
+from llmsupervisor.daemon.endpoints import http_api
+from llmsupervisor.daemon.fleet import Fleet
+from llmsupervisor.daemon.guard import GuardProcess
+from llmsupervisor.daemon.reconcile import Reconciler
+from llmsupervisor.daemon.status import DaemonCounters, Snapshot, StatusFile, snapshot, status_json, summary
+from llmsupervisor.engine.commands import Command, Hold, Restart, Start, Stop
+from llmsupervisor.engine.launch import HostProcesses, Processes
+from llmsupervisor.errors import ConfigError
+from llmsupervisor.exporter import Exporter
+from llmsupervisor.http_api import parse_listen
+from llmsupervisor.notify import Notifier
+from llmsupervisor.probes.gpus import GpuMonitor
+from llmsupervisor.probes.host import GroupSweeper
+from llmsupervisor.probes.nvml import GpuReader
+
+log = logging.getLogger("llmsupervisor")
+
+LEFTOVER_KILL_TIMEOUT_S: Final = 10.0
+
+
+def local_minute_of_day() -> int:
+    now = time.localtime()
+    return now.tm_hour * 60 + now.tm_min
+
+
+class Request(enum.Enum):
+    SHUTDOWN = "shutdown"
+    SHUTDOWN_NOW = "shutdown now"  # second SIGINT: skip the drains
+    RELOAD = "reload"  # SIGHUP, or `llm-supervisor reload`
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """An operator's command for one engine, from the control socket."""
+
+    command: str  # restart, drain, stop, start
+    engine: str
+    reply: asyncio.Future[Any] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadRequest:
+    reply: asyncio.Future[Any] | None = field(default=None, compare=False)  # None: from SIGHUP
+
+
+AnyRequest = Request | EngineRequest | ReloadRequest
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        *,
+        notifier: Notifier | None = None,
+        gpus_of: dict[str, str] | None = None,
+        gpu_reader: GpuReader | None = None,
+        procs: Processes | None = None,
+        minute_of_day: Callable[[], int] = local_minute_of_day,
+    ) -> None:
+        self.config = config
+        settings = config.supervisor
+        # Read once: these take effect at the next start (a reload says so).
+        self.state_dir = settings.state_dir.resolve()
+        self.tick_s = settings.tick_interval_s
+        self.http_listen = settings.http_listen
+        self.gpus_of = gpus_of if gpus_of is not None else {}  # shared with the journal handler
+        self.notifier = notifier or Notifier()
+        self.minute_of_day = minute_of_day
+        self.control_path = control.default_socket_path(self.state_dir)
+        self._requests: collections.deque[AnyRequest] = collections.deque()
+        self._request_arrived = asyncio.Event()
+        self._stopping = False
+        self._sigint_count = 0
+        self._ready_sent = False
+        self._reload_lock = asyncio.Lock()
+        self._reload_problem: str | None = None
+        self._background: set[asyncio.Task[Any]] = set()  # reloads and rolls
+        self._roll_task: asyncio.Task[None] | None = None
+        self.ticks_total = 0
+        self.last_tick_duration_s = 0.0
+        self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
+        self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
+        self._last_tick_s = aio.now()
+        self._changes_written = -1
+        if gpu_reader is None:
+            from llmsupervisor.probes.nvml import NvmlReader
+
+            gpu_reader = NvmlReader()
+        self.gpu_monitor = GpuMonitor(gpu_reader, interval_s=self.tick_s)
+        # One /proc sweep per tick for all engines: per engine, it cost engines x processes.
+        self.sweeper = GroupSweeper(max_age_s=self.tick_s, monotonic=aio.now)
+        self.fleet = Fleet(
+            procs=procs or HostProcesses(self.state_dir),
+            tick_interval_s=self.tick_s,
+            gpus=self.gpu_monitor,
+            sweeper=self.sweeper,
+        )
+        self.memory = PolicyMemory()
+        self.marks = GpuMarks(self.state_dir / "gpu-faults.json")
+        self.reconcile = Reconciler(
+            self.memory, ActionExecutor(self.fleet.send, self._gpus_of_engine, self.marks)
+        )
+        self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
+        self._rounds_seen: dict[str, int] = {}
+        self.status_file = StatusFile(self.state_dir / "status.json")
+        self.guard = GuardProcess(self.state_dir)
+
+    # ---- requests: the one way in ----
+
+    def submit(self, request: AnyRequest) -> None:
+        """Queue a request for the loop (signal handlers and the control socket)."""
+        self._requests.append(request)
+        self._request_arrived.set()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.submit, Request.SHUTDOWN)
+        loop.add_signal_handler(signal.SIGHUP, self.submit, ReloadRequest())
+        loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self) -> None:
+        self._sigint_count += 1
+        self.submit(Request.SHUTDOWN if self._sigint_count == 1 else Request.SHUTDOWN_NOW)
+
+    async def _on_control(self, req: dict[str, Any]) -> Any:
+        command = req["command"]
+        if command == "status":
+            return self.status()  # read-only: answered from the published statuses
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if command == "reload":
+            self.submit(ReloadRequest(reply))
+        else:
+            self.submit(EngineRequest(command, req["engine"], reply))
+        return await reply
+
+    def _handle(self, request: AnyRequest) -> None:
+        """Act on one request (never for SHUTDOWN: the loop ends on it)."""
+        if isinstance(request, ReloadRequest):
+            if self._stopping:
+                _refuse(request.reply, "the daemon is shutting down")
+                return
+            self._spawn(self._reload(request.reply), "reload")
+        elif isinstance(request, EngineRequest):
+            try:
+                request.reply.set_result(self._engine_command(request.command, request.engine))
+            except control.ControlError as exc:
+                request.reply.set_exception(exc)
+
+    def _engine_command(self, command: str, name: str) -> dict[str, Any]:
+        status = self.fleet.status(name)
+        if status is None:
+            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}")
+        if self._stopping:
+            raise control.ControlError("the daemon is shutting down")
+        log.info("operator: %s", command, extra={"engine": name})
+        cmds: list[Command]
+        if command == "restart":
+            running = status.wants_run and status.state not in (EngineState.STOPPED, EngineState.FATAL)
+            # Restarting a stopped engine starts it, as `systemctl restart` does.
+            cmds = [Restart(cause="operator", reason="restart requested by operator")] if running else [Start()]
+        elif command == "drain":
+            cmds = [Hold(True)]
+        elif command == "stop":
+            cmds = [Stop()]
+        elif command == "start":
+            cmds = [Start()]
+        else:
+            raise control.ControlError(f"unknown command {command!r}")
+        for cmd in cmds:
+            self.fleet.send(name, cmd)
+        return {"engine": name, "state": status.state.value, "accepted": command}
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # ---- projections ----
+
+    def snapshot(self) -> Snapshot:
+        return snapshot(
+            self.fleet.statuses(),
+            now=aio.now(),
+            memory=self.memory,
+            gpu_samples=self.gpu_monitor.samples_for,
+            gpu_faults_marked=self.marks.counts,
+            counters=DaemonCounters(
+                ticks_total=self.ticks_total,
+                last_tick_duration_s=self.last_tick_duration_s,
+                notify_failures_total=self.notifier.failures_total,
+                config_path=str(self.config.path),
+                config_loaded_timestamp_s=self.config_loaded_timestamp_s,
+                reloads_total=dict(self.reloads_total),
+            ),
+        )
+
+    def status(self) -> dict[str, Any]:
+        return status_json(self.snapshot())
+
+    def summary(self) -> str:
+        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=self._reload_problem)
+
+    def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
+        status = self.fleet.status(name)
+        return status.spec.gpus if status is not None else ()
+
+    # ---- run ----
+
+    async def run(self) -> int:
+        self._install_signals()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if not process.become_subreaper():
+            log.warning("cannot become a child subreaper: orphans of crashed engines go to PID 1")
+        await self._sweep_leftovers()
+        self.guard.start()
+        server = control.ControlServer(self.control_path, self._on_control)
+        await self.gpu_monitor.start()
+        for spec in self.config.engines:
+            self.fleet.add(spec)
+        self._write_status()
+        log.info("supervising %d engine(s): %s", len(self.fleet.runners), ", ".join(self.fleet.runners))
+        try:
+            await server.start()
+        except OSError as exc:
+            log.error("cannot open the control socket %s: %s; the CLI cannot reach this daemon", self.control_path, exc)
+        api = http_api(
+            exporter=self.exporter,
+            statuses=self.fleet.statuses,
+            last_tick_age_s=lambda: aio.now() - self._last_tick_s,
+            tick_limit_s=lambda: max(10.0, 5 * self.tick_s),
+        )
+        host, port = parse_listen(self.http_listen)
+        try:
+            await api.start(host, port)
+            log.info("HTTP on %s: /metrics /healthz /readyz /engines/NAME/ready", self.http_listen)
+        except OSError as exc:
+            # Engines matter more than the listener: supervise them anyway, loudly.
+            log.error("cannot listen on %s: %s; no metrics or readiness endpoints", self.http_listen, exc)
+        try:
+            await self._loop()
+        finally:
+            await server.close()
+            await api.close()
+            exit_code = await self._shutdown()
+            await self.fleet.aclose()
+            await self.gpu_monitor.close()
+            self.guard.stop()
+        return exit_code
+
+    async def _sweep_leftovers(self) -> None:
+        """Engines of an earlier run of a daemon on this state dir (one that was SIGKILLed, and
+        whose guard did not get to them) are not adopted: we cannot know their spec or drain
+        state. Kill them before starting our own. The state-dir lock (cli.py) guarantees that
+        no other live daemon owns them."""
+        leftovers = process.marker_processes(self.state_dir, exclude_daemon_pid=os.getpid())
+        for group in process.recorded_groups(self.state_dir):
+            if group.daemon_pid != os.getpid():
+                leftovers += [p for p in process.recorded_group_members(group) if p not in leftovers]
+                process.forget_group(self.state_dir, group.engine)
+        if not leftovers:
+            return
+        log.warning(
+            "killing %d leftover engine process(es) of an earlier run: %s",
+            len(leftovers),
+            ", ".join(f"{pid} ({process.describe_pid(pid)[:60]})" for pid in leftovers),
+        )
+        alive = await process.kill_trees(leftovers, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
+        if alive:
+            log.error("leftover processes survived SIGKILL: %s", alive)
+
+    async def _loop(self) -> None:
+        tick_s = self.tick_s
+        if self.notifier.watchdog_interval_s is not None and tick_s > self.notifier.watchdog_interval_s:
+            log.warning("tick_interval_s=%g is longer than half of WatchdogSec: systemd will kill the daemon", tick_s)
+        next_tick_s = aio.now()
+        while True:
+            self._request_arrived.clear()
+            while self._requests:
+                request = self._requests.popleft()
+                if request in (Request.SHUTDOWN, Request.SHUTDOWN_NOW):
+                    if request is Request.SHUTDOWN_NOW:
+                        self.submit(request)  # the shutdown sees it and escalates at once
+                    return
+                self._handle(request)
+            self._reconcile()
+            if aio.now() >= next_tick_s:
+                self._tick()
+                next_tick_s = aio.now() + tick_s
+            elif self._state_changes() != self._changes_written:
+                self._write_status()
+            seen = self.fleet.changes.version
+            await aio.wait_any(
+                self._request_arrived.wait(), self.fleet.changes.wait(seen), timeout_s=next_tick_s - aio.now()
+            )
+
+    def _reconcile(self) -> None:
+        statuses = self.fleet.statuses()
+        for s in statuses:  # each observation round once into the exporter's histogram
+            if s.rounds_total != self._rounds_seen.get(s.name, 0):
+                self._rounds_seen[s.name] = s.rounds_total
+                self.exporter.observe_engine_round(s.name, s.last_round_s)
+        if self._stopping:
+            return
+        settings = self.config.supervisor
+        self.reconcile(
+            statuses,
+            now=aio.now(),
+            minute_of_day=self.minute_of_day(),
+            fleet=FleetRules(max_unavailable=settings.max_unavailable, min_in_rotation=settings.min_in_rotation),
+            pending=self.fleet.pending,
+        )
+
+    def _tick(self) -> None:
+        started = time.monotonic()
+        self._write_status()
+        self._notify_progress()
+        self.ticks_total += 1
+        self.last_tick_duration_s = time.monotonic() - started
+        self.exporter.observe_tick(self.last_tick_duration_s)
+        self._last_tick_s = aio.now()
+        # Only after a complete tick: a wedged loop stops the pings and systemd restarts us.
+        self.notifier.watchdog()
+
+    def _state_changes(self) -> int:
+        return sum(s.state_changes_total for s in self.fleet.statuses()) + len(self.fleet.runners)
+
+    def _write_status(self) -> None:
+        self._changes_written = self._state_changes()
+        self.status_file.write(self.status(), now=aio.now())
+
+    def _notify_progress(self) -> None:
+        """READY=1 once every enabled engine is READY or has failed; until then keep extending the
+        start timeout, since model loads take minutes (docs/host-notes.md §2.3)."""
+        line = self.summary()
+        if self._ready_sent:
+            self.notifier.status(line)
+            return
+        settled = (EngineState.READY, EngineState.BACKOFF, EngineState.FATAL)
+        if all(s.state in settled for s in self.fleet.statuses() if s.spec.enabled):
+            self._ready_sent = True
+            self.notifier.ready(line)
+            log.info("startup complete: %s", line)
+        else:
+            self.notifier.status(line)
+            self.notifier.extend_timeout(max(60.0, 4 * self.tick_s))
+
+    # ---- reload ----
+
+    async def _reload(self, reply: asyncio.Future[Any] | None) -> None:
+        try:
+            result = await self.reload()
+        except Exception as exc:  # a bug in the reload must not go unanswered
+            log.exception("reload failed")
+            if reply is not None and not reply.done():
+                reply.set_exception(control.ControlError(f"reload failed: {exc!r}"))
+            return
+        if reply is not None and not reply.done():
+            reply.set_result(result)
+
+    async def reload(self) -> dict[str, Any]:
+        """Validate the whole new config first; on any problem keep the old one untouched.
+        Otherwise apply the plan: changed engines restart one at a time."""
+        async with self._reload_lock:
+            self.notifier.reloading()
+            path = self.config.path
+            try:
+                new = await asyncio.to_thread(load_config, path)
+            except ConfigError as exc:
+                self.reloads_total["invalid"] += 1
+                for problem in exc.problems:
+                    log.error("reload: %s", problem)
+                log.error("reload rejected: %d problem(s); still running the previous config", len(exc.problems))
+                # Kept in STATUS= until a reload succeeds: the operator must see it in systemctl status.
+                self._reload_problem = f"reload failed ({len(exc.problems)} problems), old config kept"
+                self.notifier.ready(self.summary())
+                return {"reloaded": False, "problems": [str(p) for p in exc.problems]}
+            if self._stopping:  # a shutdown began while the file was read: change nothing
+                return {"reloaded": False, "problems": ["the daemon is shutting down"]}
+            running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in self.fleet.statuses()}
+            plan = plan_reload(self.config, new, running)
+            for setting in plan.next_start_only:
+                log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
+            self.config = new
+            self.config_loaded_timestamp_s = time.time()
+            self.gpus_of.clear()
+            self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in new.engines})
+            logs.set_level(new.supervisor.log_level)
+            reloading.apply_now(plan, self.fleet)
+            for name in plan.removed:
+                self.exporter.forget_engine(name)
+            if plan.restart:
+                self._roll_task = self._spawn(self._roll_after(self._roll_task, plan.restart), "roll")
+            self.reloads_total["ok"] += 1
+            self._reload_problem = None
+            changed = list(plan.changed)
+            log.info(
+                "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
+                path,
+                len(plan.added),
+                len(plan.removed),
+                len(changed),
+                ", ".join(changed) or "-",
+                len(new.engines) - len(plan.added) - len(changed),
+            )
+            self.notifier.ready(self.summary())
+            self._write_status()
+            return {
+                "reloaded": True,
+                "added": [s.name for s in plan.added],
+                "removed": list(plan.removed),
+                "changed": changed,
+                "next_start_only": list(plan.next_start_only),
+            }
+
+    async def _roll_after(self, previous: asyncio.Task[None] | None, specs: Any) -> None:
+        if previous is not None and not previous.done():
+            await asyncio.wait({previous})
+        await reloading.roll(
+            specs, self.fleet, self.memory, max_unavailable=lambda: self.config.supervisor.max_unavailable
+        )
+
+    # ---- shutdown ----
+
+    async def _shutdown(self) -> int:
+        """Stop every engine in parallel (a rolling stop is for reloads), then confirm that no
+        engine process is left before returning 0."""
+        self._stopping = True
+        self.fleet.stop_all()
+        for task in list(self._background):
+            if task.get_name() == "roll":
+                task.cancel()
+        log.info("shutting down: stopping %d engine(s)", len(self.fleet.runners))
+        self.notifier.stopping(f"stopping {len(self.fleet.runners)} engine(s)")
+        deadline = aio.now() + self.config.supervisor.shutdown_timeout_s
+        escalated = False
+        while pending := {t for t in self.fleet.all_tasks() if not t.done()}:
+            self._request_arrived.clear()
+            # Wake at least every 5 s to keep systemd's stop timeout and watchdog from firing
+            # while engines drain; the daemon's own deadline is shutdown_timeout_s.
+            await aio.wait_any(
+                *(asyncio.shield(t) for t in pending),
+                self._request_arrived.wait(),
+                timeout_s=min(5.0, max(0.0, deadline - aio.now())),
+            )
+            self.notifier.extend_timeout(30.0)
+            self.notifier.watchdog()
+            self.notifier.status("stopping: " + self.summary())
+            while self._requests:
+                request = self._requests.popleft()
+                if request is Request.SHUTDOWN_NOW and not escalated:
+                    escalated = True
+                    log.warning("second interrupt: stopping engines without draining")
+                    self.fleet.escalate_all()
+                elif isinstance(request, EngineRequest | ReloadRequest) and request.reply is not None:
+                    _refuse(request.reply, "the daemon is shutting down")
+            if aio.now() >= deadline and any(not t.done() for t in pending):
+                log.error(
+                    "engines did not stop within shutdown_timeout_s=%g s: killing them",
+                    self.config.supervisor.shutdown_timeout_s,
+                )
+                await self.fleet.cancel(pending, timeout_s=30.0)
+                break
+        for name, task in self.fleet.tasks.items():
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("engine task failed during shutdown: %r", task.exception(), extra={"engine": name})
+        for task in list(self._background):
+            task.cancel()
+        self._write_status()
+        left = process.marker_processes(self.state_dir)
+        if left:
+            log.error("engine processes still running after shutdown: %s; killing them", left)
+            alive = await process.kill_trees(left, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
+            if alive:
+                log.critical("processes %s survived SIGKILL", alive)
+                return 1
+        log.info("all engines stopped; no engine process left")
+        return 0
+
+
+def _refuse(reply: asyncio.Future[Any] | None, why: str) -> None:
+    if reply is not None and not reply.done():
+        reply.set_exception(control.ControlError(why))
+

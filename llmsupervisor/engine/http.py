@@ -1,0 +1,99 @@
+"""Everything the daemon asks of one engine over HTTP, behind one small interface.
+
+``EngineHttp`` is the seam: the real one speaks to vLLM through the engine's own httpx client;
+tests script one (tests/engine_fakes.py). A new spec (a port change) gets a new object, so a
+drain always talks to the address of the process being drained (defect D4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+from typing import Protocol
+
+import httpx
+
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.probes import ProbeFailure, health
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
+
+log = logging.getLogger("llmsupervisor.engine")
+
+PREFIX_RESET_ATTEMPTS = 5
+PREFIX_RESET_RETRY_S = 1.0
+
+
+class PrefixReset(enum.Enum):
+    DONE = "done"
+    UNSUPPORTED = "unsupported"  # the route is off (vLLM dev mode): a restart is the repair
+    FAILED = "failed"
+
+
+class EngineHttp(Protocol):
+    async def health(self, *, timeout_s: float) -> health.CheckResult: ...
+
+    async def models(self, *, timeout_s: float) -> health.CheckResult: ...
+
+    async def canary(self, *, timeout_s: float) -> health.CheckResult: ...
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure: ...
+
+    async def reset_prefix_cache(self) -> PrefixReset: ...
+
+
+class VllmHttp:
+    """The real thing: one engine's vLLM server through its own httpx client."""
+
+    def __init__(self, client: httpx.AsyncClient, spec: EngineSpec) -> None:
+        self._client = client
+        self._spec = spec
+
+    async def health(self, *, timeout_s: float) -> health.CheckResult:
+        return await health.check_health(self._client, self._spec.base_url, timeout_s=timeout_s)
+
+    async def models(self, *, timeout_s: float) -> health.CheckResult:
+        spec = self._spec
+        return await health.check_models(self._client, spec.base_url, spec.model_id, timeout_s=timeout_s)
+
+    async def canary(self, *, timeout_s: float) -> health.CheckResult:
+        spec = self._spec
+        return await health.canary(
+            self._client, spec.base_url, spec.model_id, prompt=spec.canary_prompt, timeout_s=timeout_s
+        )
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        return await fetch_metrics(self._client, self._spec.base_url, timeout_s=timeout_s)
+
+    async def reset_prefix_cache(self) -> PrefixReset:
+        """vLLM's cheapest repair: drop the prefix cache. vLLM answers ``{"success": false}``
+        while blocks are held (docs/vllm-notes.md §4): retry a few times, a second apart."""
+        spec = self._spec
+        url = spec.base_url + "/reset_prefix_cache"
+        for _attempt in range(PREFIX_RESET_ATTEMPTS):
+            try:
+                async with asyncio.timeout(spec.health_timeout_s):
+                    response = await self._client.post(url, timeout=spec.health_timeout_s)
+            except (httpx.HTTPError, TimeoutError) as exc:
+                log.warning("reset_prefix_cache: %s", exc or "timed out", extra={"engine": spec.name})
+                return PrefixReset.FAILED
+            if response.status_code == 404:
+                return PrefixReset.UNSUPPORTED
+            if response.is_success and _success(response.text):
+                return PrefixReset.DONE
+            await asyncio.sleep(PREFIX_RESET_RETRY_S)
+        return PrefixReset.FAILED
+
+
+def _success(body: str) -> bool:
+    """The route's verdict: the JSON ``success`` field when there is one (a body that merely
+    contains the word "false" somewhere is not a refusal: defect D12); an empty or non-JSON
+    2xx body, as older vLLM versions send, is a success."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return True
+    if isinstance(parsed, dict) and "success" in parsed:
+        return parsed["success"] is True
+    return True

@@ -1,0 +1,156 @@
+"""One incarnation's eyes: every probe at once, the observation window, the findings.
+
+An ``Observer`` is created when an incarnation turns READY and dropped when it stops; nothing it
+holds (window, degradation baseline, findings, the last metrics, GPU events) survives a restart.
+GPU events received before the incarnation was spawned belong to the previous one and are
+dropped (XIDs of the incident that killed it reopened GPU_FAULT in its successor: defect D8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Final, Protocol
+
+from llmsupervisor import aio
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.observe import Observation
+from llmsupervisor.detectors import Finding, FindingTracker, Severity, counters_progressed, detect_all, new_window
+from llmsupervisor.engine.http import EngineHttp
+from llmsupervisor.engine.launch import EngineProcess
+from llmsupervisor.probes import ProbeFailure, host
+from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.nvml import GpuEvent, GpuSample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics
+
+log = logging.getLogger("llmsupervisor.engine")
+
+FINDING_LOG_LEVEL: Final = {
+    Severity.INFO: logging.INFO,
+    Severity.WARNING: logging.WARNING,
+    Severity.CRITICAL: logging.ERROR,
+}
+
+
+class GpuSource(Protocol):
+    """What an engine may know of its GPUs: the shared monitor's latest samples and events."""
+
+    def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]: ...
+
+    def take_events(self, gpus: Iterable[int], since_s: float | None = None) -> tuple[GpuEvent, ...]: ...
+
+
+class NoGpus:
+    def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]:
+        return {}
+
+    def take_events(self, gpus: Iterable[int], since_s: float | None = None) -> tuple[GpuEvent, ...]:
+        return ()
+
+
+class GroupSampler(Protocol):
+    async def sample(self, pgid: int, *, timeout_s: float) -> host.ProcSample | ProbeFailure: ...
+
+
+class Observer:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        incarnation_started_s: float,
+        http: EngineHttp,
+        gpus: GpuSource,
+        sweeper: GroupSampler,
+    ) -> None:
+        self._spec = spec
+        self._since_s = incarnation_started_s
+        self._http = http
+        self._gpus = gpus
+        self._sweeper = sweeper
+        self._cfg = spec.detectors
+        self.window = new_window(self._cfg)
+        self.tracker = FindingTracker(self._cfg)
+        self.findings: tuple[Finding, ...] = ()
+        self.engine_pids: frozenset[int] = frozenset()
+        self.canary_latency_s: float | None = None
+        self._last_metrics: EngineMetrics | None = None
+        self._previous_metrics: EngineMetrics | None = None
+        self._last_canary_s = aio.now()  # the readiness canary just ran
+
+    def note_canary(self, latency_s: float | None) -> None:
+        self.canary_latency_s = latency_s
+
+    async def round(self, proc: EngineProcess) -> Observation:
+        """One look at the engine, every probe at once, each under its own deadline; then the
+        detectors over the window. Findings are logged when they open and when they clear."""
+        spec = self._spec
+        progressing = bool(
+            self._previous_metrics
+            and self._last_metrics
+            and counters_progressed(self._previous_metrics, self._last_metrics)
+        )
+        now = aio.now()
+        # While step counters move the engine is alive: a canary would only queue behind real
+        # work and read busy as dead (docs/vllm-notes.md §7).
+        run_canary = not progressing and now - self._last_canary_s >= spec.canary_interval_s
+
+        async def no_canary() -> CheckResult | None:
+            return None
+
+        timeout_s = spec.health_timeout_s
+        health_r, metrics_r, proc_r, canary_r = await asyncio.gather(
+            self._http.health(timeout_s=timeout_s),
+            self._http.metrics(timeout_s=timeout_s),
+            self._sweeper.sample(proc.pgid, timeout_s=timeout_s),
+            self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary(),
+        )
+        if canary_r is not None:
+            self._last_canary_s = aio.now()
+            if canary_r.ok:
+                self.canary_latency_s = canary_r.latency_s
+        if isinstance(metrics_r, EngineMetrics):
+            self._previous_metrics, self._last_metrics = self._last_metrics, metrics_r
+        if isinstance(proc_r, host.ProcSample):
+            self.engine_pids = frozenset(proc_r.pids)
+        obs = Observation(
+            engine=spec.name,
+            at_s=aio.now(),
+            metrics=metrics_r,
+            health=health_r,
+            canary=canary_r,
+            gpus=self._gpus.samples_for(spec.gpus),
+            gpu_events=self._gpus.take_events(spec.gpus, since_s=self._since_s),
+            proc=proc_r,
+            engine_pids=self.engine_pids,
+        )
+        self.window.append(obs)
+        self._detect(obs.at_s)
+        return obs
+
+    def _detect(self, now: float) -> None:
+        update = self.tracker.update(detect_all(self.window, now, self._cfg), now)
+        for finding in update.opened:
+            evidence = ", ".join(f"{k}={v}" for k, v in finding.evidence.items())
+            log.log(
+                FINDING_LOG_LEVEL[finding.severity],
+                "finding %s (%s): %s [%s]",
+                finding.kind.value,
+                finding.severity.value,
+                finding.summary,
+                evidence,
+                extra={"engine": self._spec.name},
+            )
+        for finding in update.closed:
+            log.info(
+                "finding %s cleared after %.0f s",
+                finding.kind.value,
+                now - finding.since_s,
+                extra={"engine": self._spec.name},
+            )
+        self.findings = tuple(update.active)
+
+    def close(self, why: str) -> None:
+        for finding in self.findings:
+            log.info("finding %s closed: %s", finding.kind.value, why, extra={"engine": self._spec.name})
+        self.findings = ()

@@ -1,0 +1,92 @@
+"""An engine's stdout and stderr, line by line into the daemon's log, tagged with its name.
+
+vLLM prefixes its lines with a level word (after an optional ``(EngineCore pid=12)``); the line
+is logged at that level, and continuation lines (tracebacks) keep the level of the line that
+began them. Out-of-memory lines are reported to ``on_oom``: the policy starts the next spawn a
+batch step down when a start ran out of memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import Final
+
+engine_output_log = logging.getLogger("llmsupervisor.engine.output")
+
+# vLLM/torch out-of-memory at start: CUDA OOM, the KV cache not fitting, CPU KV space too large.
+OOM_RE: Final = re.compile(
+    r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
+    r"insufficient memory|is larger than the available KV cache memory",
+    re.IGNORECASE,
+)
+# vLLM log lines: optional "(EngineCore pid=12) " prefix, then the level word.
+_LEVEL_RE: Final = re.compile(r"^(?:(?:\x1b\[[\d;]*m)?\(.*?\)\S*\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+_LEVELS: Final = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+OUTPUT_LINE_LIMIT: Final = 64 * 1024
+READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
+
+
+def engine_log_level(line: str, previous: int) -> int:
+    match = _LEVEL_RE.match(line)
+    return _LEVELS[match.group(1)] if match else previous
+
+
+class OutputForwarder:
+    """The two pipe readers of one incarnation."""
+
+    def __init__(self, engine: str, pid: int, fds: tuple[int, int], on_oom: Callable[[], None]) -> None:
+        self._engine = engine
+        self._pid = pid
+        self._on_oom = on_oom
+        stdout_fd, stderr_fd = fds
+        self._tasks = [
+            asyncio.create_task(self._forward(stdout_fd, logging.INFO), name=f"stdout:{engine}"),
+            asyncio.create_task(self._forward(stderr_fd, logging.WARNING), name=f"stderr:{engine}"),
+        ]
+
+    async def close(self) -> None:
+        """Let the pipes drain (bounded), then stop reading."""
+        if not self._tasks:
+            return
+        _done, pending = await asyncio.wait(self._tasks, timeout=READERS_FLUSH_S)
+        for task in pending:
+            task.cancel()
+        self._tasks = []
+
+    async def _forward(self, fd: int, default_level: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT, loop=loop)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", buffering=0)
+        )
+        level = default_level
+        extra = {"engine": self._engine, "engine_pid": self._pid}
+        try:
+            while True:
+                try:
+                    raw = await reader.readline()
+                except ValueError:  # a line longer than the limit: forward what fits
+                    raw = await reader.read(OUTPUT_LINE_LIMIT)
+                if not raw:
+                    return
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line:
+                    continue
+                level = engine_log_level(
+                    line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
+                )
+                engine_output_log.log(level, "%s", line, extra=extra)
+                if OOM_RE.search(line):
+                    self._on_oom()
+        finally:
+            transport.close()

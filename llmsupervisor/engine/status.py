@@ -1,0 +1,79 @@
+"""What an engine publishes: one immutable ``EngineStatus``, the only way anyone reads it.
+
+The runner builds a new status after every step (a state change, an observation round, a
+command taken) and swaps one reference; the daemon's reconcile loop, the status file, the
+exporter and the HTTP endpoints all read that value, never the runner.
+
+An ``Incarnation`` is one spawn of the engine. Everything that belongs to a spawn (its pid, the
+batch step it was started with, when it turned READY, its scheduled-restart due time) lives
+here and is replaced whole at the next spawn, so nothing of one incarnation can leak into the
+next (the policy saw a READY engine carrying the last incarnation's due time: defect D2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.detectors import Finding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Incarnation:
+    number: int  # 1 for the first spawn of this runner, +1 per spawn
+    pid: int
+    pgid: int
+    step: int  # the batch-size ladder step its flags were rendered with
+    started_s: float  # spawn time (loop clock)
+    ready_since_s: float | None = None
+    scheduled_due_s: float | None = None  # restart_every_h: when this incarnation is due
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStatus:
+    name: str
+    spec: EngineSpec
+    state: EngineState
+    state_reason: str
+    state_since_s: float
+    state_changes_total: int = 0
+    incarnation: Incarnation | None = None  # the live spawn, if any
+    # What the engine was asked to do (Desired), as far as others need to know.
+    wants_run: bool = True
+    held: bool = False
+    shed: str | None = None
+    final: bool = False
+    # An action is in flight (a restart pending or under way, a cache reset, a stop of a
+    # serving engine): the policy leaves the engine alone until it is done.
+    busy: bool = False
+    findings: tuple[Finding, ...] = ()
+    ladder_step: int = 0  # the running incarnation's step; without one, the next spawn's
+    ladder_steps: int = 0
+    start_failed_oom: bool = False  # the last start ran out of memory
+    prefix_reset_supported: bool | None = None  # None: not tried yet
+    restarts_total: int = 0
+    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
+    failures: int = 0  # failures counted against the crash-loop budget now
+    last_exit: str | None = None
+    last_failure: str | None = None
+    canary_latency_s: float | None = None
+    commands_taken: int = 0  # how many commands the runner has folded in so far
+    rounds_total: int = 0  # observation rounds so far, and how long the last one took
+    last_round_s: float = 0.0
+    task_failed: str | None = None  # set by the fleet when the runner's task died of a bug
+
+    @property
+    def in_rotation(self) -> bool:
+        """Whether a load balancer should send this engine traffic."""
+        return self.state is EngineState.READY and self.task_failed is None
+
+    @property
+    def ready_since_s(self) -> float | None:
+        """Since when the engine is in rotation (the load balancer needs a moment to notice)."""
+        return self.state_since_s if self.state is EngineState.READY else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.incarnation.pid if self.incarnation is not None else None
