@@ -905,7 +905,7 @@ def worker_crash(ctx: Ctx) -> None:
 
 def exit_zero(ctx: Ctx) -> None:
     # The engine stops on its own and exits 0: a stray SIGTERM (vLLM exits 0 on it), as a dead
-    # EngineCore also ends in code 0 (vllm-facts 6.3).
+    # EngineCore also ends in code 0 (docs/vllm-notes.md §6.3).
     if ctx.real:
         os.kill(_main_pid(ctx), signal.SIGTERM)
     else:

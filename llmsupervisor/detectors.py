@@ -16,7 +16,7 @@ Rules every detector keeps:
 - absent data (``None``, ``ProbeFailure``, a family the vLLM version lacks, a reading older than
   ``stale_after_s``) is *unknown*: it neither raises a finding nor proves health. The exception is
   the hang detector, for which a canary, ``/health`` or ``/metrics`` that timed out is evidence;
-- busy is not dead (vllm-facts §7): a slow canary while the token or step counters advance is
+- busy is not dead (docs/vllm-notes.md §7): a slow canary while the token or step counters advance is
   load, not a hang;
 - a single periodic sample never opens a finding: either the detector needs several readings
   (hang, stall, rates, slopes, baselines) or the tracker's ``sustain_s`` holds it back. A
@@ -117,7 +117,7 @@ DEFAULT_CLEAR_S: Final[Mapping[FindingKind, float]] = MappingProxyType(
     }
 )
 
-# NVML clock-event reasons (host-facts §1.4) by what they mean here.
+# NVML clock-event reasons (docs/host-notes.md §1.4) by what they mean here.
 THERMAL_REASONS: Final = frozenset({"sw_thermal", "hw_thermal"})
 POWER_BRAKE_REASONS: Final = frozenset({"hw_power_brake"})
 # hw_slowdown is set for temperature, power brake or overcurrent: thermal unless the power brake
@@ -155,7 +155,7 @@ class DetectorConfig:
     # the newest reading within it, so one failed probe neither raises nor clears a finding.
     stale_after_s: float = 30.0
 
-    # HANG (vllm-facts §7): no sign of life (a successful canary, or a step/token counter that
+    # HANG (docs/vllm-notes.md §7): no sign of life (a successful canary, or a step/token counter that
     # moved) for this long, with at least ``hang_min_misses`` deadline misses (canary, /health or
     # /metrics timing out) since the last sign of life.
     # Work was queued at the last reading. vLLM V1 prefills in chunks of max-num-batched-tokens,
@@ -202,7 +202,7 @@ class DetectorConfig:
     # GPU_FAULT / GPU_LOST: an event stays evidence this long after it happened.
     gpu_fault_lookback_s: float = 300.0
     # Application-level XIDs (graphics exception, page fault, stopped, cleanup, video decoder):
-    # the engine's fault, not the GPU's (host-facts §1.5). INFO.
+    # the engine's fault, not the GPU's (docs/host-notes.md §1.5). INFO.
     xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68})
     xid_info_only: frozenset[int] = frozenset({63})  # row remap recorded: log and count. INFO.
     gpu_lost_min_samples: int = 2  # consecutive gpu_lost probe failures for one GPU
@@ -352,7 +352,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
 
     Signs of life: a canary that answered, or a step/token counter that moved between two
     readings (busy, not dead, even if the canary was slow). A deadline miss: the canary,
-    ``/health`` or ``/metrics`` timing out. ``/health`` 200 proves nothing (vllm-facts §7).
+    ``/health`` or ``/metrics`` timing out. ``/health`` 200 proves nothing (docs/vllm-notes.md §7).
     """
     newest: Observation | None = None
     oldest: Observation | None = None
@@ -421,7 +421,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
 def detect_stall(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
     """Requests running or waiting in every reading, and the counters still, for ``stall_after_s``.
 
-    Covers the KV livelock too (waiting > 0, running = 0; vllm-facts §9 #5). Readings only:
+    Covers the KV livelock too (waiting > 0, running = 0; docs/vllm-notes.md §9 #5). Readings only:
     failed scrapes neither extend nor break the stretch, and stale gauges reading 0 (the SIGSTOP
     case) are the hang detector's.
     """

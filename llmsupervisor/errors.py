@@ -56,7 +56,7 @@ class PortHeld(SupervisorError):
 
 
 class NvmlUnavailable(SupervisorError):
-    """NVML cannot be used here; engines still run, without GPU telemetry (host-facts §1.2).
+    """NVML cannot be used here; engines still run, without GPU telemetry (docs/host-notes.md §1.2).
 
     ``reason`` is one of ``library_not_found``, ``driver_not_loaded``, ``reboot_pending``,
     ``no_permission``, ``import_failed``, ``init_failed`` or ``init_timeout``.

@@ -6,7 +6,7 @@ records about an engine ``ENGINE=`` and ``GPU=``, so ``journalctl -u llm-supervi
 tells one engine's story, its forwarded vLLM lines included (identifier ``vllm-NAME``, the
 priority from vLLM's own level word, ``ENGINE_PID=`` the engine process). If that socket is
 missing or a send fails, the record falls back to stderr with a ``<N>`` prefix on every line, so
-``journalctl -p warning`` still works and traceback lines keep their priority (host-facts §6).
+``journalctl -p warning`` still works and traceback lines keep their priority (docs/host-notes.md §6).
 Records about an engine carry ``engine`` in ``extra`` and are tagged ``[name]`` in text form.
 """
 

@@ -1,6 +1,6 @@
 """sd_notify: tell systemd when we are ready, what we are doing, and that the loop is alive.
 
-Built on the ``sdnotify`` package, minus its traps (host-facts §2.5): it connects once in its
+Built on the ``sdnotify`` package, minus its traps (docs/host-notes.md §2.5): it connects once in its
 constructor (a re-bound socket would lose every later message), never closes its socket, and
 swallows every error. Here each message gets a fresh, connected, close-on-exec socket inside a
 ``SystemdNotifier`` with ``debug=True``, which is closed after the one send; errors surface and

@@ -3,7 +3,7 @@
 Every engine runs in its own session and process group (``setsid``), so its whole tree
 (API server, EngineCore, workers, resource tracker) can be signalled as one. The daemon is a
 child subreaper (``PR_SET_CHILD_SUBREAPER``): when vLLM's API server dies, its EngineCore and
-workers are reparented to the daemon instead of PID 1 (vllm-facts §6.4), so they can be killed
+workers are reparented to the daemon instead of PID 1 (docs/vllm-notes.md §6.4), so they can be killed
 and reaped here.
 
 Two ways to recognise an engine process of ours, because neither alone is enough:
@@ -44,7 +44,7 @@ MARKER_STATE_DIR: Final = "LLMSUPERVISOR_STATE_DIR"
 MARKER_DAEMON_PID: Final = "LLMSUPERVISOR_DAEMON_PID"
 
 # The daemon's own systemd plumbing; an engine that inherited these could mark the unit READY,
-# feed its watchdog or steal its sockets (host-facts §2.6).
+# feed its watchdog or steal its sockets (docs/host-notes.md §2.6).
 STRIPPED_ENV: Final = (
     "NOTIFY_SOCKET",
     "WATCHDOG_USEC",
@@ -109,7 +109,8 @@ def engine_environment(
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
             # The python -m entry points skip the CLI's spawn default; fork after CUDA init breaks.
             "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-            # Persistent compile cache: a warm cache cut engine init from 66 s to 22 s (vllm-facts §1.2).
+            # Persistent compile cache: a warm cache cut engine init from 66 s to 22 s
+            # (docs/vllm-notes.md §1.2).
             "VLLM_CACHE_ROOT": str(cache_dir),
             "PYTHONUNBUFFERED": "1",
         }

@@ -4,7 +4,7 @@ Standard library only: it must run under any python3, including interpreters wit
 
 It accepts the command line the supervisor renders for real vLLM (``--model M --host H --port P
 [--served-model-name N ...]`` plus arbitrary other flags, which it ignores) and a few ``--fake-*``
-options that reproduce behaviours documented in docs/vllm-facts.md:
+options that reproduce behaviours documented in docs/vllm-notes.md:
 
 ``--fake-startup-delay-s F``    listen only after F seconds (real vLLM refuses connections while loading)
 ``--fake-refuse-canary``        ready, but the first POST /v1/completions is HTTP 500 and the process exits 0

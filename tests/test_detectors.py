@@ -215,7 +215,7 @@ def test_check_timed_out(result: CheckResult | None, timed_out: bool) -> None:
 
 
 def _sigstop_idle(miss_times: Iterable[float]) -> list[Observation]:
-    # vllm-facts §7: the worker stopped; /health 200 in 2 ms, /metrics stale at 0 running.
+    # docs/vllm-notes.md §7: the worker stopped; /health 200 in 2 ms, /metrics stale at 0 running.
     misses = set(miss_times)
     out = [ob(0, metrics=idle(5), health=HEALTH_OK, canary=OK)]
     for t in times(2, 14, 2):
@@ -326,7 +326,7 @@ STALL_CASES: list[tuple[str, list[Observation], float, bool]] = [
     ("counters advancing", [ob(t, metrics=busy(int(t), running=4)) for t in times(0, 120, 5)], 120, False),
     ("idle and frozen", [ob(t, metrics=idle(5)) for t in times(0, 120, 5)], 120, False),
     (
-        "KV livelock: waiting, nothing running (vllm-facts §9 #5)",
+        "KV livelock: waiting, nothing running (docs/vllm-notes.md §9 #5)",
         [ob(t, metrics=busy(50, running=0, waiting=3, kv_usage_ratio=0.0)) for t in times(0, 70, 10)],
         70,
         True,

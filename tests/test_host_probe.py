@@ -44,7 +44,7 @@ def raw(
     )
 
 
-# A vLLM CPU engine as vllm-facts §2 draws it, a zombie Worker, and a process of another group.
+# A vLLM CPU engine as docs/vllm-notes.md §2 draws it, a zombie Worker, and a process of another group.
 VLLM_TREE = [
     raw(
         500,

@@ -2,7 +2,7 @@
 threaded wrapper's timeouts, and the scripted FakeGpu.
 
 Fake bindings are ``SimpleNamespace`` objects that borrow the real module's constants and
-``NVMLError_*`` classes and stub the functions (host-facts §1.9); nothing patches ``sys.modules``.
+``NVMLError_*`` classes and stub the functions (docs/host-notes.md §1.9); nothing patches ``sys.modules``.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ real in a Debian 12 container booted with systemd-nspawn.
    through ``dpkg-deb -f/-c/-e/-x`` (fields, files and modes, conffiles, maintainer scripts, and
    the relocated venv run from the extracted tree); the rpm through ``rpm -qp`` (files, config
    flags, requirements, scriptlets), which must list the same files as the deb.
-2. A bookworm rootfs from ``debootstrap --variant=minbase`` (host-facts §5.6), cached in
+2. A bookworm rootfs from ``debootstrap --variant=minbase`` (docs/host-notes.md §5.6), cached in
    ``~/.cache/llm-supervisor/rootfs-bookworm``: built once into a temp dir and renamed when
-   complete. Each run boots it with ``systemd-nspawn --volatile=overlay -b`` (host-facts §5.5:
+   complete. Each run boots it with ``systemd-nspawn --volatile=overlay -b`` (docs/host-notes.md §5.5:
    ``--register=no --keep-unit`` on a host whose PID 1 is not systemd), so the cached tree is never
    written, with the two .debs, ``tests/fake_vllm.py`` (stdlib only, so the container's python3
    runs it) and ``tests/package_scenario.sh`` bound in read-only, and a oneshot unit that powers the
@@ -349,7 +349,7 @@ TimeoutStartSec=240
 
 @contextlib.contextmanager
 def nspawn_leftovers_removed(machine: str) -> Iterator[None]:
-    # --register=no leaves /run/systemd/nspawn behind (host-facts §5.5); remove what this run
+    # --register=no leaves /run/systemd/nspawn behind (docs/host-notes.md §5.5); remove what this run
     # made, and the shared directories only when empty, so a concurrent container keeps its own.
     base = Path("/run/systemd/nspawn")
     existed = base.exists()

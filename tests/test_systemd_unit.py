@@ -1,4 +1,4 @@
-"""The shipped unit, checked by the real systemd tools (host-facts §5.1, §5.2)."""
+"""The shipped unit, checked by the real systemd tools (docs/host-notes.md §5.1, §5.2)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def test_verify_has_empty_stderr(tmp_path: Path) -> None:
 
 
 def test_security_exposure_is_ok_or_better(tmp_path: Path) -> None:
-    # --threshold is in tenths on systemd 252 (host-facts §5.2 says 4; measured: 3.5 fails it and
-    # passes 35). 39 keeps the score at or below today's 3.5 "OK" as a regression gate.
+    # --threshold is in tenths on systemd 252: 3.5 fails 4 and passes 35 (docs/host-notes.md §5.2).
+    # 39 keeps the score at or below today's 3.5 "OK" as a regression gate.
     result = subprocess.run(
         [
             "systemd-analyze",

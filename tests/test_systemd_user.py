@@ -1,6 +1,6 @@
 """The daemon under a real systemd manager: `systemd --user` in a private mount namespace.
 
-host-facts §5.4: the user manager quits unless /run/systemd/system exists, so the scenario runs
+docs/host-notes.md §5.4: the user manager quits unless /run/systemd/system exists, so the scenario runs
 inside `unshare -m` with a tmpfs there, leaving the host untouched. A user manager has no
 journald, no User= and none of the system-only sandboxing, so the unit under test keeps the
 shipped unit's lifecycle settings (Type=notify, NotifyAccess, ExecReload, KillMode, Restart,

@@ -134,7 +134,7 @@ def test_later_itl_name_wins_over_the_deprecated_one() -> None:
 
 
 def test_absent_families_are_unknown_and_swapped_defaults_to_zero() -> None:
-    # Multi-API-server mode before the first request: counters only, no gauges (vllm-facts §3.1).
+    # Multi-API-server mode before the first request: counters only, no gauges (docs/vllm-notes.md §3.1).
     m = parsed('vllm:prompt_tokens_total{engine="0",model_name="m"} 12.0\n')
     assert m.prompt_tokens_total == 12
     assert m.requests_running is None

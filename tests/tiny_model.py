@@ -1,4 +1,4 @@
-"""Build a tiny random-weight Llama for vLLM's CPU build, fully offline (docs/vllm-facts.md §1.4).
+"""Build a tiny random-weight Llama for vLLM's CPU build, fully offline (docs/vllm-notes.md §1.4).
 
 Run it with the vLLM engine venv's python, which has torch, transformers and tokenizers (the daemon's venv
 has none of them)::

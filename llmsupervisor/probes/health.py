@@ -1,6 +1,6 @@
 """vLLM's HTTP surface as the supervisor sees it: /health, /v1/models and a canary completion.
 
-``/health`` only says the EngineCore process is alive (vllm-facts §4.2) and ``/v1/models`` never
+``/health`` only says the EngineCore process is alive (docs/vllm-notes.md §4.2) and ``/v1/models`` never
 touches the engine, so readiness also needs one real completion: a model the backend cannot run
 passes both and dies on its first request. Every call has a deadline and returns a value; none
 raises for a network or protocol problem.
@@ -24,7 +24,7 @@ class CheckResult:
 
     @property
     def engine_dead(self) -> bool:
-        # vLLM answers /health with 503 only on EngineDeadError (vllm-facts §4.2).
+        # vLLM answers /health with 503 only on EngineDeadError (docs/vllm-notes.md §4.2).
         return self.status_code == 503
 
 

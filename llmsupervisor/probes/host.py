@@ -1,6 +1,6 @@
 """One engine's process group as psutil sees it: each process's RSS, CPU time, state; zombies.
 
-vLLM keeps every process of an engine in the launcher's process group (vllm-facts §2), and the
+vLLM keeps every process of an engine in the launcher's process group (docs/vllm-notes.md §2), and the
 supervisor starts each engine in a session of its own, so the group id names the engine's whole
 tree, including children orphaned when their parent died (a walk from the leader would miss
 those). ``process_*`` in vLLM's ``/metrics`` describes the API server only; EngineCore and Worker

@@ -7,7 +7,7 @@
      └── FakeGpu                scripted              one call per GPU at a time; failures become
                                                       ProbeFailure, NVML missing is reported once
 
-Only ``NvmlReader`` knows the binding's quirks (host-facts §1): the new function name first and
+Only ``NvmlReader`` knows the binding's quirks (docs/host-notes.md §1): the new function name first and
 the old one on ``FunctionNotFound`` (``TemperatureV``/``Temperature``,
 ``ClocksEventReasons``/``ClocksThrottleReasons``, ``ComputeRunningProcesses`` and ``_v2``);
 ``NotSupported`` is ``None``, not an error; no driver, driver not loaded, a pending reboot or no
@@ -448,7 +448,7 @@ class _Busy(Exception):
 class ThreadedGpuReader:
     """Async face of a ``GpuReader`` for the supervisor loop; never raises for NVML trouble.
 
-    NVML calls are synchronous C calls that can stall on a faulted GPU (host-facts §1.8). Each
+    NVML calls are synchronous C calls that can stall on a faulted GPU (docs/host-notes.md §1.8). Each
     call runs in a daemon thread (a stuck one must not hold up the daemon's exit, as a
     ``ThreadPoolExecutor`` would) under ``call_timeout_s``. A call that times out keeps its
     thread; until it returns, the same GPU gets no second call, only

@@ -1,8 +1,8 @@
 """vLLM's ``/metrics`` read into one frozen ``EngineMetrics``, whatever the vLLM version.
 
-vLLM renames families between releases (vllm-facts §3.3), so every field is looked up through
+vLLM renames families between releases (docs/vllm-notes.md §3.3), so every field is looked up through
 ``ALIASES``: each row is the 0.32 name first, then the older names, and the first one present
-wins. Rules that follow from how vLLM exposes them (vllm-facts §3.1):
+wins. Rules that follow from how vLLM exposes them (docs/vllm-notes.md §3.1):
 
 - every engine metric carries ``engine`` (the DP index; V0 had none): series are summed over it,
   and over any other label except the one a field groups by (``finished_reason``, ``le``). The
@@ -62,7 +62,7 @@ ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "vllm:num_preemptions_total": ("vllm:num_preemptions_total",),
         "vllm:prompt_tokens_total": ("vllm:prompt_tokens_total",),
         "vllm:generation_tokens_total": ("vllm:generation_tokens_total",),
-        # Engine steps: advances on every step, frozen when idle or stalled (vllm-facts §7).
+        # Engine steps: advances on every step, frozen when idle or stalled (docs/vllm-notes.md §7).
         "vllm:iteration_tokens_total_count": ("vllm:iteration_tokens_total_count",),
         "vllm:prefix_cache_queries_total": (
             "vllm:prefix_cache_queries_total",
