@@ -67,6 +67,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.core.policy import RESTART_CAUSES
 from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 
 log = logging.getLogger(__name__)
@@ -93,18 +94,7 @@ TICK_BUCKETS_S: Final[tuple[float, ...]] = (
 # Restart causes exported at 0 before they first happen. A counter series that appears with
 # value 1 is invisible to increase()/rate() over that first step, so an alert on "more than N
 # restarts" would miss the first one of each cause. Causes not listed here are still exported.
-RESTART_REASONS: Final[tuple[str, ...]] = (
-    "crash",
-    "engine_dead",
-    "start_failed",
-    "health",
-    "operator",
-    "config_change",
-    "scheduled",
-    "hang",
-    "step_down",
-    "step_up",
-)
+RESTART_REASONS: Final[tuple[str, ...]] = RESTART_CAUSES
 
 # Same reasoning for config reload results.
 RELOAD_RESULTS: Final[tuple[str, ...]] = ("ok", "invalid")

@@ -76,6 +76,26 @@ class ActionKind(enum.Enum):
         return self.value
 
 
+# Every cause a restart is counted under (the exporter's label values, seeded at 0 so that the
+# first restart of each cause is visible to increase()). The runner's own: a crash, a failed
+# start, /health 503; the fleet's: a runner task that died; the operator's, a reload's, and the
+# policy's (a schedule, a ladder step, or the finding that caused it).
+RESTART_CAUSES: tuple[str, ...] = (
+    "crash",
+    "engine_dead",
+    "start_failed",
+    "runner_died",
+    "operator",
+    "config_change",
+    "scheduled",
+    ActionKind.STEP_DOWN.value,
+    ActionKind.STEP_UP.value,
+    *(k.value for k in BROKEN),
+    *(k.value for k in DEGRADATION),
+    K.MEMORY_GROWTH.value,
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineRules:
     """One engine's policy settings (from its config)."""

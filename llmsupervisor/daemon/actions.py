@@ -64,7 +64,9 @@ def commands_for(action: Action) -> list[Command]:
             step.append(Restart(cause=kind.value, reason=f"{kind}: {action.detail}"))
         return step
     cause = "scheduled" if kind is ActionKind.SCHEDULED_RESTART else action.reason
-    return [Restart(cause=cause, reason=f"{cause}: {action.detail}", drain=action.drain, failure=action.failure)]
+    return [
+        Restart(cause=cause, reason=f"{cause}: {action.detail}", drain=action.drain, failure=action.failure)
+    ]
 
 
 class ActionExecutor:
@@ -76,7 +78,9 @@ class ActionExecutor:
         self.marks = marks
 
     def apply(self, action: Action) -> None:
-        log.warning("action %s (%s): %s", action.kind, action.reason, action.detail, extra={"engine": action.engine})
+        log.warning(
+            "action %s (%s): %s", action.kind, action.reason, action.detail, extra={"engine": action.engine}
+        )
         if action.mark_gpus:
             self.marks.mark(self._gpus_of(action.engine), action.detail)
         for cmd in commands_for(action):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 from collections.abc import Callable, Iterable
@@ -101,7 +102,7 @@ class Fleet:
         self._sent[spec.name] = 0
         self._dead.pop(spec.name, None)
         task = asyncio.create_task(runner.run(), name=f"engine:{spec.name}")
-        task.add_done_callback(lambda t, name=spec.name: self._task_ended(name, t))
+        task.add_done_callback(functools.partial(self._task_ended, spec.name))
         self.tasks[spec.name] = task
         self.changes.set()
 

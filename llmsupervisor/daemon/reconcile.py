@@ -75,7 +75,10 @@ class Reconciler:
             now,
         )
         decision = decide(
-            [view_of(s, self.memory.of(s.name), pending=pending(s.name)) for s in statuses], now, minute_of_day=minute_of_day, fleet=fleet
+            [view_of(s, self.memory.of(s.name), pending=pending(s.name)) for s in statuses],
+            now,
+            minute_of_day=minute_of_day,
+            fleet=fleet,
         )
         waiting: dict[str, str] = {}
         for held in decision.deferred:

@@ -63,7 +63,9 @@ async def roll(
         deadline = aio.now() + spec.start_timeout_s + spec.drain_timeout_s + SETTLE_MARGIN_S
         while not fleet.shutting_down and aio.now() < deadline:
             status = fleet.status(spec.name)
-            if status is None or (status.state_changes_total > changes_before + 1 and status.state in _SETTLED):
+            if status is None or (
+                status.state_changes_total > changes_before + 1 and status.state in _SETTLED
+            ):
                 break
             seen = fleet.changes.version
             await aio.wait_any(fleet.changes.wait(seen), timeout_s=deadline - aio.now())

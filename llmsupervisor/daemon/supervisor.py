@@ -202,7 +202,9 @@ class Supervisor:
         if command == "restart":
             running = status.wants_run and status.state not in (EngineState.STOPPED, EngineState.FATAL)
             # Restarting a stopped engine starts it, as `systemctl restart` does.
-            cmds = [Restart(cause="operator", reason="restart requested by operator")] if running else [Start()]
+            cmds = (
+                [Restart(cause="operator", reason="restart requested by operator")] if running else [Start()]
+            )
         elif command == "drain":
             cmds = [Hold(True)]
         elif command == "stop":
@@ -268,7 +270,11 @@ class Supervisor:
         try:
             await server.start()
         except OSError as exc:
-            log.error("cannot open the control socket %s: %s; the CLI cannot reach this daemon", self.control_path, exc)
+            log.error(
+                "cannot open the control socket %s: %s; the CLI cannot reach this daemon",
+                self.control_path,
+                exc,
+            )
         api = http_api(
             exporter=self.exporter,
             statuses=self.fleet.statuses,
@@ -317,7 +323,9 @@ class Supervisor:
     async def _loop(self) -> None:
         tick_s = self.tick_s
         if self.notifier.watchdog_interval_s is not None and tick_s > self.notifier.watchdog_interval_s:
-            log.warning("tick_interval_s=%g is longer than half of WatchdogSec: systemd will kill the daemon", tick_s)
+            log.warning(
+                "tick_interval_s=%g is longer than half of WatchdogSec: systemd will kill the daemon", tick_s
+            )
         next_tick_s = aio.now()
         while True:
             self._request_arrived.clear()
@@ -352,7 +360,9 @@ class Supervisor:
             statuses,
             now=aio.now(),
             minute_of_day=self.minute_of_day(),
-            fleet=FleetRules(max_unavailable=settings.max_unavailable, min_in_rotation=settings.min_in_rotation),
+            fleet=FleetRules(
+                max_unavailable=settings.max_unavailable, min_in_rotation=settings.min_in_rotation
+            ),
             pending=self.fleet.pending,
         )
 
@@ -415,14 +425,18 @@ class Supervisor:
                 self.reloads_total["invalid"] += 1
                 for problem in exc.problems:
                     log.error("reload: %s", problem)
-                log.error("reload rejected: %d problem(s); still running the previous config", len(exc.problems))
+                log.error(
+                    "reload rejected: %d problem(s); still running the previous config", len(exc.problems)
+                )
                 # Kept in STATUS= until a reload succeeds: the operator must see it in systemctl status.
                 self._reload_problem = f"reload failed ({len(exc.problems)} problems), old config kept"
                 self.notifier.ready(self.summary())
                 return {"reloaded": False, "problems": [str(p) for p in exc.problems]}
             if self._stopping:  # a shutdown began while the file was read: change nothing
                 return {"reloaded": False, "problems": ["the daemon is shutting down"]}
-            running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in self.fleet.statuses()}
+            running = {
+                s.name: s.wants_run and s.state is not EngineState.FATAL for s in self.fleet.statuses()
+            }
             plan = plan_reload(self.config, new, running)
             for setting in plan.next_start_only:
                 log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
@@ -526,4 +540,3 @@ class Supervisor:
 def _refuse(reply: asyncio.Future[Any] | None, why: str) -> None:
     if reply is not None and not reply.done():
         reply.set_exception(control.ControlError(why))
-

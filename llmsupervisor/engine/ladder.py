@@ -37,7 +37,9 @@ class LadderStore:
         step = saved.get("step")
         if saved.get("ladder") != ladder:
             if step:
-                log.info("ladder changed in the config: back to the top step", extra={"engine": self.spec.name})
+                log.info(
+                    "ladder changed in the config: back to the top step", extra={"engine": self.spec.name}
+                )
             return 0
         if isinstance(step, int) and 0 < step <= len(ladder):
             log.info(
@@ -71,6 +73,10 @@ class LadderStore:
         )
         self.step = step
         try:
-            write_json_atomic(self.path, {"step": step, "ladder": [dict(s) for s in self.spec.ladder]}, indent=None)
+            write_json_atomic(
+                self.path, {"step": step, "ladder": [dict(s) for s in self.spec.ladder]}, indent=None
+            )
         except OSError as exc:
-            log.warning("cannot save the ladder step to %s: %s", self.path, exc, extra={"engine": self.spec.name})
+            log.warning(
+                "cannot save the ladder step to %s: %s", self.path, exc, extra={"engine": self.spec.name}
+            )

@@ -16,7 +16,14 @@ from typing import Final, Protocol
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import Observation
-from llmsupervisor.detectors import Finding, FindingTracker, Severity, counters_progressed, detect_all, new_window
+from llmsupervisor.detectors import (
+    Finding,
+    FindingTracker,
+    Severity,
+    counters_progressed,
+    detect_all,
+    new_window,
+)
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import EngineProcess
 from llmsupervisor.probes import ProbeFailure, host

@@ -40,7 +40,11 @@ async def await_ready(
             return Readiness.FAILED, f"process {proc.exit_status.describe()} during start ({stage})", None
         remaining = deadline - aio.now()
         if remaining <= 0:
-            return Readiness.FAILED, f"not ready within start_timeout_s={spec.start_timeout_s:g} ({stage})", None
+            return (
+                Readiness.FAILED,
+                f"not ready within start_timeout_s={spec.start_timeout_s:g} ({stage})",
+                None,
+            )
         timeout_s = min(spec.health_timeout_s, remaining)
         if (await http.health(timeout_s=timeout_s)).ok:
             stage = "checking /v1/models"

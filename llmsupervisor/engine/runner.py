@@ -30,7 +30,7 @@ import contextlib
 import enum
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
@@ -48,8 +48,8 @@ from llmsupervisor.engine.commands import (
     spec_taken,
 )
 from llmsupervisor.engine.http import EngineHttp, PrefixReset
-from llmsupervisor.engine.launch import EngineProcess, Processes, launch
 from llmsupervisor.engine.ladder import LadderStore
+from llmsupervisor.engine.launch import EngineProcess, Processes, launch
 from llmsupervisor.engine.lifecycle import History, Lifecycle
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
 from llmsupervisor.engine.output import OutputForwarder
@@ -194,7 +194,7 @@ class EngineRunner:
         exits; then the inbox is taken. A command sent while the runner was busy elsewhere left
         the wake event set, so it is never lost (defect D11)."""
         if not self._inbox:
-            waits = [self._wake.wait()]
+            waits: list[Awaitable[object]] = [self._wake.wait()]
             if self._proc is not None and not self._proc.returned:
                 waits.append(self._proc.wait())
             await aio.wait_any(*waits, timeout_s=timeout_s)
@@ -259,7 +259,9 @@ class EngineRunner:
         spec, step = self._spec, self._ladder.step
         history = self._life.history
         self._start_failed_oom = False
-        reason = "start" if self._life.state in (S.STOPPED, S.FATAL) else f"restart after: {history.last_failure}"
+        reason = (
+            "start" if self._life.state in (S.STOPPED, S.FATAL) else f"restart after: {history.last_failure}"
+        )
         if step:
             reason += f" at ladder step {step}/{len(spec.ladder)}"
         self._to(S.STARTING, reason)
@@ -270,7 +272,9 @@ class EngineRunner:
             self._inc = Incarnation(
                 number=history.incarnations, pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
-            self._output = OutputForwarder(self.name, proc.pid, (proc.stdout_fd, proc.stderr_fd), self._on_oom)
+            self._output = OutputForwarder(
+                self.name, proc.pid, (proc.stdout_fd, proc.stderr_fd), self._on_oom
+            )
             self._publish()
         if launched.failure:
             return Outcome.FAILED, launched.failure
@@ -513,5 +517,7 @@ class EngineRunner:
             )
         else:
             self._prefix_reset_supported = False
-            log.warning("reset_prefix_cache kept failing: a restart is the repair", extra={"engine": self.name})
+            log.warning(
+                "reset_prefix_cache kept failing: a restart is the repair", extra={"engine": self.name}
+            )
         self._publish()

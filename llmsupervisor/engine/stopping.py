@@ -101,7 +101,9 @@ async def terminate(
     for i, rung in enumerate(rungs(ladder.quick() if quick() else ladder)):
         if i == 0 and proc.returned:
             continue  # the leader is gone: its orphans get the group signals
-        log.info("%s (pid %d), waiting up to %g s", rung.what, proc.pid, rung.timeout_s, extra={"engine": engine})
+        log.info(
+            "%s (pid %d), waiting up to %g s", rung.what, proc.pid, rung.timeout_s, extra={"engine": engine}
+        )
         if rung.to_group:
             proc.signal_group(rung.sig)
         else:
@@ -110,7 +112,9 @@ async def terminate(
             break
     else:
         log.error(
-            "processes %s of the engine survived SIGKILL", procs.group_members(proc.pgid), extra={"engine": engine}
+            "processes %s of the engine survived SIGKILL",
+            procs.group_members(proc.pgid),
+            extra={"engine": engine},
         )
     strays = procs.strays(engine, leader=proc.pid)
     if strays:
@@ -124,7 +128,9 @@ async def terminate(
     if not procs.group_members(proc.pgid):
         procs.forget_group(engine)
     if proc.exit_status is not None:
-        log.info("engine processes gone (API server %s)", proc.exit_status.describe(), extra={"engine": engine})
+        log.info(
+            "engine processes gone (API server %s)", proc.exit_status.describe(), extra={"engine": engine}
+        )
 
 
 async def _group_gone(
@@ -164,7 +170,9 @@ async def await_gpu_release(
         if not holders:
             if aio.now() > started_s:
                 log.info(
-                    "GPU memory released %.1f s after the stop", aio.now() - started_s, extra={"engine": spec.name}
+                    "GPU memory released %.1f s after the stop",
+                    aio.now() - started_s,
+                    extra={"engine": spec.name},
                 )
             return
         if aio.now() >= deadline:

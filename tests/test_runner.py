@@ -1,0 +1,517 @@
+"""EngineRunner with fake processes and a scripted server, on virtual time.
+
+Each test drives one runner through commands and reads only what it publishes (its statuses),
+as the daemon does. Minutes of engine time pass in milliseconds (tests/virtual_time.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmsupervisor import aio
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.engine.commands import Command, Hold, Restart, Shed, Start, StepTo, Stop
+from llmsupervisor.engine.http import _success
+from llmsupervisor.engine.lifecycle import History
+from llmsupervisor.engine.runner import EngineRunner
+from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.nvml import GpuEvent, GpuSample
+from tests.engine_fakes import FakeProcesses, FakeSweeper, ServerScript, metrics
+from tests.virtual_time import run_virtual
+
+S = EngineState
+
+
+def spec(**overrides: Any) -> EngineSpec:
+    base: dict[str, Any] = {
+        "name": "e",
+        "model": "m",
+        "gpus": (0,),
+        "port": 8000,
+        "command": ("vllm-fake",),
+        "start_timeout_s": 60.0,
+        "drain_grace_s": 2.0,
+        "drain_timeout_s": 30.0,
+        "backoff_initial_s": 10.0,
+        "gpu_release_timeout_s": 0.0,
+    }
+    return EngineSpec(**{**base, **overrides})
+
+
+class Recorder(aio.Changes):
+    """The runner's change signal, keeping every status it published."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner: EngineRunner | None = None
+        self.published: list[EngineStatus] = []
+
+    def set(self) -> None:
+        if self.runner is not None:
+            self.published.append(self.runner.status())
+        super().set()
+
+
+class Harness:
+    def __init__(
+        self,
+        tmp_path: Path,
+        engine: EngineSpec,
+        *,
+        gpus: Any = None,
+        history: History | None = None,
+        **procs: Any,
+    ) -> None:
+        self.procs = FakeProcesses(state_dir=tmp_path, **procs)
+        self.server = ServerScript(self.procs)
+        self.changes = Recorder()
+        self.runner = EngineRunner(
+            engine,
+            procs=self.procs,
+            http_for=self.server.http_for,
+            tick_interval_s=2.0,
+            changed=self.changes,
+            gpus=gpus,
+            sweeper=FakeSweeper(),
+            history=history,
+        )
+        self.changes.runner = self.runner
+        self.task = asyncio.create_task(self.runner.run())
+
+    @property
+    def status(self) -> EngineStatus:
+        return self.runner.status()
+
+    @property
+    def states(self) -> list[EngineState]:
+        """Every state published, without repeats."""
+        out: list[EngineState] = []
+        for s in self.changes.published:
+            if not out or out[-1] is not s.state:
+                out.append(s.state)
+        return out
+
+    def send(self, *cmds: Command) -> None:
+        for cmd in cmds:
+            self.runner.send(cmd)
+
+    async def until(self, pred: Callable[[EngineStatus], bool], timeout_s: float = 7200.0) -> EngineStatus:
+        deadline = aio.now() + timeout_s
+        while not pred(self.status):
+            if self.task.done():
+                self.task.result()
+                raise AssertionError(f"runner ended in {self.status.state}")
+            if aio.now() >= deadline:
+                raise AssertionError(f"timed out in {self.status.state}: {self.status.state_reason}")
+            seen = self.changes.version
+            await aio.wait_any(self.changes.wait(seen), timeout_s=deadline - aio.now())
+        return self.status
+
+    async def state(self, state: EngineState, timeout_s: float = 7200.0) -> EngineStatus:
+        return await self.until(lambda s: s.state is state, timeout_s)
+
+    async def close(self) -> None:
+        self.send(Stop(final=True))
+        await asyncio.wait_for(self.task, 3600)
+
+
+def ready_as(number: int) -> Callable[[EngineStatus], bool]:
+    """READY as incarnation ``number``."""
+    return lambda s: s.state is S.READY and s.incarnation is not None and s.incarnation.number == number
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    run_virtual(test())
+
+
+def test_start_reaches_ready_with_a_first_incarnation(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        status = await h.state(S.READY)
+        assert status.incarnation is not None and status.incarnation.number == 1
+        assert status.in_rotation and status.pid == h.procs.spawned[0].pid
+        assert "--port" in h.procs.spawned[0].argv
+        assert h.states == [S.STOPPED, S.STARTING, S.READY]
+        await h.close()
+        assert h.states[-2:] == [S.STOPPING, S.STOPPED]
+        assert h.procs.spawned[0].signals[0] == ("main", signal.SIGTERM)  # vLLM drains on this one
+
+    run(scenario)
+
+
+def test_crash_is_restarted_at_once_then_backs_off_then_gives_up(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(max_failures=3))
+        for n in range(3):
+            await h.until(ready_as(n + 1))
+            h.procs.live[-1].exit(code=0)  # vLLM exits 0 when its engine core dies: still a crash
+        status = await h.state(S.FATAL)
+        assert status.failures == 3 and "giving up" in status.state_reason
+        assert status.restarts_by_reason == {"crash": 2}
+        backoffs = [s.state_reason for s in h.changes.published if s.state is S.BACKOFF]
+        assert "restarting in 0.0 s" in backoffs[0]  # the first failure: at once
+        assert "restarting in 0.0 s" not in backoffs[-1]
+        # An operator's start resets the budget and tries again.
+        h.send(Start())
+        await h.until(lambda s: s.state is S.READY and s.failures == 0)
+        await h.close()
+
+    run(scenario)
+
+
+def test_planned_restart_drains_first_and_counts_its_cause(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        h.server.metrics = metrics(running=2)
+        h.send(Restart(cause="operator", reason="asked"))
+        await h.state(S.DRAINING)
+        drained_at = aio.now()
+        await asyncio.sleep(10)
+        assert h.procs.spawned[0].signals == []  # requests still in flight: no signal yet
+        h.server.metrics = metrics(running=0)
+        status = await h.until(ready_as(2))
+        assert status.restarts_by_reason == {"operator": 1}
+        assert h.procs.spawned[0].signals[0] == ("main", signal.SIGTERM)
+        assert aio.now() - drained_at >= 10
+        assert h.states == [
+            S.STOPPED,
+            S.STARTING,
+            S.READY,
+            S.DRAINING,
+            S.STOPPING,
+            S.STOPPED,
+            S.STARTING,
+            S.READY,
+        ]
+        await h.close()
+
+    run(scenario)
+
+
+def test_stop_during_start_is_immediate(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(start_timeout_s=1200))
+        h.server.ready_after_s = 600
+        await h.state(S.STARTING)
+        await asyncio.sleep(5)
+        asked = aio.now()
+        h.send(Stop())
+        await h.state(S.STOPPED)
+        assert aio.now() - asked < 5
+        assert len(h.procs.spawned) == 1 and not h.procs.live
+        await h.close()
+
+    run(scenario)
+
+
+def test_restart_during_start_abandons_the_start_and_starts_again_at_once(tmp_path: Path) -> None:
+    """An operator's restart of a STARTING engine used to wait for the whole start to finish and
+    then restart it: two full model loads for one command."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(start_timeout_s=1200))
+        h.server.ready_after_s = 600
+        await h.state(S.STARTING)
+        await asyncio.sleep(30)
+        asked = aio.now()
+        h.send(Restart(cause="operator", reason="asked"))
+        await h.until(lambda s: len(h.procs.spawned) == 2)
+        assert aio.now() - asked < 5  # not after the 600 s load
+        assert h.procs.spawned[0].returned
+        await h.state(S.READY)
+        assert aio.now() - asked < 600 + 10
+        assert h.status.restarts_by_reason == {"operator": 1}
+        await h.close()
+
+    run(scenario)
+
+
+def test_restart_during_backoff_starts_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(backoff_initial_s=300, backoff_max_s=300))
+        for _ in range(2):
+            await h.state(S.READY)
+            h.procs.live[-1].exit(code=1)
+            await h.state(S.BACKOFF)
+        asked = aio.now()
+        h.send(Restart(cause="operator", reason="asked"))
+        await h.state(S.STARTING)
+        assert aio.now() - asked < 1
+        await h.close()
+
+    run(scenario)
+
+
+def test_config_restart_drains_on_the_old_port_and_starts_on_the_new(tmp_path: Path) -> None:
+    """Defect D4: the new spec was applied before the drain, which then polled the new port."""
+
+    async def scenario() -> None:
+        old = spec(port=8000)
+        h = Harness(tmp_path, old)
+        await h.state(S.READY)
+        h.server.metrics = metrics(running=1)
+        h.server.calls.clear()
+        h.send(Restart(cause="config_change", reason="config changed", spec=replace(old, port=8001)))
+        await h.state(S.DRAINING)
+        await asyncio.sleep(8)
+        h.server.metrics = metrics(running=0)
+        await h.until(lambda s: s.state is S.READY and s.spec.port == 8001)
+        drain_urls = {url for what, url in h.server.calls if what == "metrics"}
+        assert "http://127.0.0.1:8000" in drain_urls
+        assert "--port" in h.procs.spawned[1].argv and "8001" in h.procs.spawned[1].argv
+        assert h.procs.spawned[0].signals[0] == ("main", signal.SIGTERM)
+        await h.close()
+
+    run(scenario)
+
+
+def test_a_restart_of_a_stopped_engine_applies_its_spec_and_leaves_it_stopped(tmp_path: Path) -> None:
+    """Defect D5: a reload that changed a stopped engine's spec started it."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        h.send(Stop())
+        await h.state(S.STOPPED)
+        h.send(Restart(cause="config_change", reason="config changed", spec=spec(port=8002)))
+        await h.until(lambda s: s.spec.port == 8002)
+        await asyncio.sleep(60)
+        assert h.status.state is S.STOPPED and len(h.procs.spawned) == 1
+        h.send(Start())
+        status = await h.state(S.READY)
+        assert "8002" in h.procs.spawned[1].argv and status.spec.port == 8002
+        await h.close()
+
+    run(scenario)
+
+
+def test_crash_loop_budget_counts_failed_slow_starts_outside_the_window(tmp_path: Path) -> None:
+    """Every start fails after 10 minutes: no three failures ever fall within the 15-minute
+    window, yet the engine never serves; it must reach FATAL after max_failures."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(start_timeout_s=600, max_failures=3, failure_window_s=900))
+        h.server.ready_after_s = 10_000  # never ready
+        status = await h.state(S.FATAL, timeout_s=6 * 3600)
+        assert status.failures == 3
+        assert len(h.procs.spawned) == 3
+        await h.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("broken", ["record", "cache_dir"])
+def test_a_full_or_read_only_state_dir_fails_the_start_not_the_runner(tmp_path: Path, broken: str) -> None:
+    """Defect D7: an OSError from the state dir crashed the runner task."""
+
+    async def scenario() -> None:
+        state_dir = tmp_path / "state"
+        state_dir.mkdir()
+        if broken == "cache_dir":
+            (state_dir / "engines").write_text("not a directory")
+        h = Harness(
+            state_dir,
+            spec(max_failures=2),
+            record_error=OSError(28, "No space left on device") if broken == "record" else None,
+        )
+        status = await h.state(S.FATAL)
+        assert not h.task.done()
+        assert "cannot" in (status.last_failure or "")
+        assert not h.procs.live  # a spawned process whose group could not be recorded is stopped
+        await h.close()
+
+    run(scenario)
+
+
+def test_an_exec_failure_is_a_failed_start(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(
+            tmp_path, spec(max_failures=1), exec_error=FileNotFoundError(2, "No such file or directory")
+        )
+        status = await h.state(S.FATAL)
+        assert "cannot execute" in (status.last_failure or "")
+        await h.close()
+
+    run(scenario)
+
+
+def test_drain_then_start_of_a_shed_engine(tmp_path: Path) -> None:
+    """Defect D1: SHEDDING, an operator drain, then `start` raised IllegalTransition DRAINING ->
+    SHEDDING, killed the runner task and cold-loaded the model."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        h.send(Shed("kv pressure"))
+        await h.state(S.SHEDDING)
+        h.send(Hold(True))
+        await h.state(S.DRAINING)
+        h.send(Start())
+        await h.state(S.READY)
+        h.send(Shed("kv pressure"))  # the policy sheds it again
+        await h.state(S.SHEDDING)
+        assert not h.task.done()
+        assert len(h.procs.spawned) == 1  # no restart at any point
+        await h.close()
+
+    run(scenario)
+
+
+def test_a_ready_incarnation_is_published_with_its_own_due_time(tmp_path: Path) -> None:
+    """Defect D2: READY was published (and the policy run) before the new incarnation's
+    scheduled-restart due time was set, so the policy saw the previous one's, long past."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(restart_every_h=0.5, restart_jitter_s=0.0))
+        for n in (1, 2):
+            await h.until(ready_as(n))
+            h.send(Restart(cause="scheduled", reason="due"))
+        await h.until(ready_as(3))
+        for s in h.changes.published:
+            if s.state is S.READY:
+                assert s.incarnation is not None and s.incarnation.scheduled_due_s is not None
+                assert s.incarnation.scheduled_due_s > s.state_since_s  # never the last one's
+                assert s.incarnation.ready_since_s is not None
+        await h.close()
+
+    run(scenario)
+
+
+class RecordingGpus:
+    def __init__(self) -> None:
+        self.since: list[float | None] = []
+
+    def samples_for(self, gpus: Iterable[int]) -> dict[int, GpuSample | ProbeFailure]:
+        return {}
+
+    def take_events(self, gpus: Iterable[int], since_s: float | None = None) -> tuple[GpuEvent, ...]:
+        self.since.append(since_s)
+        return ()
+
+
+def test_gpu_events_are_asked_for_since_the_incarnation_began(tmp_path: Path) -> None:
+    """Defect D8: XIDs received during the previous incarnation's stop were replayed into the
+    new one. The observer asks only for events since its incarnation was spawned."""
+
+    async def scenario() -> None:
+        gpus = RecordingGpus()
+        h = Harness(tmp_path, spec(), gpus=gpus)
+        first = await h.state(S.READY)
+        await asyncio.sleep(10)
+        h.send(Restart(cause="operator", reason="asked"))
+        second = await h.until(ready_as(2))
+        await asyncio.sleep(10)
+        assert first.incarnation is not None and second.incarnation is not None
+        assert set(gpus.since) == {first.incarnation.started_s, second.incarnation.started_s}
+        await h.close()
+
+    run(scenario)
+
+
+def test_oom_at_start_is_published_and_the_step_applies_to_the_next_spawn(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        ladder = ({"max-num-seqs": 16},)
+        h = Harness(tmp_path, spec(ladder=ladder, backoff_initial_s=30))
+        await h.state(S.READY)
+        h.procs.live[-1].exit(code=1)  # first failure: restart at once
+        await h.state(S.STARTING)
+        proc = h.procs.live[-1]
+        proc.say("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        await h.until(lambda s: s.start_failed_oom)
+        proc.exit(code=1)
+        status = await h.state(S.BACKOFF)
+        assert status.start_failed_oom and status.ladder_step == 0
+        h.send(StepTo(1, "oom_at_start"))  # what the policy sends for it
+        status = await h.until(ready_as(3))
+        assert status.ladder_step == 1 and not status.start_failed_oom
+        assert "--max-num-seqs" in h.procs.spawned[-1].argv
+        await h.close()
+
+    run(scenario)
+
+
+def test_the_published_batch_step_is_the_running_process_step(tmp_path: Path) -> None:
+    """A step change waits for the restart: until the new process runs, the status shows the
+    step the running process was started with."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(ladder=({"max-num-seqs": 16},)))
+        await h.state(S.READY)
+        h.server.metrics = metrics(running=1)
+        h.send(StepTo(1, "thermal"), Restart(cause="step_down", reason="thermal"))
+        await h.state(S.DRAINING)
+        assert h.status.ladder_step == 0 and h.status.busy
+        h.server.metrics = metrics(running=0)
+        status = await h.until(ready_as(2))
+        assert status.ladder_step == 1
+        for s in h.changes.published:
+            if s.incarnation is not None:
+                assert s.ladder_step == s.incarnation.step
+        await h.close()
+
+    run(scenario)
+
+
+def test_hung_canary_does_not_hold_a_restart(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(live_canary_timeout_s=300, canary_interval_s=1))
+        await h.state(S.READY)
+        h.server.canary_hangs = True
+        await asyncio.sleep(5)
+        asked = aio.now()
+        h.send(Restart(cause="hang", reason="hung", drain=False, failure=True))
+        await h.state(S.BACKOFF)
+        assert aio.now() - asked < 5
+        await h.close()
+
+    run(scenario)
+
+
+def test_engine_dead_health_restarts(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        h.server.health_status = 503
+        status = await h.state(S.BACKOFF)
+        assert "engine core is dead" in status.state_reason
+        h.server.health_status = 200
+        status = await h.until(ready_as(2))
+        assert status.restarts_by_reason == {"engine_dead": 1}
+        await h.close()
+
+    run(scenario)
+
+
+def test_history_carries_over_to_a_successor_runner(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        history = History(restarts_total=4, restarts_by_reason={"crash": 4})
+        h = Harness(tmp_path, spec(), history=history)
+        status = await h.state(S.READY)
+        assert status.restarts_total == 4
+        await h.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("body", "success"),
+    [
+        ('{"success": true}', True),
+        ('{"success": false}', False),
+        ("", True),
+        ('{"detail": "false alarm"}', True),
+    ],
+)
+def test_prefix_reset_reads_the_success_field(body: str, success: bool) -> None:
+    """Defect D12: any body containing "false" was read as a refusal."""
+    assert _success(body) is success
