@@ -16,7 +16,8 @@ import yaml
 
 from llmsupervisor import __version__, control, logs
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
-from llmsupervisor.errors import EX_CONFIG, ConfigError
+from llmsupervisor.daemon import lock
+from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
 SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
 EX_UNAVAILABLE = 69  # the daemon is not running or refused
@@ -177,15 +178,34 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
     # GPU= on each engine's journal entries (kept in step with reloads by the supervisor).
     gpus_of = {e.name: ",".join(str(g) for g in e.gpus) for e in config.engines}
     logs.setup(config.supervisor.log_level, gpus_of=gpus_of)
-    from llmsupervisor.daemon.supervisor import Supervisor
+    log = logging.getLogger("llmsupervisor")
+    # One daemon per state dir, decided before anything touches it: a second one would kill the
+    # running daemon's engines as leftovers and take over (then remove) its control socket.
+    state_dir = config.supervisor.state_dir.resolve()
+    try:
+        held = lock.acquire(state_dir)
+    except AlreadyRunning as exc:
+        who = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
+        message = (
+            f"another daemon ({who}) is running on state dir {state_dir};"
+            f" not starting (exit {EX_ALREADY_RUNNING})"
+        )
+        print(f"llm-supervisor: {message}", file=sys.stderr)
+        log.critical("%s", message)
+        return EX_ALREADY_RUNNING
+    except OSError as exc:
+        log.critical("%s; not starting", exc.strerror)
+        return 1
+    with held:
+        from llmsupervisor.daemon.supervisor import Supervisor
 
-    reader = None
-    if fake_gpu is not None:
-        from llmsupervisor.probes.nvml import FileGpu
+        reader = None
+        if fake_gpu is not None:
+            from llmsupervisor.probes.nvml import FileGpu
 
-        logging.getLogger("llmsupervisor").warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
-        reader = FileGpu(fake_gpu)
-    return asyncio.run(Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run())
+            log.warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
+            reader = FileGpu(fake_gpu)
+        return asyncio.run(Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run())
 
 
 def doctor(path: Path) -> int:

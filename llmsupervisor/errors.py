@@ -6,6 +6,8 @@
      ├── ConfigError          a config file that does not validate; carries every ConfigProblem
      ├── IllegalTransition    an engine state change the transition table does not allow (a bug)
      ├── PortHeld             an engine's port is held by a process that is not ours
+     ├── AlreadyRunning       another daemon holds the state dir's lock (STATE_DIR/daemon.lock);
+     │                        this one exits EX_ALREADY_RUNNING without touching anything
      └── NvmlUnavailable      no GPU telemetry on this host: no driver, driver not loaded, a reboot
                               pending after a driver upgrade, or no permission; the daemon degrades
 """
@@ -13,8 +15,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 EX_CONFIG = 78  # os.EX_CONFIG; the unit lists it in RestartPreventExitStatus=
+# os.EX_TEMPFAIL: another daemon runs on this state dir; try again once the running daemon is gone.
+# The unit lists it in RestartPreventExitStatus= too: a restart every 10 s would not make it go.
+EX_ALREADY_RUNNING = 75
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,17 @@ class PortHeld(SupervisorError):
         self.port = port
         self.pid = pid
         self.cmdline = cmdline
+
+
+class AlreadyRunning(SupervisorError):
+    """The state dir's lock is held: a daemon already runs on it. ``pid`` is the one the lock
+    file names (None if it names none yet); ``path`` the lock file."""
+
+    def __init__(self, pid: int | None, path: Path) -> None:
+        who = f"pid {pid}" if pid is not None else "pid unknown"
+        super().__init__(f"another daemon ({who}) holds {path}")
+        self.pid = pid
+        self.path = path
 
 
 class NvmlUnavailable(SupervisorError):

@@ -15,6 +15,8 @@ import psutil
 import pytest
 
 from llmsupervisor import process
+from llmsupervisor.control import default_socket_path, request
+from llmsupervisor.errors import EX_ALREADY_RUNNING
 from tests.conftest import FAKE_VLLM, alive, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
@@ -264,6 +266,56 @@ def test_next_start_cleans_engines_of_a_killed_daemon(daemon_factory):
     assert not any(alive(p) for p in old)
     assert "leftover engine process(es) of an earlier run" in d2.log()
     assert d2.stop() == 0
+
+
+def test_second_daemon_on_the_same_state_dir_exits_and_touches_nothing(daemon_factory):
+    """An operator types plain ``llm-supervisor`` (``run`` is the default) while the service runs:
+    the second daemon must exit at once with 75, naming the running one, before it sweeps
+    "leftovers" (the running daemon's engines), binds the control socket or starts engines."""
+    port = free_port()
+    d = daemon_factory({"engines": [fake_engine("a", port, fake_child=True)]})
+    d.start()
+    first = d.wait_state("a", "ready")
+    group = group_of(first["pid"])
+    assert len(group) == 2
+    socket_path = default_socket_path(d.state_dir.resolve())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
+    second = subprocess.Popen(
+        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = second.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        second.terminate()
+        out, err = second.communicate(timeout=60)
+        pytest.fail(f"the second daemon did not exit at once; it ran until SIGTERM:\n{err[-3000:]}")
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    assert second.returncode == EX_ALREADY_RUNNING, err
+    assert (
+        f"llm-supervisor: another daemon (pid {d.pid}) is running on state dir {d.state_dir.resolve()};"
+        f" not starting (exit {EX_ALREADY_RUNNING})"
+    ) in err
+    assert "leftover" not in err + out
+    # The running daemon lost nothing: same engine processes, still serving, socket answering.
+    assert d.proc is not None and d.proc.poll() is None
+    assert all(alive(p) for p in group), "the second daemon killed the running daemon's engine"
+    assert completion(port).status_code == 200
+    engine = d.engine("a")
+    assert engine["state"] == "ready" and engine["pid"] == first["pid"] and engine["restarts"] == 0
+    reply = request(socket_path, {"command": "status"})
+    assert reply["ok"] and reply["result"]["engines"]["a"]["pid"] == first["pid"]
+    assert "leftover" not in d.log()
+    assert (d.state_dir / "daemon.lock").read_text().strip() == str(d.pid)
+    assert d.stop() == 0
+    assert d.engine_processes() == []
 
 
 def test_engine_ignoring_sigterm_is_escalated(daemon_factory):

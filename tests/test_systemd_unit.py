@@ -62,7 +62,7 @@ def test_settings_the_daemon_relies_on() -> None:
         "Type=notify",
         "KillMode=mixed",
         "OOMPolicy=continue",
-        "RestartPreventExitStatus=78",
+        "RestartPreventExitStatus=75 78",
         "NotifyAccess=main",
         "ExecReload=/bin/kill -HUP $MAINPID",
         "DevicePolicy=closed",
