@@ -1,0 +1,99 @@
+"""The fleet: a runner task that dies of a bug, on virtual time with fake processes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from llmsupervisor import aio
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.fleet import RUNNER_RESTART_DELAY_S, Fleet
+from llmsupervisor.engine.commands import Stop
+from llmsupervisor.engine.observer import NoGpus
+from tests.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
+from tests.test_runner import spec
+from tests.virtual_time import run_virtual
+
+S = EngineState
+
+
+class BuggyProcesses(FakeProcesses):
+    """Spawning raises something no launch code expects: the runner task dies of it."""
+
+    bug = True
+
+    def spawn(self, argv: list[str], env: Any) -> Any:
+        if self.bug:
+            raise RuntimeError("a bug in the runner")
+        return super().spawn(argv, env)
+
+
+def fleet_of(tmp_path: Path, **procs: Any) -> tuple[Fleet, BuggyProcesses]:
+    fake = BuggyProcesses(state_dir=tmp_path, **procs)
+    server = ServerScript(fake)
+    fleet = Fleet(procs=fake, tick_interval_s=2.0, gpus=NoGpus(), sweeper=FakeSweeper(), http_for=server.http_for)
+    return fleet, fake
+
+
+async def settle(fleet: Fleet, name: str, pred: Any, timeout_s: float = 3600.0) -> Any:
+    deadline = aio.now() + timeout_s
+    while not pred(fleet.status(name)):
+        assert aio.now() < deadline, fleet.status(name)
+        seen = fleet.changes.version
+        await aio.wait_any(fleet.changes.wait(seen), timeout_s=deadline - aio.now())
+    return fleet.status(name)
+
+
+def test_a_dead_runner_is_out_of_rotation_at_once_keeps_its_history_and_is_replaced(tmp_path: Path) -> None:
+    """Defect D6: a runner task that died stayed READY (in rotation) until it was replaced 5 s
+    later, the replacement lost its failure history, and repeated deaths never reached FATAL."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        fleet.add(spec(max_failures=3))
+        died = await settle(fleet, "e", lambda s: s.task_failed is not None)
+        assert not died.in_rotation and died.state is S.BACKOFF
+        assert "a bug in the runner" in (died.last_failure or "")
+        assert died.failures == 1
+        # Replaced after the delay, with its history; two more deaths spend the budget.
+        final = await settle(fleet, "e", lambda s: s.state is S.FATAL)
+        assert final.failures == 3 and final.restarts_by_reason.get("runner_died") == 2
+        await asyncio.sleep(10 * RUNNER_RESTART_DELAY_S)
+        assert fleet.status("e").state is S.FATAL  # not replaced again
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_a_runner_that_dies_during_shutdown_is_not_replaced(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        fleet.add(spec())
+        await settle(fleet, "e", lambda s: s.task_failed is not None)
+        fleet.stop_all()  # the daemon shuts down before the replacement is due
+        await asyncio.sleep(10 * RUNNER_RESTART_DELAY_S)
+        assert all(task.done() for task in fleet.all_tasks())
+        assert len(fleet.tasks) == 1  # never replaced
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_retired_engines_are_awaited_by_shutdown(tmp_path: Path) -> None:
+    """Defect D10: shutdown did not wait for engines a reload was removing."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        procs.bug = False
+        fleet.add(spec())
+        await settle(fleet, "e", lambda s: s.state is S.READY)
+        fleet.retire("e")
+        assert len(fleet.all_tasks()) == 1  # still stopping: shutdown waits for it
+        fleet.stop_all()
+        await asyncio.wait(fleet.all_tasks(), timeout=3600)
+        assert not procs.live
+        fleet.send("e", Stop())  # a removed engine takes no commands
+        await fleet.aclose()
+
+    run_virtual(scenario())
