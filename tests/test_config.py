@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from llmsupervisor.config import (
     VLLM_API_SERVER_MODULE,
     EngineSpec,
     SupervisorConfig,
+    SupervisorSettings,
     load_config,
 )
 from llmsupervisor.errors import EX_CONFIG, ConfigError
@@ -989,6 +991,13 @@ def test_example_config_documents_every_field() -> None:
     text = EXAMPLE_CONFIG.read_text()
     for key in [*SUPERVISOR_FIELDS, *ENGINE_FIELDS]:
         assert re.search(rf"^\s*(#\s*)?(- )?{key}:", text, re.MULTILINE), f"{key} is not in the example"
+
+
+def test_field_tables_cover_the_settings() -> None:
+    # Every key of an engine is a field of EngineSpec and the other way round, except `venv`,
+    # which the loader turns into `command`; the same for the supervisor section.
+    assert set(ENGINE_FIELDS) - {"venv"} == {f.name for f in dataclasses.fields(EngineSpec)}
+    assert set(SUPERVISOR_FIELDS) == {f.name for f in dataclasses.fields(SupervisorSettings)}
 
 
 def test_env_cannot_override_gpu_selection_or_markers(tmp_path: Path) -> None:
