@@ -196,7 +196,7 @@ class EngineRunner:
         # The daemon shares one across engines; alone, an engine sweeps on every look.
         self.sweeper = sweeper or host.GroupSweeper(max_age_s=0.0, monotonic=clock.monotonic)
         self._fixed_detector_config = detector_config
-        self.detector_config = detector_config or DetectorConfig(**spec.detectors)
+        self.detector_config = detector_config or spec.detectors
         self.window: ObservationWindow = new_window(self.detector_config)
         self.tracker = FindingTracker(self.detector_config)
         self.findings: list[Finding] = []
@@ -275,7 +275,7 @@ class EngineRunner:
         self.spec = spec
         self.policy = policy_for(spec)
         if self._fixed_detector_config is None:
-            self.detector_config = DetectorConfig(**spec.detectors)
+            self.detector_config = spec.detectors
         if ladder_changed:
             self._load_ladder()
 

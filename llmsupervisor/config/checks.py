@@ -14,6 +14,7 @@ from typing import Any, Final
 from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _check_section
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import EngineSpec
+from llmsupervisor.detectors import DetectorConfig
 
 # Module launched when an engine names a venv but no command. The OpenAI api_server module path
 # exists in every vLLM release (a deprecated shim in 0.32 that calls the same main()), and unlike
@@ -34,7 +35,13 @@ def _engine(
     merged: dict[str, Any] = {**defaults, **checked}
     merged["env"] = {**defaults.get("env", {}), **checked.get("env", {})}
     merged["args"] = {**defaults.get("args", {}), **checked.get("args", {})}
-    merged["detectors"] = {**defaults.get("detectors", {}), **checked.get("detectors", {})}
+    # The engine's overrides over the defaults', key by key (a `sustain_s` replaces the defaults'
+    # `sustain_s`), built into the DetectorConfig the engine runs with.
+    detectors = {**defaults.get("detectors", {}), **checked.get("detectors", {})}
+    try:
+        merged["detectors"] = DetectorConfig(**detectors)
+    except (TypeError, ValueError) as exc:  # only if a DetectorConfig rule ever spans two fields
+        out.add(path + ("detectors",), str(exc))
     if "venv" in checked and "command" in checked:
         out.add(path + ("command",), "set either 'venv' or 'command', not both")
     venv = merged.pop("venv", None)

@@ -246,7 +246,9 @@ def _time_window(value: Any, path: Path_, out: _Collector) -> Any:
 
 
 def _detectors(value: Any, path: Path_, out: _Collector) -> Any:
-    """Overrides of DetectorConfig fields; checked by building one."""
+    """Overrides of DetectorConfig fields, checked by building one. The overrides, not that
+    DetectorConfig, are the result: an engine's own keys go over the defaults' before
+    ``_engine`` builds the engine's DetectorConfig."""
     if not isinstance(value, dict):
         out.add(path, f"must be a mapping of detector setting: value, got {_type_name(value)}")
         return _MISSING

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from llmsupervisor.core.policy import EngineRules
 from llmsupervisor.core.restarts import RestartPolicy, StopLadder
+from llmsupervisor.detectors import DetectorConfig
 
 # The flags a ladder step may change: the ones that trade throughput for memory and heat.
 LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
@@ -62,7 +63,9 @@ class EngineSpec:
     restart_jitter_s: float = 600.0
     restart_window: tuple[int, int] | None = None  # minutes of the local day, [start, end)
     gpu_release_timeout_s: float = 30.0
-    detectors: Mapping[str, Any] = field(default_factory=dict)  # DetectorConfig overrides
+    # Built from `defaults.detectors` and the engine's own `detectors` (the engine's keys win)
+    # while the file is validated. Compares by value, so a reload sees a changed threshold.
+    detectors: DetectorConfig = field(default_factory=DetectorConfig)
 
     @property
     def model_id(self) -> str:
