@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,8 +19,10 @@ from llmsupervisor.config import (
     VLLM_API_SERVER_MODULE,
     EngineSpec,
     SupervisorConfig,
+    SupervisorSettings,
     load_config,
 )
+from llmsupervisor.detectors import DetectorConfig, FindingKind
 from llmsupervisor.errors import EX_CONFIG, ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -991,6 +994,13 @@ def test_example_config_documents_every_field() -> None:
         assert re.search(rf"^\s*(#\s*)?(- )?{key}:", text, re.MULTILINE), f"{key} is not in the example"
 
 
+def test_field_tables_cover_the_settings() -> None:
+    # Every key of an engine is a field of EngineSpec and the other way round, except `venv`,
+    # which the loader turns into `command`; the same for the supervisor section.
+    assert set(ENGINE_FIELDS) - {"venv"} == {f.name for f in dataclasses.fields(EngineSpec)}
+    assert set(SUPERVISOR_FIELDS) == {f.name for f in dataclasses.fields(SupervisorSettings)}
+
+
 def test_env_cannot_override_gpu_selection_or_markers(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
@@ -1065,13 +1075,40 @@ def test_actions_fields_parse(tmp_path: Path) -> None:
     assert argv[argv.index("--max-num-seqs") + 1] == "32"
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "2048"
     assert spec.argv(0).count("--max-num-seqs") == 1 and "64" in spec.argv(0)
-    from llmsupervisor.detectors import DetectorConfig, FindingKind
+    # The defaults' detector settings and the engine's own, in one DetectorConfig.
+    assert spec.detectors == DetectorConfig(
+        hang_idle_after_s=8,
+        sustain_s={FindingKind.THERMAL: 5},
+        thermal_temperature_c=80,
+        xid_engine_level=frozenset({13, 43}),
+    )
+    assert spec.detectors.sustain_s[FindingKind.THERMAL] == 5
+    assert spec.detectors.sustain_s[FindingKind.HANG] == DetectorConfig().sustain_s[FindingKind.HANG]
 
-    detector_config = DetectorConfig(**spec.detectors)
-    assert detector_config.hang_idle_after_s == 8
-    assert detector_config.thermal_temperature_c == 80
-    assert detector_config.sustain_s[FindingKind.THERMAL] == 5
-    assert detector_config.xid_engine_level == frozenset({13, 43})
+
+def test_detector_settings_compare_by_value(tmp_path: Path) -> None:
+    # A reload restarts nothing and swaps in the new spec only where new_spec != old_spec.
+    text = """
+        engines:
+          - name: a
+            model: org/m
+            port: 8001
+            command: [/bin/true]
+            detectors: {hang_after_s: 20, sustain_s: {thermal: 5}}
+          - name: b
+            model: org/m
+            port: 8002
+            command: [/bin/true]
+        """
+    first = load_config(write(tmp_path, text))
+    again = load_config(write(tmp_path, text))
+    assert first.engines == again.engines
+    assert first.engine("b").detectors == DetectorConfig()
+    changed = load_config(write(tmp_path, text.replace("hang_after_s: 20", "hang_after_s: 25")))
+    assert changed.engine("a") != first.engine("a")
+    assert changed.engine("b") == first.engine("b")
+    changed = load_config(write(tmp_path, text.replace("thermal: 5", "thermal: 6")))
+    assert changed.engine("a") != first.engine("a")
 
 
 def test_actions_fields_problems(tmp_path: Path) -> None:

@@ -1,0 +1,88 @@
+"""``load_config``: the file's three sections checked in order, then the engines against each
+other. Any problem anywhere means no ``SupervisorConfig`` at all, which is what lets a reload
+keep the config it has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from llmsupervisor.config.checks import _cross_checks, _engine
+from llmsupervisor.config.fields import (
+    ENGINE_FIELDS,
+    PER_ENGINE_ONLY,
+    SUPERVISOR_FIELDS,
+    _check_listen,
+    _check_section,
+    _suggest,
+    _type_name,
+)
+from llmsupervisor.config.problems import _Collector, _parse
+from llmsupervisor.config.spec import EngineSpec, SupervisorConfig, SupervisorSettings
+from llmsupervisor.errors import ConfigError
+
+DEFAULT_CONFIG_PATH: Final = Path("/etc/llm-supervisor/config.yaml")
+
+TOP_LEVEL: Final = ("supervisor", "defaults", "engines")
+
+
+def load_config(path: Path | str, *, check_paths: bool = True) -> SupervisorConfig:
+    """Parse and validate ``path``; raise ``ConfigError`` listing every problem found."""
+    file = Path(path)
+    raw, out = _parse(file)
+    config = _validate(raw, file, out, check_paths=check_paths)
+    if out.problems or config is None:
+        raise ConfigError(out.problems)
+    return config
+
+
+def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> SupervisorConfig | None:
+    if not isinstance(raw, dict):
+        out.add((), f"the config must be a mapping with {', '.join(TOP_LEVEL)}, got {_type_name(raw)}")
+        return None
+    for key in raw:
+        if key not in TOP_LEVEL:
+            out.add((key,), f"unknown top-level key{_suggest(key, list(TOP_LEVEL))}")
+
+    sup = _check_section(
+        raw.get("supervisor"), ("supervisor",), SUPERVISOR_FIELDS, out, what="daemon settings"
+    )
+    settings = None
+    if sup is not None:
+        if "http_listen" in sup:
+            _check_listen(sup["http_listen"], ("supervisor", "http_listen"), out)
+        if "state_dir" in sup:
+            sup["state_dir"] = Path(sup["state_dir"])
+        settings = SupervisorSettings(**sup)
+
+    defaults_fields = {k: v for k, v in ENGINE_FIELDS.items() if k not in PER_ENGINE_ONLY}
+    defaults_raw = raw.get("defaults")
+    if isinstance(defaults_raw, dict):
+        # Reported once, here; _check_section would add "unknown key" for the same line.
+        for key in PER_ENGINE_ONLY & set(defaults_raw):
+            out.add(("defaults", key), "must be set per engine, not in defaults")
+        defaults_raw = {k: v for k, v in defaults_raw.items() if k not in PER_ENGINE_ONLY}
+    defaults = _check_section(defaults_raw, ("defaults",), defaults_fields, out, what="engine defaults")
+
+    engines_raw = raw.get("engines")
+    if engines_raw is None:
+        out.add(
+            ("engines",) if "engines" in raw else (), "no engines configured: add a list under 'engines:'"
+        )
+        return None
+    if not isinstance(engines_raw, list):
+        out.add(("engines",), f"must be a list of engines, got {_type_name(engines_raw)}")
+        return None
+    if not engines_raw:
+        out.add(("engines",), "no engines configured: the list is empty")
+
+    engines: list[EngineSpec] = []
+    for i, engine_raw in enumerate(engines_raw):
+        spec = _engine(engine_raw, ("engines", i), defaults or {}, file, out, check_paths=check_paths)
+        if spec is not None:
+            engines.append(spec)
+    _cross_checks(engines_raw, engines, out)
+    if settings is None or defaults is None:
+        return None
+    return SupervisorConfig(path=file, supervisor=settings, engines=tuple(engines))

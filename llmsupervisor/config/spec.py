@@ -1,0 +1,176 @@
+"""The typed, frozen result of a config file: one ``EngineSpec`` per engine, the daemon's own
+``SupervisorSettings``, and ``SupervisorConfig`` holding both. Nothing here reads YAML or
+reports problems: ``load_config`` (``load.py``, with ``fields.py`` and ``checks.py``) builds
+them only from a file that validated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from llmsupervisor.core.policy import EngineRules
+from llmsupervisor.core.restarts import RestartPolicy, StopLadder
+from llmsupervisor.detectors import DetectorConfig
+
+# The flags a ladder step may change: the ones that trade throughput for memory and heat.
+LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSpec:
+    """One vLLM engine: what to run, where, and how patiently to treat it."""
+
+    name: str
+    model: str
+    gpus: tuple[int, ...]
+    port: int
+    host: str = "127.0.0.1"
+    served_model_name: str | None = None
+    command: tuple[str, ...] = ()
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    enabled: bool = True
+    start_timeout_s: float = 900.0
+    drain_grace_s: float = 5.0
+    drain_timeout_s: float = 120.0
+    stop_timeout_s: float = 45.0
+    group_term_timeout_s: float = 5.0
+    kill_timeout_s: float = 10.0
+    canary_timeout_s: float = 30.0
+    canary_interval_s: float = 3.0
+    live_canary_timeout_s: float = 3.0
+    canary_prompt: str = "Hello"
+    health_timeout_s: float = 5.0
+    backoff_initial_s: float = 10.0
+    backoff_max_s: float = 300.0
+    backoff_jitter_ratio: float = 0.2
+    max_failures: int = 5
+    failure_window_s: float = 900.0
+    stable_after_s: float = 600.0
+    # Actions (policy.py): what the supervisor may do about findings, and how often.
+    automatic_actions: bool = True
+    max_actions_per_hour: int = 6
+    action_cooldown_s: float = 60.0
+    # Batch-size ladder: steps below the engine's own args, each overriding LADDER_FLAGS.
+    ladder: tuple[Mapping[str, Any], ...] = ()
+    ladder_calm_s: float = 1800.0
+    repair_verify_s: float = 300.0
+    restart_every_h: float | None = None
+    restart_jitter_s: float = 600.0
+    restart_window: tuple[int, int] | None = None  # minutes of the local day, [start, end)
+    gpu_release_timeout_s: float = 30.0
+    # Built from `defaults.detectors` and the engine's own `detectors` (the engine's keys win)
+    # while the file is validated. Compares by value, so a reload sees a changed threshold.
+    detectors: DetectorConfig = field(default_factory=DetectorConfig)
+
+    @property
+    def model_id(self) -> str:
+        """The id `/v1/models` lists and the canary asks for."""
+        return self.served_model_name or self.model
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            backoff_jitter_ratio=self.backoff_jitter_ratio,
+            max_failures=self.max_failures,
+            failure_window_s=self.failure_window_s,
+            stable_after_s=self.stable_after_s,
+        )
+
+    @property
+    def stop_ladder(self) -> StopLadder:
+        return StopLadder(
+            main_term_timeout_s=self.stop_timeout_s,
+            group_term_timeout_s=self.group_term_timeout_s,
+            kill_timeout_s=self.kill_timeout_s,
+        )
+
+    @property
+    def rules(self) -> EngineRules:
+        """What the policy reads of this engine's settings."""
+        return EngineRules(
+            automatic=self.automatic_actions,
+            max_actions_per_hour=self.max_actions_per_hour,
+            action_cooldown_s=self.action_cooldown_s,
+            ladder_calm_s=self.ladder_calm_s,
+            repair_verify_s=self.repair_verify_s,
+            restart_window=self.restart_window,
+            rotation_grace_s=self.drain_grace_s,
+        )
+
+    def step_args(self, step: int) -> Mapping[str, Any]:
+        """The flags the ladder overrides at ``step`` (0: none; the engine's own args)."""
+        merged: dict[str, Any] = {}
+        for overrides in self.ladder[: max(0, step)]:
+            merged.update(overrides)  # a step that leaves a flag out keeps the step above's value
+        return merged
+
+    def argv(self, step: int = 0) -> list[str]:
+        """The full command line: command, then the flags the supervisor owns, then `args`
+        (with the ladder step's overrides)."""
+        argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
+        if self.served_model_name:
+            argv += ["--served-model-name", self.served_model_name]
+        args = {**self.args, **self.step_args(step)}
+        if len(self.gpus) > 1 and "tensor-parallel-size" not in args and "pipeline-parallel-size" not in args:
+            # One engine over several GPUs means tensor parallelism over all of them.
+            args["tensor-parallel-size"] = len(self.gpus)
+        return argv + render_args(args)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SupervisorSettings:
+    state_dir: Path = Path("/var/lib/llm-supervisor")
+    log_level: str = "info"
+    tick_interval_s: float = 2.0
+    http_listen: str = "127.0.0.1:9400"
+    shutdown_timeout_s: float = 100.0
+    max_unavailable: int = 1  # planned actions never take more engines out of rotation
+    min_in_rotation: int = 1  # load shedding keeps at least this many engines in rotation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SupervisorConfig:
+    path: Path
+    supervisor: SupervisorSettings
+    engines: tuple[EngineSpec, ...]
+
+    def engine(self, name: str) -> EngineSpec:
+        for spec in self.engines:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+def render_args(args: Mapping[str, Any]) -> list[str]:
+    """Map ``{"max-num-seqs": 64, "enforce-eager": True}`` to vLLM flags.
+
+    True renders a bare flag; False and None render nothing (write ``no-<flag>: true`` for
+    vLLM's negative flags); a list renders its items after one flag; a mapping renders as JSON,
+    which is how vLLM takes ``--compilation-config`` and friends.
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, list | tuple):
+            out += [flag, *(str(v) for v in value)]
+        elif isinstance(value, Mapping):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            out += [flag, str(value)]
+    return out
