@@ -106,22 +106,6 @@ def baseline_has_traffic(observations: Sequence[Observation], cfg: DetectorConfi
     )
 
 
-# The pinned baseline's span_stats, by engine: a pinned baseline (~300 observations, a tuple)
-# never changes, yet the degradation detectors would read it again on every tick. A hit needs the
-# very same tuple, so it is the answer span_stats would give; one entry per engine bounds it.
-_BASELINE_STATS: dict[str, tuple[tuple[Observation, ...], SpanStats | None]] = {}
-
-
-def _baseline_stats(baseline: tuple[Observation, ...]) -> SpanStats | None:
-    engine = baseline[0].engine
-    hit = _BASELINE_STATS.get(engine)
-    if hit is not None and hit[0] is baseline:
-        return hit[1]
-    stats = span_stats(baseline)
-    _BASELINE_STATS[engine] = (baseline, stats)
-    return stats
-
-
 # The baseline's stats, the current span's stats, and the newest observation of the current span.
 Spans = tuple[SpanStats, SpanStats, Observation]
 
@@ -137,7 +121,8 @@ def degradation_spans(window: ObservationWindow, now: float, cfg: DetectorConfig
     recent = tuple(o for o in recent if o.at_s > baseline_obs[-1].at_s)
     if not recent or now - recent[-1].at_s > cfg.stale_after_s:
         return None
-    base, current = _baseline_stats(baseline_obs), span_stats(recent)
+    # The pinned baseline's stats are computed once, by the window that pins it.
+    base, current = window.baseline_stats(span_stats), span_stats(recent)
     if base is None or current is None or current.duration_s < 0.8 * cfg.degradation_eval_s:
         return None
     return base, current, recent[-1]
