@@ -83,13 +83,36 @@ def busy_engine(base: EngineMetrics) -> Iterator[Observation]:
 
 
 def load_detectors(checkout: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "other_detectors", checkout / "llmsupervisor" / "detectors.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    """Another checkout's detectors, a module (detectors.py) or a package (detectors/), on this
+    checkout's core and probes.
+
+    A package's modules import each other as ``llmsupervisor.detectors.*``: the other checkout's
+    is put under that name while it loads, then this checkout's is put back.
+    """
+    name = "llmsupervisor.detectors"
+    package = checkout / "llmsupervisor" / "detectors"
+
+    def ours(module: str) -> bool:
+        return module == name or module.startswith(name + ".")
+
+    saved = {k: m for k, m in sys.modules.items() if ours(k)}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        if package.is_dir():
+            spec = importlib.util.spec_from_file_location(
+                name, package / "__init__.py", submodule_search_locations=[str(package)]
+            )
+        else:
+            spec = importlib.util.spec_from_file_location(name, package.with_suffix(".py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up, and submodules their package
+        spec.loader.exec_module(module)
+    finally:
+        for k in [k for k in sys.modules if ours(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
     return module
 
 
@@ -119,7 +142,7 @@ def findings(module: ModuleType, observations: list[Observation]) -> list[list[t
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--against", type=Path, help="another checkout whose detectors.py to compare")
+    p.add_argument("--against", type=Path, help="another checkout whose detectors to compare")
     args = p.parse_args()
     base = parse_metrics(FIXTURE.read_text())
     assert isinstance(base, EngineMetrics)

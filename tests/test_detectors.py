@@ -171,7 +171,7 @@ def test_window_bounds_by_count_and_age() -> None:
     assert [o.at_s for o in reversed(w)] == [90, 80, 70]
 
 
-def test_window_rejects_the_past_and_other_engines_and_clears() -> None:
+def test_window_rejects_the_past_and_other_engines() -> None:
     w = ObservationWindow()
     assert w.latest() is None and not w
     w.append(ob(10))
@@ -179,8 +179,6 @@ def test_window_rejects_the_past_and_other_engines_and_clears() -> None:
         w.append(ob(9))
     with pytest.raises(ValueError, match="window of 'gpu0'"):
         w.append(Observation(engine="gpu1", at_s=11))
-    w.clear()
-    w.append(Observation(engine="gpu1", at_s=1))  # a new incarnation may start earlier
     assert len(w) == 1
 
 
@@ -194,8 +192,27 @@ def test_window_pins_a_baseline_that_outlives_the_ring() -> None:
     assert w.baseline is not None
     assert [o.at_s for o in w.baseline] == [30, 40, 50, 60, 70]
     assert w.since(0)[0].at_s == 150  # the ring moved on; the baseline stayed
-    w.clear()
-    assert w.baseline is None
+
+
+def test_window_computes_baseline_stats_once_per_pinned_baseline() -> None:
+    calls: list[tuple[Observation, ...]] = []
+
+    def first_at(baseline: tuple[Observation, ...]) -> float:
+        calls.append(baseline)
+        return baseline[0].at_s
+
+    def count(baseline: tuple[Observation, ...]) -> int:
+        return len(baseline)
+
+    w = ObservationWindow(max_count=1000, max_age_s=50.0, baseline_s=40.0)
+    w.append(ob(0))
+    assert w.baseline_stats(first_at) is None and calls == []  # nothing pinned: nothing computed
+    for t in times(10, 200, 10):
+        w.append(ob(t))
+    assert w.baseline_stats(first_at) == 0 and w.baseline_stats(first_at) == 0
+    assert calls == [w.baseline]  # once, on the pinned baseline
+    assert w.baseline_stats(count) == 5  # another computation is not served the first's answer
+    assert w.baseline_stats(first_at) == 0 and len(calls) == 2
 
 
 def test_new_window_covers_the_longest_lookback() -> None:
@@ -523,7 +540,7 @@ def test_degradation_evidence() -> None:
 
 def test_span_stats_are_reused_only_for_the_very_same_observations() -> None:
     # Two windows of the same engine, read in turn as two incarnations would be: each answer is
-    # its own window's, though the detectors keep the last spans' stats per engine.
+    # its own window's, each window keeping its own baseline's stats.
     slow, now = _degradation(tokens_per_s_per_running=5.0)
     same, same_now = _degradation()
     assert now == same_now

@@ -13,7 +13,7 @@ Every probe field is either a sample, a ``ProbeFailure`` (the probe ran and prod
 the one exception is the hang detector, for which a probe that timed out is evidence.
 
 A window belongs to one incarnation of one engine: counters, baselines and RSS trends mean
-nothing across a restart, so the loop starts a new window (or calls ``clear``) when it respawns.
+nothing across a restart, so the loop starts a new window when it respawns.
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar, cast
 
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import CheckResult
 from llmsupervisor.probes.host import ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
+
+T = TypeVar("T")
 
 _EMPTY_GPUS: Mapping[int, GpuSample | ProbeFailure] = MappingProxyType({})
 
@@ -83,12 +86,13 @@ class ObservationWindow:
     *baseline*: the first span of ``baseline_s`` seconds that ``baseline_accept`` approves
     (the detectors' "enough real traffic" rule). Until a span is approved the candidate slides
     forward; once approved it is pinned for the life of the window, even after the ring has
-    dropped those observations.
+    dropped those observations. ``baseline_stats`` keeps what is computed from it.
     """
 
     __slots__ = (
         "_baseline",
         "_baseline_accept",
+        "_baseline_memo",
         "_baseline_s",
         "_candidate",
         "_engine",
@@ -118,6 +122,8 @@ class ObservationWindow:
         self._items: deque[Observation] = deque(maxlen=max_count)
         self._candidate: deque[Observation] = deque(maxlen=max_count)
         self._baseline: tuple[Observation, ...] | None = None
+        # compute -> compute(baseline), for the pinned baseline only (see baseline_stats).
+        self._baseline_memo: tuple[Callable[[tuple[Observation, ...]], object], object] | None = None
         self._engine: str | None = None
 
     @property
@@ -132,6 +138,22 @@ class ObservationWindow:
     def baseline(self) -> tuple[Observation, ...] | None:
         """The approved baseline span, oldest first; None until one has been approved."""
         return self._baseline
+
+    def baseline_stats(self, compute: Callable[[tuple[Observation, ...]], T]) -> T | None:
+        """``compute(baseline)``, computed once per pinned baseline; None until one is pinned.
+
+        A pinned baseline (~300 observations) never changes, yet the degradation detectors read
+        it on every tick: the window that owns it keeps the answer. One answer is kept, that of
+        the last ``compute``, so pass the same function (not a new lambda) on every call.
+        """
+        if self._baseline is None:
+            return None
+        memo = self._baseline_memo
+        if memo is not None and memo[0] is compute:
+            return cast(T, memo[1])
+        value = compute(self._baseline)
+        self._baseline_memo = (compute, value)
+        return value
 
     def append(self, obs: Observation) -> None:
         """Add the newest observation; older ones beyond the bounds fall off the front."""
@@ -155,16 +177,10 @@ class ObservationWindow:
         while self._candidate and obs.at_s - self._candidate[0].at_s >= self._baseline_s:
             if self._baseline_accept is None or self._baseline_accept(self._candidate):
                 self._baseline = tuple(self._candidate)
+                self._baseline_memo = None  # computed from another baseline, if any
                 self._candidate.clear()
                 return
             self._candidate.popleft()
-
-    def clear(self) -> None:
-        """Forget everything, baseline included (a new incarnation of the engine)."""
-        self._items.clear()
-        self._candidate.clear()
-        self._baseline = None
-        self._engine = None
 
     def latest(self) -> Observation | None:
         return self._items[-1] if self._items else None

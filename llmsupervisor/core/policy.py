@@ -42,8 +42,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.detectors import Finding, FindingKind, Severity
 
 K = FindingKind
 S = EngineState

@@ -1,0 +1,177 @@
+"""The detectors' settings: every threshold and time, and the tracker's sustain and clear times.
+
+A leaf of the package: the detector families and the tracker read it, it reads none of them
+(``config`` validates an engine's ``detectors:`` overrides against it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+from llmsupervisor.core.findings import FindingKind
+
+K = FindingKind
+
+# How long a raw finding must hold before it opens. Zero where the detector itself already
+# needs several readings over time (hang, stall) or where the input is a discrete event.
+DEFAULT_SUSTAIN_S: Final[Mapping[FindingKind, float]] = MappingProxyType(
+    {
+        K.HANG: 0.0,  # >= hang_min_misses misses and counters frozen hang_*after_s
+        K.STALL: 0.0,  # counters frozen stall_after_s with work queued
+        K.KV_PRESSURE: 60.0,
+        K.PREEMPTION_STORM: 60.0,
+        K.DEGRADATION_THROUGHPUT: 600.0,  # "sustained 10 min"
+        K.DEGRADATION_TTFT: 600.0,
+        K.DEGRADATION_PREFIX_CACHE: 600.0,
+        K.THERMAL: 60.0,
+        K.POWER_THROTTLE: 60.0,
+        K.GPU_FAULT: 0.0,  # an XID or ECC event is a fact, not a noisy sample
+        K.GPU_LOST: 0.0,  # XID 79 / GPU-unavailable event, or gpu_lost twice in a row
+        K.MEMORY_GROWTH: 300.0,  # the slope already spans memory_window_s
+        K.FOREIGN_GPU_MEMORY: 60.0,  # a killed incarnation's memory takes seconds to free
+        K.NVML_LOST: 30.0,
+    }
+)
+# How long a raw finding must be absent before it closes.
+DEFAULT_CLEAR_S: Final[Mapping[FindingKind, float]] = MappingProxyType(
+    {
+        K.HANG: 30.0,
+        K.STALL: 30.0,
+        K.KV_PRESSURE: 120.0,  # on top of the value hysteresis (clears below 0.9 x threshold)
+        K.PREEMPTION_STORM: 120.0,
+        K.DEGRADATION_THROUGHPUT: 300.0,
+        K.DEGRADATION_TTFT: 300.0,
+        K.DEGRADATION_PREFIX_CACHE: 300.0,
+        K.THERMAL: 120.0,
+        K.POWER_THROTTLE: 120.0,
+        K.GPU_FAULT: 0.0,  # the detector holds an event for gpu_fault_lookback_s already
+        K.GPU_LOST: 60.0,
+        K.MEMORY_GROWTH: 900.0,
+        K.FOREIGN_GPU_MEMORY: 60.0,
+        K.NVML_LOST: 60.0,
+    }
+)
+
+
+def _merged(
+    defaults: Mapping[FindingKind, float], given: Mapping[FindingKind, float]
+) -> Mapping[FindingKind, float]:
+    merged = {**defaults, **given}
+    for kind, value in merged.items():
+        if not isinstance(kind, FindingKind):
+            raise ValueError(f"{kind!r} is not a FindingKind")
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{kind}: {value} is not a duration in seconds")
+    return MappingProxyType(merged)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DetectorConfig:
+    """Every threshold and time of the detectors. Seconds are monotonic; ratios are 0..1.
+
+    ``sustain_s`` and ``clear_s`` may name only the kinds to change; the rest keep
+    ``DEFAULT_SUSTAIN_S`` / ``DEFAULT_CLEAR_S``.
+    """
+
+    # A reading older than this (against ``now``) is unknown: per-sample detectors fall back to
+    # the newest reading within it, so one failed probe neither raises nor clears a finding.
+    stale_after_s: float = 30.0
+
+    # HANG (docs/vllm-notes.md §7): no sign of life (a successful canary, or a step/token counter that
+    # moved) for this long, with at least ``hang_min_misses`` deadline misses (canary, /health or
+    # /metrics timing out) since the last sign of life.
+    # Work was queued at the last reading. vLLM V1 prefills in chunks of max-num-batched-tokens,
+    # and its step and token counters move at every step, which takes well under a second to a
+    # few seconds on a GPU: 12 s of frozen counters *and* missed canaries is a hang. Raise it for
+    # engines that prefill huge prompts in one step (chunked prefill off).
+    hang_after_s: float = 12.0
+    # The last reading said nothing was running or waiting: a 1-token canary cannot take long.
+    # This is the SIGSTOP case (gauges stale at 0), found within about 2 canary deadlines.
+    hang_idle_after_s: float = 10.0
+    hang_min_misses: int = 2
+
+    # STALL: running + waiting > 0 in every reading while the counters stood still this long.
+    stall_after_s: float = 60.0
+
+    # KV_PRESSURE: opens at or above the threshold, clears only below clear_ratio x threshold.
+    kv_usage_threshold_ratio: float = 0.88
+    kv_usage_clear_ratio: float = 0.9
+
+    # PREEMPTION_STORM: preemptions per minute over the last preemption_window_s.
+    preemptions_per_min_threshold: float = 10.0
+    preemption_window_s: float = 60.0
+    preemption_min_span_s: float = 30.0  # readings must span at least this to make a rate
+
+    # DEGRADATION_*: the engine against its own baseline (the first degradation_baseline_s of
+    # real traffic after start, pinned by the window), over the last degradation_eval_s.
+    degradation_baseline_s: float = 600.0
+    degradation_eval_s: float = 300.0
+    degradation_ttft_factor: float = 1.5  # current TTFT p95 >= factor x baseline
+    degradation_throughput_factor: float = 0.67  # tokens/s per running request <= factor x baseline
+    degradation_prefix_hit_factor: float = 0.67  # prefix-cache hit rate <= factor x baseline
+    degradation_min_requests: int = 20  # finished requests (canaries excluded) in each span
+    degradation_min_running: float = 0.5  # mean running requests in each span
+    # A baseline span needs requests running in this share of its readings: "with traffic".
+    degradation_min_busy_ratio: float = 0.8
+    # Compare only at similar load: per-request throughput and TTFT move with the batch size.
+    degradation_max_load_ratio: float = 2.0
+    degradation_min_prefix_queries: int = 1000  # prompt tokens looked up, in each span
+    degradation_min_prefix_hit_ratio: float = 0.1  # a lower baseline hit rate is not compared
+
+    # THERMAL: a thermal clock-event reason, or this temperature or above.
+    thermal_temperature_c: int = 87
+
+    # GPU_FAULT / GPU_LOST: an event stays evidence this long after it happened.
+    gpu_fault_lookback_s: float = 300.0
+    # Application-level XIDs (graphics exception, page fault, stopped, cleanup, video decoder):
+    # the engine's fault, not the GPU's (docs/host-notes.md §1.5). INFO.
+    xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68})
+    xid_info_only: frozenset[int] = frozenset({63})  # row remap recorded: log and count. INFO.
+    gpu_lost_min_samples: int = 2  # consecutive gpu_lost probe failures for one GPU
+
+    # MEMORY_GROWTH: least-squares slope of the group's RSS over memory_window_s.
+    memory_window_s: float = 1800.0
+    memory_min_span_s: float = 1200.0
+    memory_min_samples: int = 10
+    memory_growth_mib_per_h: float = 256.0
+    memory_min_r2: float = 0.6  # "steadily": the line must explain most of the variance
+
+    # FOREIGN_GPU_MEMORY: a process outside the engine's group holding this much on its GPU.
+    foreign_min_mib: float = 256.0
+
+    sustain_s: Mapping[FindingKind, float] = field(default_factory=lambda: DEFAULT_SUSTAIN_S)
+    clear_s: Mapping[FindingKind, float] = field(default_factory=lambda: DEFAULT_CLEAR_S)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sustain_s", _merged(DEFAULT_SUSTAIN_S, self.sustain_s))
+        object.__setattr__(self, "clear_s", _merged(DEFAULT_CLEAR_S, self.clear_s))
+        if not 0 < self.kv_usage_threshold_ratio <= 1:
+            raise ValueError("kv_usage_threshold_ratio must be in (0, 1]")
+        if not 0 < self.kv_usage_clear_ratio <= 1:
+            raise ValueError("kv_usage_clear_ratio must be in (0, 1]")
+        if self.hang_min_misses < 1 or self.gpu_lost_min_samples < 1 or self.memory_min_samples < 3:
+            raise ValueError("hang_min_misses, gpu_lost_min_samples >= 1 and memory_min_samples >= 3")
+
+    @property
+    def kv_usage_clear_below_ratio(self) -> float:
+        return self.kv_usage_threshold_ratio * self.kv_usage_clear_ratio
+
+    @property
+    def lookback_s(self) -> float:
+        """The longest stretch of history any detector reads (size the window's ring with it)."""
+        return max(
+            self.hang_after_s,
+            self.stall_after_s,
+            self.preemption_window_s,
+            self.degradation_eval_s,
+            self.gpu_fault_lookback_s,
+            self.memory_window_s,
+            self.stale_after_s,
+        )
+
+
+__all__ = ["DEFAULT_CLEAR_S", "DEFAULT_SUSTAIN_S", "DetectorConfig"]

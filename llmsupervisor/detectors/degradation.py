@@ -1,0 +1,262 @@
+"""Degradation: the engine against its own baseline. DEGRADATION_THROUGHPUT (tokens/s per
+running request), DEGRADATION_TTFT (TTFT p95) and DEGRADATION_PREFIX_CACHE (hit rate).
+
+The baseline is the first ``degradation_baseline_s`` of real traffic (``baseline_has_traffic``),
+pinned by the window; the current span is the last ``degradation_eval_s``. Both are reduced to
+``SpanStats`` and compared only at similar load, since per-request throughput and TTFT move with
+the batch size. The three detectors share one reading of the spans: ``degradation_spans``, and
+``FROM_SPANS`` for ``detect_all``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from llmsupervisor.core.findings import Finding, FindingKind, Severity
+from llmsupervisor.core.observe import Observation, ObservationWindow
+from llmsupervisor.detectors.config import DetectorConfig
+from llmsupervisor.detectors.series import metric_readings, new_finding, upto
+from llmsupervisor.probes.vllm_metrics import window_quantile
+
+K = FindingKind
+
+
+@dataclass(frozen=True, slots=True)
+class SpanStats:
+    """What an engine did over a span of readings (first to last), for baselines and comparisons."""
+
+    start_s: float
+    duration_s: float
+    requests: int | None  # finished, canaries excluded
+    mean_running: float | None
+    busy_ratio: float | None  # share of readings with requests running
+    tokens_per_s_per_running: float | None
+    ttft_p95_s: float | None
+    ttft_count: int
+    prefix_queries: int | None
+    prefix_hit_ratio: float | None
+
+
+def _delta(older: int | None, newer: int | None) -> int | None:
+    if older is None or newer is None or newer < older:
+        return None
+    return newer - older
+
+
+def span_stats(observations: Sequence[Observation]) -> SpanStats | None:
+    """Rates and quantiles between the first and last readings of ``observations``."""
+    readings = metric_readings(observations)
+    if len(readings) < 2:
+        return None
+    (first_obs, first), (last_obs, last) = readings[0], readings[-1]
+    duration_s = last_obs.at_s - first_obs.at_s
+    if duration_s <= 0:
+        return None
+    running = [m.requests_running for _, m in readings if m.requests_running is not None]
+    mean_running = sum(running) / len(running) if running else None
+    busy_ratio = sum(1 for r in running if r > 0) / len(running) if running else None
+    finished = _delta(first.requests_finished_total, last.requests_finished_total)
+    # The canaries' own completions are not traffic. Those of the first observation's tick
+    # finished before its reading, as far as we can tell, so they are not in the delta.
+    # A canary that timed out was aborted by its client, which vLLM does not count as finished.
+    canaries = sum(
+        1
+        for o in observations
+        if o.canary is not None and o.canary.ok and first_obs.at_s < o.at_s <= last_obs.at_s
+    )
+    requests = None if finished is None else max(0, finished - canaries)
+    generated = _delta(first.generation_tokens_total, last.generation_tokens_total)
+    tokens_per_s_per_running = (
+        generated / duration_s / mean_running
+        if generated is not None and mean_running is not None and mean_running > 0
+        else None
+    )
+    ttft = None if last.ttft_seconds is None else last.ttft_seconds.minus(first.ttft_seconds)
+    queries = _delta(first.prefix_cache_queries_total, last.prefix_cache_queries_total)
+    hits = _delta(first.prefix_cache_hits_total, last.prefix_cache_hits_total)
+    return SpanStats(
+        start_s=first_obs.at_s,
+        duration_s=duration_s,
+        requests=requests,
+        mean_running=mean_running,
+        busy_ratio=busy_ratio,
+        tokens_per_s_per_running=tokens_per_s_per_running,
+        ttft_p95_s=window_quantile(last.ttft_seconds, first.ttft_seconds, 0.95),
+        ttft_count=0 if ttft is None else ttft.count,
+        prefix_queries=queries,
+        prefix_hit_ratio=hits / queries if hits is not None and queries else None,
+    )
+
+
+def baseline_has_traffic(observations: Sequence[Observation], cfg: DetectorConfig) -> bool:
+    """The window's rule for pinning a baseline span: enough real requests, running most of the
+    time, and enough load on average."""
+    stats = span_stats(observations)
+    return (
+        stats is not None
+        and stats.requests is not None
+        and stats.requests >= cfg.degradation_min_requests
+        and stats.mean_running is not None
+        and stats.mean_running >= cfg.degradation_min_running
+        and stats.busy_ratio is not None
+        and stats.busy_ratio >= cfg.degradation_min_busy_ratio
+    )
+
+
+# The baseline's stats, the current span's stats, and the newest observation of the current span.
+Spans = tuple[SpanStats, SpanStats, Observation]
+
+
+def degradation_spans(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Spans | None:
+    """The baseline and the last ``degradation_eval_s``, if both can be compared at all; the
+    three degradation detectors share it (``detect_all`` computes it once per tick)."""
+    baseline_obs = window.baseline
+    if not baseline_obs:
+        return None
+    recent = upto(window, now - cfg.degradation_eval_s, now)
+    # The current span must not overlap the baseline, and must be nearly the full eval span.
+    recent = tuple(o for o in recent if o.at_s > baseline_obs[-1].at_s)
+    if not recent or now - recent[-1].at_s > cfg.stale_after_s:
+        return None
+    # The pinned baseline's stats are computed once, by the window that pins it.
+    base, current = window.baseline_stats(span_stats), span_stats(recent)
+    if base is None or current is None or current.duration_s < 0.8 * cfg.degradation_eval_s:
+        return None
+    return base, current, recent[-1]
+
+
+def _at_similar_load(spans: Spans | None, cfg: DetectorConfig) -> Spans | None:
+    """``spans`` if both carried enough load, and similar load; else None."""
+    if spans is None:
+        return None
+    base, current, _ = spans
+    if base.mean_running is None or current.mean_running is None:
+        return None
+    if base.mean_running < cfg.degradation_min_running or current.mean_running < cfg.degradation_min_running:
+        return None
+    load_ratio = current.mean_running / base.mean_running
+    if not 1 / cfg.degradation_max_load_ratio <= load_ratio <= cfg.degradation_max_load_ratio:
+        return None
+    return spans
+
+
+def detect_throughput_degradation(
+    window: ObservationWindow, now: float, cfg: DetectorConfig
+) -> Finding | None:
+    """Generated tokens/s per running request at or below factor x the baseline, at similar load."""
+    return _throughput_degradation(degradation_spans(window, now, cfg), cfg)
+
+
+def _throughput_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
+    spans = _at_similar_load(all_spans, cfg)
+    if spans is None:
+        return None
+    base, current, latest = spans
+    if base.tokens_per_s_per_running is None or current.tokens_per_s_per_running is None:
+        return None
+    if base.tokens_per_s_per_running <= 0:
+        return None
+    ratio = current.tokens_per_s_per_running / base.tokens_per_s_per_running
+    if ratio > cfg.degradation_throughput_factor:
+        return None
+    return new_finding(
+        latest,
+        K.DEGRADATION_THROUGHPUT,
+        Severity.WARNING,
+        current.start_s,
+        f"throughput per running request at {ratio:.0%} of its baseline",
+        tokens_per_s_per_running=current.tokens_per_s_per_running,
+        baseline_tokens_per_s_per_running=base.tokens_per_s_per_running,
+        ratio=ratio,
+        mean_running=current.mean_running or 0.0,
+    )
+
+
+def detect_ttft_degradation(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
+    """TTFT p95 at or above factor x the baseline's, at similar load, with enough requests."""
+    return _ttft_degradation(degradation_spans(window, now, cfg), cfg)
+
+
+def _ttft_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
+    spans = _at_similar_load(all_spans, cfg)
+    if spans is None:
+        return None
+    base, current, latest = spans
+    if min(base.ttft_count, current.ttft_count) < cfg.degradation_min_requests:
+        return None
+    if base.ttft_p95_s is None or current.ttft_p95_s is None or base.ttft_p95_s <= 0:
+        return None
+    ratio = current.ttft_p95_s / base.ttft_p95_s
+    if ratio < cfg.degradation_ttft_factor:
+        return None
+    return new_finding(
+        latest,
+        K.DEGRADATION_TTFT,
+        Severity.WARNING,
+        current.start_s,
+        f"TTFT p95 {current.ttft_p95_s * 1000:.0f} ms, {ratio:.1f}x its baseline",
+        ttft_p95_s=current.ttft_p95_s,
+        baseline_ttft_p95_s=base.ttft_p95_s,
+        ratio=ratio,
+        requests=current.ttft_count,
+    )
+
+
+def detect_prefix_cache_degradation(
+    window: ObservationWindow, now: float, cfg: DetectorConfig
+) -> Finding | None:
+    """Prefix-cache hit rate at or below factor x the baseline's (a baseline worth comparing)."""
+    return _prefix_cache_degradation(degradation_spans(window, now, cfg), cfg)
+
+
+def _prefix_cache_degradation(spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
+    if spans is None:
+        return None
+    base, current, latest = spans
+    if base.prefix_hit_ratio is None or current.prefix_hit_ratio is None:
+        return None
+    if min(base.prefix_queries or 0, current.prefix_queries or 0) < cfg.degradation_min_prefix_queries:
+        return None
+    if base.prefix_hit_ratio < cfg.degradation_min_prefix_hit_ratio:
+        return None
+    ratio = current.prefix_hit_ratio / base.prefix_hit_ratio
+    if ratio > cfg.degradation_prefix_hit_factor:
+        return None
+    return new_finding(
+        latest,
+        K.DEGRADATION_PREFIX_CACHE,
+        Severity.WARNING,
+        current.start_s,
+        f"prefix-cache hit rate {current.prefix_hit_ratio:.0%}, baseline {base.prefix_hit_ratio:.0%}",
+        prefix_hit_ratio=current.prefix_hit_ratio,
+        baseline_prefix_hit_ratio=base.prefix_hit_ratio,
+        ratio=ratio,
+    )
+
+
+# The degradation detectors on spans computed once for the three of them.
+FROM_SPANS: Final[Mapping[FindingKind, Callable[[Spans | None, DetectorConfig], Finding | None]]] = (
+    MappingProxyType(
+        {
+            K.DEGRADATION_THROUGHPUT: _throughput_degradation,
+            K.DEGRADATION_TTFT: _ttft_degradation,
+            K.DEGRADATION_PREFIX_CACHE: _prefix_cache_degradation,
+        }
+    )
+)
+
+
+__all__ = [
+    "FROM_SPANS",
+    "SpanStats",
+    "Spans",
+    "baseline_has_traffic",
+    "degradation_spans",
+    "detect_prefix_cache_degradation",
+    "detect_throughput_degradation",
+    "detect_ttft_degradation",
+    "span_stats",
+]
