@@ -66,8 +66,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from llmsupervisor.core.state import EngineState
 from llmsupervisor.core.policy import RESTART_CAUSES
+from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.engine.http import PrefixReset
 from llmsupervisor.engine.launch import EngineProcess
-from llmsupervisor.probes import ProbeFailure, ProbeFailureKind
+from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
@@ -135,11 +135,11 @@ class FakeProcesses:
 
 
 def ok(latency_s: float = 0.01) -> HttpCheck:
-    return HttpCheck(True, "ok", latency_s, status_code=200)
+    return HttpCheck(ok=True, detail="ok", latency_s=latency_s, status_code=200)
 
 
 def refused() -> HttpCheck:
-    return HttpCheck(False, "connection refused", 0.0, failure=ProbeFailureKind.CONNECT)
+    return HttpCheck(ok=False, detail="connection refused", latency_s=0.0, failure="connect")
 
 
 def metrics(running: int = 0, waiting: int = 0, steps: int = 0) -> EngineMetrics:
@@ -204,7 +204,9 @@ class ServerScript:
         if aio.now() - started < self.ready_after_s:
             return refused()
         if what == "health" and self.health_status != 200:
-            return HttpCheck(False, f"HTTP {self.health_status}", 0.0, status_code=self.health_status)
+            return HttpCheck(
+                ok=False, detail=f"HTTP {self.health_status}", latency_s=0.0, status_code=self.health_status, failure="http"
+            )
         if what == "canary" and self.canary_hangs:
             await asyncio.sleep(timeout_s)
             return HttpCheck(

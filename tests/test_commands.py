@@ -1,4 +1,4 @@
-"""Commands × desired state, and rotation over the transition table: pure tables."""
+"""Commands x desired state, and rotation over the transition table: pure tables."""
 
 from __future__ import annotations
 

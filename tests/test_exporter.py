@@ -29,9 +29,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 from llmsupervisor.exporter import GPU_METRICS, RELOAD_RESULTS, RESTART_REASONS, TICK_BUCKETS_S, Exporter
 from llmsupervisor.http_api import HttpApi, Response
-from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "packaging" / "prometheus" / "alerts.yml"

@@ -32,7 +32,9 @@ class BuggyProcesses(FakeProcesses):
 def fleet_of(tmp_path: Path, **procs: Any) -> tuple[Fleet, BuggyProcesses]:
     fake = BuggyProcesses(state_dir=tmp_path, **procs)
     server = ServerScript(fake)
-    fleet = Fleet(procs=fake, tick_interval_s=2.0, gpus=NoGpus(), sweeper=FakeSweeper(), http_for=server.http_for)
+    fleet = Fleet(
+        procs=fake, tick_interval_s=2.0, gpus=NoGpus(), sweeper=FakeSweeper(), http_for=server.http_for
+    )
     return fleet, fake
 
 
@@ -50,7 +52,7 @@ def test_a_dead_runner_is_out_of_rotation_at_once_keeps_its_history_and_is_repla
     later, the replacement lost its failure history, and repeated deaths never reached FATAL."""
 
     async def scenario() -> None:
-        fleet, procs = fleet_of(tmp_path)
+        fleet, _procs = fleet_of(tmp_path)
         fleet.add(spec(max_failures=3))
         died = await settle(fleet, "e", lambda s: s.task_failed is not None)
         assert not died.in_rotation and died.state is S.BACKOFF
@@ -68,7 +70,7 @@ def test_a_dead_runner_is_out_of_rotation_at_once_keeps_its_history_and_is_repla
 
 def test_a_runner_that_dies_during_shutdown_is_not_replaced(tmp_path: Path) -> None:
     async def scenario() -> None:
-        fleet, procs = fleet_of(tmp_path)
+        fleet, _procs = fleet_of(tmp_path)
         fleet.add(spec())
         await settle(fleet, "e", lambda s: s.task_failed is not None)
         fleet.stop_all()  # the daemon shuts down before the replacement is due

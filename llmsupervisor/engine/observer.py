@@ -27,7 +27,7 @@ from llmsupervisor.detectors import (
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import EngineProcess
 from llmsupervisor.probes import ProbeFailure, host
-from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
@@ -102,7 +102,7 @@ class Observer:
         # work and read busy as dead (docs/vllm-notes.md §7).
         run_canary = not progressing and now - self._last_canary_s >= spec.canary_interval_s
 
-        async def no_canary() -> CheckResult | None:
+        async def no_canary() -> HttpCheck | None:
             return None
 
         timeout_s = spec.health_timeout_s
