@@ -19,9 +19,10 @@ from typing import Any
 from llmsupervisor.config import EngineSpec, SupervisorSettings
 from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
+from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import CheckResult
 from llmsupervisor.probes.host import ProcInfo, ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, nominal_sample
+from llmsupervisor.probes.nvml import GpuEvent, GpuProcess
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"

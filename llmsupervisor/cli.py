@@ -181,7 +181,7 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
 
     reader = None
     if fake_gpu is not None:
-        from llmsupervisor.probes.nvml import FileGpu
+        from llmsupervisor.probes.fake_gpu import FileGpu
 
         logging.getLogger("llmsupervisor").warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
         reader = FileGpu(fake_gpu)

@@ -44,9 +44,10 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import CheckResult
 from llmsupervisor.probes.host import ProcInfo, ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, GpuSample, nominal_sample
+from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, Histogram, parse_metrics
 
 K = FindingKind

@@ -22,7 +22,8 @@ from llmsupervisor import doctor
 from llmsupervisor.config import EngineSpec, load_config
 from llmsupervisor.doctor import CheckResult, Identity, Level
 from llmsupervisor.errors import NvmlUnavailable
-from llmsupervisor.probes.nvml import FakeGpu, GpuSample, NvmlReader
+from llmsupervisor.probes.fake_gpu import FakeGpu
+from llmsupervisor.probes.nvml import GpuSample, NvmlReader
 from tests.conftest import FAKE_VLLM, fake_engine, free_port
 from tests.test_vllm_cpu import vllm_python
 

@@ -20,19 +20,18 @@ import pynvml
 import pytest
 
 from llmsupervisor.errors import NvmlUnavailable, SupervisorError
-from llmsupervisor.probes import ProbeFailure, nvml
+from llmsupervisor.probes import ProbeFailure, gpu_threads, nvml
+from llmsupervisor.probes.fake_gpu import FakeGpu, nominal_sample
+from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
 from llmsupervisor.probes.nvml import (
     CLOCK_EVENT_REASONS,
     EVENT_KINDS,
-    FakeGpu,
     GpuEvent,
     GpuLost,
     GpuProcess,
     GpuSample,
     NvmlReader,
-    ThreadedGpuReader,
     decode_clock_event_reasons,
-    nominal_sample,
 )
 
 UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000")
@@ -164,7 +163,7 @@ def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptur
         assert gpu.unavailable is not None and gpu.unavailable.reason == "library_not_found"
         return first, second, sample, event
 
-    with caplog.at_level(logging.WARNING, logger=nvml.__name__):
+    with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
         first, second, sample, event = asyncio.run(go())
     assert first == second == []
     assert isinstance(sample, ProbeFailure) and sample.kind == "nvml"
@@ -382,7 +381,7 @@ def test_threaded_reader_times_out_and_never_stacks_calls_on_a_stuck_gpu() -> No
             first = await gpu.sample(stuck)
             assert isinstance(first, ProbeFailure) and first.kind == "timeout"
             assert "within 0.2 s" in first.detail
-            assert gpu.outstanding() == {stuck}
+            assert gpu.outstanding_for_tests() == {stuck}
             again = await gpu.sample(stuck)
             assert isinstance(again, ProbeFailure) and again.kind == "timeout"
             assert "still running" in again.detail
@@ -393,7 +392,7 @@ def test_threaded_reader_times_out_and_never_stacks_calls_on_a_stuck_gpu() -> No
         finally:
             fake.release(stuck)
         for _ in range(200):  # the stuck call returns; its slot frees
-            if not gpu.outstanding():
+            if not gpu.outstanding_for_tests():
                 break
             await asyncio.sleep(0.005)
         assert await gpu.sample(stuck) == nominal_sample(0)
@@ -442,7 +441,7 @@ def test_fake_gpu_can_play_a_host_without_nvml(caplog: pytest.LogCaptureFixture)
         await gpu.close()
         return uuids
 
-    with caplog.at_level(logging.WARNING, logger=nvml.__name__):
+    with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
         assert asyncio.run(go()) == []
     assert fake.calls["open"] == 1
     assert len([r for r in caplog.records if "driver_not_loaded" in r.getMessage()]) == 1

@@ -13,7 +13,8 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuReader, GpuSample, ThreadedGpuReader
+from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
+from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuReader, GpuSample
 
 log = logging.getLogger("llmsupervisor.probes.gpus")
 
