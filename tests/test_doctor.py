@@ -341,9 +341,9 @@ class StuckReader(FakeGpu):
         super().__init__()
         self.gate = threading.Event()
 
-    def open(self) -> list[str]:
+    def open(self) -> dict[str, int]:
         self.gate.wait(10)
-        return []
+        return {}
 
     def sample(self, uuid: str) -> GpuSample:
         raise AssertionError("not reached")

@@ -153,7 +153,7 @@ def test_default_reader_imports_the_binding() -> None:
 
 
 def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptureFixture) -> None:
-    async def go() -> tuple[list[str], list[str], ProbeFailure | Any, Any]:
+    async def go() -> tuple[dict[str, int], dict[str, int], ProbeFailure | Any, Any]:
         gpu = ThreadedGpuReader(NvmlReader(pynvml))
         first = await gpu.open()
         second = await gpu.open()
@@ -165,7 +165,7 @@ def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptur
 
     with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
         first, second, sample, event = asyncio.run(go())
-    assert first == second == []
+    assert first == second == {}
     assert isinstance(sample, ProbeFailure) and sample.kind == "nvml"
     assert event is None
     warnings = [r for r in caplog.records if "NVML unavailable" in r.getMessage()]
@@ -235,7 +235,7 @@ EXPECTED_SAMPLE = GpuSample(
 def test_new_and_old_drivers_give_the_same_sample(old_driver: bool) -> None:
     lib = fake_binding(old_driver=old_driver)
     reader = NvmlReader(lib)
-    assert reader.open() == list(UUIDS)
+    assert reader.open() == {UUIDS[0]: 0, UUIDS[1]: 1}
     first = reader.sample(UUIDS[0])
     assert first == EXPECTED_SAMPLE
     assert first.clock_event_reason_names == {"sw_power_cap", "sw_thermal"}
@@ -253,6 +253,22 @@ def test_new_and_old_drivers_give_the_same_sample(old_driver: bool) -> None:
         assert lib.calls["nvmlDeviceGetComputeRunningProcesses_v2"] == 0
     reader.close()
     assert (lib.calls["nvmlInit"], lib.calls["nvmlShutdown"], lib.calls["nvmlEventSetFree"]) == (1, 1, 1)
+
+
+def test_a_gpu_that_cannot_be_read_at_open_is_left_out_and_the_others_keep_their_index() -> None:
+    lib = fake_binding()
+    uuid_of = lib.nvmlDeviceGetUUID
+
+    def uuid_or_lost(h: Any) -> Any:
+        if ctypes.cast(h, ctypes.c_void_p).value == 0x1000:  # GPU 0 fell off the bus
+            raise err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return uuid_of(h)
+
+    lib.nvmlDeviceGetUUID = uuid_or_lost
+    reader = NvmlReader(lib)
+    assert reader.open() == {UUIDS[1]: 1}  # NVML's index, not a position
+    assert reader.sample(UUIDS[1]).index == 1
+    reader.close()
 
 
 def test_a_binding_older_than_the_new_names_falls_back_too() -> None:
@@ -375,7 +391,7 @@ def test_threaded_reader_times_out_and_never_stacks_calls_on_a_stuck_gpu() -> No
 
     async def go() -> None:
         gpu = ThreadedGpuReader(fake, call_timeout_s=0.2)
-        assert await gpu.open() == [stuck, healthy]
+        assert await gpu.open() == {stuck: 0, healthy: 1}
         fake.hang(stuck)
         try:
             first = await gpu.sample(stuck)
@@ -408,7 +424,7 @@ def test_fake_gpu_replays_its_script_then_holds_the_last_item() -> None:
     hot = nominal_sample(0, temperature_c=92, clock_event_reasons=0x40)
     fake = FakeGpu({uuid: [nominal_sample(0), hot]})
     fake.script(uuid, GpuLost(uuid, "fell off the bus"))
-    assert fake.open() == [uuid]
+    assert fake.open() == {uuid: 0}
     assert fake.sample(uuid).temperature_c == 40
     assert fake.sample(uuid).clock_event_reason_names == {"hw_thermal"}
     for _ in range(2):  # a lost GPU stays lost
@@ -435,13 +451,13 @@ def test_fake_gpu_events_through_the_threaded_reader() -> None:
 def test_fake_gpu_can_play_a_host_without_nvml(caplog: pytest.LogCaptureFixture) -> None:
     fake = FakeGpu(unavailable=NvmlUnavailable("driver_not_loaded", "the NVIDIA kernel module is not loaded"))
 
-    async def go() -> list[str]:
+    async def go() -> list[dict[str, int]]:
         gpu = ThreadedGpuReader(fake)
-        uuids = await gpu.open() + await gpu.open()
+        opened = [await gpu.open(), await gpu.open()]
         await gpu.close()
-        return uuids
+        return opened
 
     with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
-        assert asyncio.run(go()) == []
+        assert asyncio.run(go()) == [{}, {}]
     assert fake.calls["open"] == 1
     assert len([r for r in caplog.records if "driver_not_loaded" in r.getMessage()]) == 1

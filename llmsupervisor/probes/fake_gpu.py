@@ -97,13 +97,20 @@ class FakeGpu:
         if gate is not None:
             gate.set()
 
-    def open(self) -> list[str]:
+    def open(self) -> dict[str, int]:
         self.calls["open"] += 1
         if self._unavailable is not None:
             raise self._unavailable
         self.opened = True
         with self._cond:
-            return list(self._scripts)
+            return {uuid: self._index_of(position, uuid) for position, uuid in enumerate(self._scripts)}
+
+    def _index_of(self, position: int, uuid: str) -> int:
+        # The NVML index is the one the GPU's samples carry, so a script can leave a GPU out
+        # (indices 1 and 2, no 0); a GPU scripted with exceptions only takes its position.
+        samples = (item for item in self._scripts[uuid] if isinstance(item, GpuSample))
+        first = next(samples, None)
+        return position if first is None else first.index
 
     def sample(self, uuid: str) -> GpuSample:
         self.calls[uuid] += 1
@@ -165,8 +172,9 @@ class FileGpu:
     def _gpus(self) -> list[dict[str, Any]]:
         return [g for g in self._read().get("gpus", []) if isinstance(g, dict)]
 
-    def open(self) -> list[str]:
-        return [f"GPU-fake-{int(g.get('index', i)):04d}" for i, g in enumerate(self._gpus())]
+    def open(self) -> dict[str, int]:
+        indices = [int(g.get("index", i)) for i, g in enumerate(self._gpus())]
+        return {f"GPU-fake-{index:04d}": index for index in indices}
 
     def sample(self, uuid: str) -> GpuSample:
         for i, raw in enumerate(self._gpus()):

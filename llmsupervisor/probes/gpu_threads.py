@@ -42,8 +42,8 @@ class ThreadedGpuReader:
     ``ProbeFailure(kind="timeout")``, so stuck threads cannot pile up. The event waiter is a key
     of its own, so it never blocks sampling.
 
-    ``open`` returns the UUIDs, or ``[]`` when NVML is unavailable; the reason is logged once, at
-    WARNING, and kept in ``unavailable`` for STATUS=.
+    ``open`` returns the GPUs (UUID -> NVML index), or ``{}`` when NVML is unavailable; the
+    reason is logged once, at WARNING, and kept in ``unavailable`` for STATUS=.
     """
 
     def __init__(
@@ -57,7 +57,7 @@ class ThreadedGpuReader:
         self._call_timeout_s = call_timeout_s
         self._open_timeout_s = open_timeout_s
         self._busy: dict[str, tuple[asyncio.Future[Any], float]] = {}
-        self._uuids: list[str] | None = None
+        self._gpus: dict[str, int] | None = None  # UUID -> NVML index, from open
         self._unavailable: NvmlUnavailable | None = None
 
     @property
@@ -66,7 +66,7 @@ class ThreadedGpuReader:
 
     @property
     def uuids(self) -> list[str]:
-        return list(self._uuids or [])
+        return list(self._gpus or {})
 
     def outstanding_for_tests(self) -> frozenset[str]:
         """Test hook: keys (GPU UUIDs, "events", "open", "close") whose call has not returned yet.
@@ -143,26 +143,26 @@ class ThreadedGpuReader:
             self._unavailable = exc
             log.warning("%s; engines run without GPU telemetry", exc)
 
-    async def open(self) -> list[str]:
+    async def open(self) -> dict[str, int]:
         if self._unavailable is not None:
-            return []
-        if self._uuids is not None:
-            return list(self._uuids)
+            return {}
+        if self._gpus is not None:
+            return dict(self._gpus)
         try:
-            uuids = await self._run("open", self._reader.open, self._open_timeout_s)
+            gpus = await self._run("open", self._reader.open, self._open_timeout_s)
         except NvmlUnavailable as exc:
             self._mark_unavailable(exc)
-            return []
+            return {}
         except (TimeoutError, _Busy):
             self._mark_unavailable(
                 NvmlUnavailable("init_timeout", f"NVML did not initialise within {self._open_timeout_s} s")
             )
-            return []
+            return {}
         except Exception as exc:
             self._mark_unavailable(NvmlUnavailable("init_failed", f"{type(exc).__name__}: {exc}"))
-            return []
-        self._uuids = list(uuids)
-        return list(uuids)
+            return {}
+        self._gpus = dict(gpus)
+        return dict(gpus)
 
     async def sample(self, uuid: str) -> GpuSample | ProbeFailure:
         if self._unavailable is not None:
@@ -179,7 +179,7 @@ class ThreadedGpuReader:
         return dict(zip(uuids, results, strict=True))
 
     async def wait_event(self, timeout_ms: int = 1000) -> GpuEvent | ProbeFailure | None:
-        if self._unavailable is not None or not self._uuids:
+        if self._unavailable is not None or not self._gpus:
             await asyncio.sleep(timeout_ms / 1000)  # keep a caller's event loop from spinning
             return None
         timeout_s = timeout_ms / 1000 + self._call_timeout_s
@@ -193,7 +193,7 @@ class ThreadedGpuReader:
             await self._run("close", self._reader.close, self._call_timeout_s)
         except Exception as exc:
             log.warning("NVML close: %s", self._failure("close", exc, self._call_timeout_s))
-        self._uuids = None
+        self._gpus = None
 
 
 __all__ = ["ThreadedGpuReader"]

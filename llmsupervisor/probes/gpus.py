@@ -36,10 +36,11 @@ class GpuMonitor:
         return None if reason is None else str(reason)
 
     async def start(self) -> None:
-        uuids = await self.reader.open()
-        self._index_of = {uuid: i for i, uuid in enumerate(uuids)}  # NVML indices are PCI order
-        if uuids:
-            log.info("NVML: %d GPU(s)", len(uuids))
+        # NVML's own indices, which engines' ``gpus`` name: a GPU that NVML could not read at
+        # open is left out, so indices can have gaps and a position in this mapping means nothing.
+        self._index_of = await self.reader.open()
+        if self._index_of:
+            log.info("NVML: %d GPU(s), indices %s", len(self._index_of), sorted(self._index_of.values()))
             self._tasks = [
                 asyncio.create_task(self._sample_loop(), name="gpu-sample"),
                 asyncio.create_task(self._event_loop(), name="gpu-events"),
@@ -57,7 +58,11 @@ class GpuMonitor:
     async def _sample_loop(self) -> None:
         while True:
             samples = await self.reader.sample_all()
-            self.latest = {self._index_of[uuid]: s for uuid, s in samples.items()}
+            # A sample names its GPU's index; a failure has only the UUID it was asked for.
+            self.latest = {
+                s.index if isinstance(s, GpuSample) else self._index_of[uuid]: s
+                for uuid, s in samples.items()
+            }
             await asyncio.sleep(self.interval_s)
 
     async def _event_loop(self) -> None:

@@ -153,8 +153,12 @@ class GpuEvent:
 class GpuReader(Protocol):
     """What the daemon uses of NVML. Every call blocks; run them through ``ThreadedGpuReader``."""
 
-    def open(self) -> list[str]:
-        """Initialise and return the GPU UUIDs in PCI order; raises ``NvmlUnavailable``."""
+    def open(self) -> dict[str, int]:
+        """Initialise and return the GPUs, UUID -> NVML index, in index (PCI) order.
+
+        The indices are NVML's own, with gaps where a GPU could not be read and was left out:
+        never a position in this mapping. Raises ``NvmlUnavailable``.
+        """
         ...
 
     def sample(self, uuid: str) -> GpuSample:
@@ -257,11 +261,11 @@ class NvmlReader:
                 raise translated from exc
         return None
 
-    def open(self) -> list[str]:
+    def open(self) -> dict[str, int]:
         if self._unavailable is not None:
             raise self._unavailable
         if self._initialised:
-            return list(self._devices)
+            return self._indices()
         if self._lib is None:
             try:
                 import pynvml
@@ -301,7 +305,10 @@ class NvmlReader:
             self._devices[uuid] = dev
             self._by_handle[_handle_key(handle)] = dev
         self._register_events()
-        return list(self._devices)
+        return self._indices()
+
+    def _indices(self) -> dict[str, int]:
+        return {uuid: dev.index for uuid, dev in self._devices.items()}
 
     def _register_events(self) -> None:
         lib = self._lib
