@@ -84,7 +84,7 @@ class World:
     def events(self, t: float, last: float) -> tuple[GpuEvent, ...]:
         if self.fault.startswith("xid") and last < self.t0 <= t:
             xid = int(self.fault[3:] or 79)
-            return (GpuEvent(index=0, uuid=nominal_sample(0).uuid, kind="xid", xid=xid),)
+            return (GpuEvent(index=0, uuid=nominal_sample(0).uuid, kind="xid", xid=xid, at_s=t),)
         return ()
 
     def proc(self, t: float) -> ProcSample:

@@ -617,12 +617,12 @@ def test_a_failed_nvml_read_neither_raises_nor_clears_thermal() -> None:
 # --- GPU_FAULT, GPU_LOST, NVML_LOST --------------------------------------------------------------
 
 
-def xid(n: int, index: int = 0) -> GpuEvent:
-    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind="xid", xid=n)
+def xid(n: int, index: int = 0, at_s: float = 0.0) -> GpuEvent:
+    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind="xid", xid=n, at_s=at_s)
 
 
-def event(kind: str, index: int = 0) -> GpuEvent:
-    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind=kind, xid=None)
+def event(kind: str, index: int = 0, at_s: float = 0.0) -> GpuEvent:
+    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind=kind, xid=None, at_s=at_s)
 
 
 FAULT_CASES: list[tuple[str, list[Observation], Severity | None, bool]] = [

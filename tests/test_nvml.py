@@ -13,6 +13,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +41,11 @@ UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-999
 def err(code: int) -> Exception:
     exc: Exception = pynvml.NVMLError(code)
     return exc
+
+
+def unstamped(event: GpuEvent | None) -> GpuEvent | None:
+    """The event with its receipt time zeroed, to compare with an expected one."""
+    return None if event is None else replace(event, at_s=0)
 
 
 def handle(index: int) -> Any:
@@ -352,9 +358,14 @@ def test_xid_events_registered_per_device_within_the_supported_mask() -> None:
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x8, eventData=79))
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x2, eventData=0))
     lib.events.append(SimpleNamespace(device=handle(5), eventType=0x8, eventData=999))
-    assert reader.wait_event(1000) == GpuEvent(index=0, uuid=UUIDS[0], kind="xid", xid=79)
-    assert reader.wait_event(1000) == GpuEvent(index=0, uuid=UUIDS[0], kind="double_bit_ecc", xid=None)
-    assert reader.wait_event(1000) == GpuEvent(index=None, uuid=None, kind="xid", xid=nvml.XID_UNKNOWN)
+    before = time.monotonic()
+    assert unstamped(reader.wait_event(1000)) == GpuEvent(index=0, uuid=UUIDS[0], kind="xid", xid=79, at_s=0)
+    assert unstamped(reader.wait_event(1000)) == GpuEvent(
+        index=0, uuid=UUIDS[0], kind="double_bit_ecc", xid=None, at_s=0
+    )
+    last = reader.wait_event(1000)
+    assert unstamped(last) == GpuEvent(index=None, uuid=None, kind="xid", xid=nvml.XID_UNKNOWN, at_s=0)
+    assert last is not None and before <= last.at_s <= time.monotonic()  # stamped as it left NVML
     reader.close()
 
 
@@ -433,7 +444,7 @@ def test_fake_gpu_replays_its_script_then_holds_the_last_item() -> None:
 
 
 def test_fake_gpu_events_through_the_threaded_reader() -> None:
-    event = GpuEvent(index=0, uuid="GPU-fake-0000", kind="xid", xid=48)
+    event = GpuEvent(index=0, uuid="GPU-fake-0000", kind="xid", xid=48, at_s=0.0)
     fake = FakeGpu.nominal(1)
 
     async def go() -> list[Any]:

@@ -208,6 +208,7 @@ class FileGpu:
                         uuid=None if gpu is None else f"GPU-fake-{int(gpu):04d}",
                         kind=str(raw.get("kind", "xid")),
                         xid=raw.get("xid"),
+                        at_s=time.monotonic(),
                     )
             left = deadline - time.monotonic()
             if left <= 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -66,22 +67,33 @@ class GpuMonitor:
             await asyncio.sleep(self.interval_s)
 
     async def _event_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             event = await self.reader.wait_event(1000)
             if isinstance(event, ProbeFailure):
                 await asyncio.sleep(1.0)  # the failure shows in samples; do not spin
             elif event is not None and event.index is not None:
+                # Stamped on receipt with the loop's clock, the one the engines' times are on.
                 backlog = self._events.setdefault(event.index, [])
-                backlog.append(event)
+                backlog.append(dataclasses.replace(event, at_s=loop.time()))
                 del backlog[:-EVENT_BACKLOG]
 
     def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]:
         return {g: self.latest[g] for g in gpus if g in self.latest}
 
-    def take_events(self, gpus: Iterable[int]) -> tuple[GpuEvent, ...]:
+    def take_events(self, gpus: Iterable[int], since_s: float | None = None) -> tuple[GpuEvent, ...]:
+        """The events on ``gpus`` received since the last take (each is taken once), per GPU in
+        order of receipt.
+
+        Events received before ``since_s`` (``loop.time()``) are dropped: an engine passes its
+        incarnation's start, so the XIDs of the incident that restarted it, which arrive while it
+        drains, stops and starts again, are not replayed into the new incarnation.
+        """
         taken: list[GpuEvent] = []
         for g in gpus:
             taken += self._events.pop(g, [])
+        if since_s is not None:
+            taken = [e for e in taken if e.at_s >= since_s]
         return tuple(taken)
 
     def exporter_samples(self) -> Mapping[int, Mapping[str, float]]:

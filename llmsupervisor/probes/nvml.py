@@ -142,12 +142,18 @@ class GpuSample:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuEvent:
-    """One NVML event. ``index``/``uuid`` are None when the event's device could not be matched."""
+    """One NVML event. ``index``/``uuid`` are None when the event's device could not be matched.
+
+    ``at_s`` is when it was received, on the monotonic clock. A reader stamps it as the event
+    leaves NVML; ``GpuMonitor`` stamps it again as it reaches the loop, with ``loop.time()``, the
+    daemon's one clock, so that an engine can drop the events from before its incarnation.
+    """
 
     index: int | None
     uuid: str | None
     kind: str  # EVENT_KINDS value, or "event_0x..." for a type this table lacks
     xid: int | None  # for kind "xid" only; XID_UNKNOWN (999) when NVML cannot name it
+    at_s: float  # monotonic, when received
 
 
 class GpuReader(Protocol):
@@ -411,6 +417,7 @@ class NvmlReader:
             uuid=None if dev is None else dev.uuid,
             kind=EVENT_KINDS.get(event_type, f"event_0x{event_type:x}"),
             xid=int(data.eventData) if event_type & EVENT_XID else None,
+            at_s=time.monotonic(),
         )
 
     def close(self) -> None:
