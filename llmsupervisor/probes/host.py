@@ -70,13 +70,6 @@ class ProcSample:
     def pids(self) -> frozenset[int]:
         return frozenset(p.pid for p in self.processes)
 
-    @property
-    def stopped_count(self) -> int:
-        """Processes stopped by a signal (SIGSTOP): alive to ``/health``, dead to the engine."""
-        return sum(
-            1 for p in self.processes if p.status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-        )
-
 
 def _title(raw: RawProcess) -> str:
     if raw.cmdline:
@@ -151,18 +144,6 @@ def list_groups_psutil(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
             )
         )
     return found
-
-
-def list_group_psutil(pgid: int) -> list[RawProcess]:
-    """The processes whose process group is ``pgid`` right now (blocking; reads ``/proc``)."""
-    return list_groups_psutil((pgid,))[pgid]
-
-
-def sweep_group(
-    pgid: int, *, list_group: Callable[[int], Iterable[RawProcess]] = list_group_psutil
-) -> ProcSample:
-    """Sweep one engine's process group; blocking, so run it with ``asyncio.to_thread``."""
-    return summarize(pgid, list_group(pgid))
 
 
 ListGroups = Callable[[Collection[int]], Mapping[int, Iterable[RawProcess]]]
@@ -250,9 +231,7 @@ __all__ = [
     "ProcInfo",
     "ProcSample",
     "RawProcess",
-    "list_group_psutil",
     "list_groups_psutil",
     "summarize",
-    "sweep_group",
     "sweep_groups",
 ]
