@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterator
 import psutil
 import pytest
 
+from llmsupervisor import process
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.host import (
     GroupSweeper,
@@ -264,3 +265,15 @@ def test_real_groups_in_one_pass(group: tuple[subprocess.Popen[bytes], int]) -> 
     samples = sweep_groups([leader, os.getpgid(0)])
     assert samples[leader].pids == {leader, group[1]}
     assert os.getpid() in samples[os.getpgid(0)].pids
+
+
+def test_members_of_many_groups_in_one_walk(group: tuple[subprocess.Popen[bytes], int]) -> None:
+    leader, child = group[0].pid, group[1]
+    ours = os.getpgid(0)
+    members = process.members_of([leader, ours])
+    assert members[leader] == sorted([leader, child])
+    assert os.getpid() in members[ours] and leader not in members[ours]
+    assert process.group_members(leader) == members[leader]
+    assert process.members_of([]) == {}
+    stop_leader(group[0])
+    assert process.members_of([leader]) == {leader: []}  # every group asked for has an entry
