@@ -19,18 +19,21 @@ from typing import Any
 from llmsupervisor.config import EngineSpec, SupervisorSettings
 from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
-from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.fake_gpu import nominal_sample
+from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, nominal_sample
+from llmsupervisor.probes.nvml import GpuEvent, GpuProcess
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"
 SPEC = EngineSpec(name="gpu0", model="m", gpus=(0,), port=8001)
 TICK_S = SupervisorSettings().tick_interval_s
 CFG = DetectorConfig()
-OK = CheckResult(True, "completed", 0.05, 200)
-HEALTH_OK = CheckResult(True, "HTTP 200", 0.002, 200)
-TIMEOUT = CheckResult(False, "timed out (ReadTimeout)", SPEC.live_canary_timeout_s)
+OK = HttpCheck(ok=True, detail="completed", latency_s=0.05, status_code=200)
+HEALTH_OK = HttpCheck(ok=True, detail="HTTP 200", latency_s=0.002, status_code=200)
+TIMEOUT = HttpCheck(
+    ok=False, detail="timed out (ReadTimeout)", latency_s=SPEC.live_canary_timeout_s, failure="timeout"
+)
 MIB = 1024 * 1024
 
 
@@ -68,7 +71,7 @@ class World:
             kv_usage_ratio=kv,
         )
 
-    def canary(self, t: float) -> CheckResult:
+    def canary(self, t: float) -> HttpCheck:
         return TIMEOUT if self.faulty(t) and self.fault in ("hang", "stall") else OK
 
     def gpu(self, t: float) -> Any:
@@ -83,7 +86,7 @@ class World:
     def events(self, t: float, last: float) -> tuple[GpuEvent, ...]:
         if self.fault.startswith("xid") and last < self.t0 <= t:
             xid = int(self.fault[3:] or 79)
-            return (GpuEvent(index=0, uuid=nominal_sample(0).uuid, kind="xid", xid=xid),)
+            return (GpuEvent(index=0, uuid=nominal_sample(0).uuid, kind="xid", xid=xid, at_s=t),)
         return ()
 
     def proc(self, t: float) -> ProcSample:

@@ -201,7 +201,7 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
 
         reader = None
         if fake_gpu is not None:
-            from llmsupervisor.probes.nvml import FileGpu
+            from llmsupervisor.probes.fake_gpu import FileGpu
 
             log.warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
             reader = FileGpu(fake_gpu)

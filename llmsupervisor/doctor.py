@@ -1,6 +1,6 @@
 """``llm-supervisor doctor``: is this machine ready for the daemon's first start?
 
-Each check is a plain function that looks at one thing and returns a ``CheckResult``;
+Each check is a plain function that looks at one thing and returns a ``DoctorCheck``;
 ``run_checks`` points them at a config and ``cli.doctor`` prints one line per result::
 
     ok    user: checking for llm-supervisor (groups video, llm-supervisor), the unit's User=
@@ -98,7 +98,7 @@ class Level(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class CheckResult:
+class DoctorCheck:
     name: str  # what was checked: "config", "engine gpu0", "port 8001 (engine gpu0)", ...
     level: Level
     detail: str
@@ -185,7 +185,7 @@ def _owner(st: os.stat_result) -> str:
     return f"{stat.filemode(st.st_mode)} {user}:{group}"
 
 
-def check_config(path: Path) -> tuple[list[CheckResult], SupervisorConfig | None]:
+def check_config(path: Path) -> tuple[list[DoctorCheck], SupervisorConfig | None]:
     """The config through the daemon's own loader: one FAIL per problem, with its line.
 
     Returns the config for the other checks. When only paths are wrong (a missing model or
@@ -194,13 +194,13 @@ def check_config(path: Path) -> tuple[list[CheckResult], SupervisorConfig | None
     try:
         config = load_config(path)
     except ConfigError as exc:
-        results = [CheckResult("config", Level.FAIL, str(problem)) for problem in exc.problems]
+        results = [DoctorCheck("config", Level.FAIL, str(problem)) for problem in exc.problems]
         try:
             return results, load_config(path, check_paths=False)
         except ConfigError:
             return results, None
     names = ", ".join(e.name for e in config.engines)
-    return [CheckResult("config", Level.OK, f"{path}: {len(config.engines)} engine(s): {names}")], config
+    return [DoctorCheck("config", Level.OK, f"{path}: {len(config.engines)} engine(s): {names}")], config
 
 
 def _module_of(command: Sequence[str]) -> str | None:
@@ -212,7 +212,7 @@ def _module_of(command: Sequence[str]) -> str | None:
 
 def check_engine_command(
     spec: EngineSpec, who: Identity, *, timeout_s: float = COMMAND_TIMEOUT_S
-) -> CheckResult:
+) -> DoctorCheck:
     """The engine's program exists and ``who`` may run it; for ``python -m vllm...`` commands,
     the module is installed for that interpreter, and which vLLM version."""
     name = f"engine {spec.name}"
@@ -220,21 +220,21 @@ def check_engine_command(
     shown = " ".join(spec.command[:3])
     resolved = program if "/" in program else _which(program, spec)
     if resolved is None:
-        return CheckResult(name, Level.FAIL, f"{program!r} is not on PATH")
+        return DoctorCheck(name, Level.FAIL, f"{program!r} is not on PATH")
     path = Path(resolved)
     try:
         st = path.stat()
     except OSError as exc:
-        return CheckResult(name, Level.FAIL, f"{program}: {exc.strerror or exc}")
+        return DoctorCheck(name, Level.FAIL, f"{program}: {exc.strerror or exc}")
     if not stat.S_ISREG(st.st_mode) or not (st.st_mode & 0o111):
-        return CheckResult(name, Level.FAIL, f"{program} is not an executable file")
+        return DoctorCheck(name, Level.FAIL, f"{program} is not an executable file")
     blocked = _reachable(path, who)
     if blocked is not None or (who.uid != 0 and not who.may(st, 1)):
         where = f"directory {blocked}" if blocked is not None else str(path)
-        return CheckResult(name, Level.FAIL, f"{program}: {who.name} cannot reach {where}")
+        return DoctorCheck(name, Level.FAIL, f"{program}: {who.name} cannot reach {where}")
     module = _module_of(spec.command)
     if module is None:
-        return CheckResult(name, Level.OK, f"{shown}: executable (not a python -m command: version unknown)")
+        return DoctorCheck(name, Level.OK, f"{shown}: executable (not a python -m command: version unknown)")
     env = {**os.environ, **spec.env}
     try:
         done = subprocess.run(
@@ -247,30 +247,30 @@ def check_engine_command(
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return CheckResult(name, Level.FAIL, f"{program} did not answer within {timeout_s:g} s")
+        return DoctorCheck(name, Level.FAIL, f"{program} did not answer within {timeout_s:g} s")
     except OSError as exc:
-        return CheckResult(name, Level.FAIL, f"{program}: cannot run it: {exc.strerror or exc}")
+        return DoctorCheck(name, Level.FAIL, f"{program}: cannot run it: {exc.strerror or exc}")
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return CheckResult(name, Level.FAIL, f"{program} failed (exit {done.returncode}): {tail}")
+        return DoctorCheck(name, Level.FAIL, f"{program} failed (exit {done.returncode}): {tail}")
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return CheckResult(name, Level.FAIL, f"{program}: unexpected output {done.stdout[-200:]!r}")
+        return DoctorCheck(name, Level.FAIL, f"{program}: unexpected output {done.stdout[-200:]!r}")
     top = module.partition(".")[0]
     python = f"Python {found['python']}"
     if not found["top_found"]:
-        return CheckResult(
+        return DoctorCheck(
             name, Level.FAIL, f"{shown}: {top} is not installed for this interpreter ({python})"
         )
     versions = ", ".join(f"{d} {v}" for d, v in found["dists"].items()) or f"{top} (no package metadata)"
     if not found["module_found"]:
-        return CheckResult(
+        return DoctorCheck(
             name,
             Level.FAIL,
             f"{shown}: module {module} not found in {versions}: wrong module for this version?",
         )
-    return CheckResult(name, Level.OK, f"{shown}: {versions} ({python})")
+    return DoctorCheck(name, Level.OK, f"{shown}: {versions} ({python})")
 
 
 def _which(program: str, spec: EngineSpec) -> str | None:
@@ -287,11 +287,11 @@ def _unprivileged_port_start(proc: Path = Path("/proc")) -> int:
 
 def check_port(
     host: str, port: int, *, name: str, who: Identity, state_dir: Path | None = None
-) -> CheckResult:
+) -> DoctorCheck:
     """``host:port`` can be bound now, the way a server binds it (SO_REUSEADDR), and by ``who``."""
     limit = _unprivileged_port_start()
     if who.uid != 0 and port < limit:
-        return CheckResult(
+        return DoctorCheck(
             name,
             Level.FAIL,
             f"below {limit}: {who.name} has no capabilities to bind it (the unit grants none)",
@@ -301,7 +301,7 @@ def check_port(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as exc:
-        return CheckResult(name, Level.FAIL, f"cannot resolve host {host!r}: {exc.strerror}")
+        return DoctorCheck(name, Level.FAIL, f"cannot resolve host {host!r}: {exc.strerror}")
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -310,12 +310,12 @@ def check_port(
             if exc.errno == errno.EADDRINUSE:
                 return _port_in_use(port, name=name, state_dir=state_dir)
             if exc.errno == errno.EADDRNOTAVAIL:
-                return CheckResult(name, Level.FAIL, f"{host} is not an address of this machine")
-            return CheckResult(name, Level.FAIL, f"cannot bind {host}:{port}: {exc.strerror or exc}")
-    return CheckResult(name, Level.OK, f"{host}:{port} free")
+                return DoctorCheck(name, Level.FAIL, f"{host} is not an address of this machine")
+            return DoctorCheck(name, Level.FAIL, f"cannot bind {host}:{port}: {exc.strerror or exc}")
+    return DoctorCheck(name, Level.OK, f"{host}:{port} free")
 
 
-def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> CheckResult:
+def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> DoctorCheck:
     holders = process.port_holders(port)
     described = []
     ours = bool(holders)
@@ -332,18 +332,18 @@ def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> CheckResult
     who = ", ".join(described) or "an unknown process"
     if ours:
         # The daemon on this config is running: its ports are busy by design.
-        return CheckResult(name, Level.WARN, f"in use by the running supervisor: {who}")
-    return CheckResult(name, Level.FAIL, f"in use by {who}")
+        return DoctorCheck(name, Level.WARN, f"in use by the running supervisor: {who}")
+    return DoctorCheck(name, Level.FAIL, f"in use by {who}")
 
 
-def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> CheckResult:
+def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> DoctorCheck:
     """``who`` can create files in ``path`` (or create ``path``); under the shipped unit, also
     that the unit lets the service write there at all."""
     name = "state_dir"
     path = path.resolve()
     managed = under_unit and any(path == d or d in path.parents for d in UNIT_WRITABLE)
     if under_unit and not managed:
-        return CheckResult(
+        return DoctorCheck(
             name,
             Level.WARN,
             f"{path} is outside /var/lib/llm-supervisor: the unit's ProtectSystem=strict leaves it "
@@ -353,35 +353,35 @@ def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> CheckResu
     while not existing.exists():
         existing = existing.parent
     if existing != path and managed and not path.exists():
-        return CheckResult(name, Level.OK, f"{path} will be created by systemd (StateDirectory=) at start")
+        return DoctorCheck(name, Level.OK, f"{path} will be created by systemd (StateDirectory=) at start")
     try:
         st = existing.stat()
     except OSError as exc:
-        return CheckResult(name, Level.FAIL, f"{existing}: {exc.strerror or exc}")
+        return DoctorCheck(name, Level.FAIL, f"{existing}: {exc.strerror or exc}")
     if not stat.S_ISDIR(st.st_mode):
-        return CheckResult(name, Level.FAIL, f"{existing} is not a directory")
+        return DoctorCheck(name, Level.FAIL, f"{existing} is not a directory")
     blocked = _reachable(existing / "x", who)
     if blocked is not None:
-        return CheckResult(name, Level.FAIL, f"{path}: {who.name} cannot enter {blocked}")
+        return DoctorCheck(name, Level.FAIL, f"{path}: {who.name} cannot enter {blocked}")
     if not who.may(st, 3):
         if managed and existing == path:
             # StateDirectory= chowns it to User= at every start.
-            return CheckResult(
+            return DoctorCheck(
                 name, Level.OK, f"{path} ({_owner(st)}): systemd hands it to the service at start"
             )
-        return CheckResult(name, Level.FAIL, f"{existing} ({_owner(st)}) is not writable by {who.name}")
+        return DoctorCheck(name, Level.FAIL, f"{existing} ({_owner(st)}) is not writable by {who.name}")
     if who.uid == os.geteuid():
         # The mode bits say yes; a read-only mount would still say no.
         try:
             with tempfile.NamedTemporaryFile(dir=existing, prefix=".doctor-"):
                 pass
         except OSError as exc:
-            return CheckResult(name, Level.FAIL, f"cannot write in {existing}: {exc.strerror or exc}")
+            return DoctorCheck(name, Level.FAIL, f"cannot write in {existing}: {exc.strerror or exc}")
     if existing != path:
-        return CheckResult(
+        return DoctorCheck(
             name, Level.OK, f"{path} does not exist yet; {who.name} can create it in {existing}"
         )
-    return CheckResult(name, Level.OK, f"{path} writable by {who.name}")
+    return DoctorCheck(name, Level.OK, f"{path} writable by {who.name}")
 
 
 def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
@@ -390,7 +390,7 @@ def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
 
 def check_nvml(
     reader: GpuReader, config: SupervisorConfig | None, *, timeout_s: float = NVML_TIMEOUT_S
-) -> list[CheckResult]:
+) -> list[DoctorCheck]:
     """NVML answers and lists GPUs, and every GPU an engine names exists. A missing driver is a
     FAIL only when an enabled engine has gpus configured."""
     needing = _gpu_engines(config)
@@ -414,25 +414,25 @@ def check_nvml(
     thread.start()
     thread.join(timeout_s)
     if not outcome:
-        return [CheckResult("nvml", missing_level, f"NVML did not answer within {timeout_s:g} s{why}")]
+        return [DoctorCheck("nvml", missing_level, f"NVML did not answer within {timeout_s:g} s{why}")]
     with contextlib.suppress(Exception):
         reader.close()
     result = outcome[0]
     if isinstance(result, NvmlUnavailable):
-        return [CheckResult("nvml", missing_level, f"{result.detail}{why}")]
+        return [DoctorCheck("nvml", missing_level, f"{result.detail}{why}")]
     if isinstance(result, Exception):
-        return [CheckResult("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
+        return [DoctorCheck("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
     assert isinstance(result, list)
     if not result:
-        return [CheckResult("nvml", missing_level, f"NVML works but lists no GPU{why}")]
+        return [DoctorCheck("nvml", missing_level, f"NVML works but lists no GPU{why}")]
     gpus = "; ".join(f"{s.index}: {s.name} {s.uuid}" for s in result)
-    results = [CheckResult("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
+    results = [DoctorCheck("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
     present = {s.index for s in result}
     for spec in config.engines if config is not None else ():
         absent = [g for g in spec.gpus if g not in present]
         if absent:
             results.append(
-                CheckResult(
+                DoctorCheck(
                     f"engine {spec.name} gpus",
                     Level.FAIL,
                     f"GPU(s) {absent} not present (NVML lists {sorted(present)})",
@@ -441,13 +441,13 @@ def check_nvml(
     return results
 
 
-def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> CheckResult:
+def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> DoctorCheck:
     """The NVIDIA device nodes exist, are character devices, and ``who`` may read and write them."""
     name = "devices"
     nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
     if not nodes:
         level = Level.FAIL if needed else Level.WARN
-        return CheckResult(name, level, f"no {dev_dir}/nvidia* device nodes (NVIDIA driver not loaded)")
+        return DoctorCheck(name, level, f"no {dev_dir}/nvidia* device nodes (NVIDIA driver not loaded)")
     problems = []
     for node in nodes:
         try:
@@ -465,24 +465,24 @@ def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> CheckRes
     if not any(n.removeprefix("nvidia").isdigit() for n in present):
         problems.append(f"no {dev_dir}/nvidia<N> GPU node")
     if problems:
-        return CheckResult(name, Level.FAIL, f"for {who.name}: " + "; ".join(problems))
+        return DoctorCheck(name, Level.FAIL, f"for {who.name}: " + "; ".join(problems))
     shown = ", ".join(n.name for n in nodes)
     if "nvidia-uvm" not in present:
-        return CheckResult(
+        return DoctorCheck(
             name,
             Level.WARN,
             f"{shown} usable by {who.name}, but {dev_dir}/nvidia-uvm is missing "
             "(CUDA needs it; the unit's ExecStartPre=nvidia-modprobe -u creates it)",
         )
-    return CheckResult(name, Level.OK, f"{shown}: read-write for {who.name}")
+    return DoctorCheck(name, Level.OK, f"{shown}: read-write for {who.name}")
 
 
-def check_identity(*, euid: int | None = None) -> tuple[CheckResult, Identity]:
+def check_identity(*, euid: int | None = None) -> tuple[DoctorCheck, Identity]:
     """Whom to check files and devices for: the service user when run as root."""
     if (os.geteuid() if euid is None else euid) != 0:
         me = current_identity()
         return (
-            CheckResult(
+            DoctorCheck(
                 "user", Level.OK, f"checking as {me.describe()}; run as root to check for the service user"
             ),
             me,
@@ -490,7 +490,7 @@ def check_identity(*, euid: int | None = None) -> tuple[CheckResult, Identity]:
     service = user_identity(SERVICE_USER, extra_groups=SERVICE_GROUPS)
     if service is None:
         return (
-            CheckResult(
+            DoctorCheck(
                 "user",
                 Level.WARN,
                 f"service user {SERVICE_USER} does not exist (the package's sysusers.d entry creates it); "
@@ -498,7 +498,7 @@ def check_identity(*, euid: int | None = None) -> tuple[CheckResult, Identity]:
             ),
             current_identity(),
         )
-    return CheckResult("user", Level.OK, f"checking for {service.describe()}, the unit's User="), service
+    return DoctorCheck("user", Level.OK, f"checking for {service.describe()}, the unit's User="), service
 
 
 def run_checks(
@@ -509,9 +509,9 @@ def run_checks(
     who: Identity | None = None,
     under_unit: bool | None = None,
     command_timeout_s: float = COMMAND_TIMEOUT_S,
-) -> list[CheckResult]:
+) -> list[DoctorCheck]:
     """Every check, in the order an operator would fix them."""
-    results: list[CheckResult] = []
+    results: list[DoctorCheck] = []
     if who is None:
         user_result, who = check_identity()
         results.append(user_result)
@@ -545,12 +545,12 @@ def run_checks(
     return results
 
 
-def failed(results: Sequence[CheckResult]) -> bool:
+def failed(results: Sequence[DoctorCheck]) -> bool:
     return any(r.level is Level.FAIL for r in results)
 
 
 __all__ = [
-    "CheckResult",
+    "DoctorCheck",
     "Identity",
     "Level",
     "check_config",

