@@ -205,12 +205,16 @@ class ServerScript:
             return refused()
         if what == "health" and self.health_status != 200:
             return HttpCheck(
-                ok=False, detail=f"HTTP {self.health_status}", latency_s=0.0, status_code=self.health_status, failure="http"
+                ok=False,
+                detail=f"HTTP {self.health_status}",
+                latency_s=0.0,
+                status_code=self.health_status,
+                failure="http",
             )
         if what == "canary" and self.canary_hangs:
             await asyncio.sleep(timeout_s)
             return HttpCheck(
-                False, f"timed out after {timeout_s:g} s", timeout_s, failure=ProbeFailureKind.TIMEOUT
+                ok=False, detail=f"timed out after {timeout_s:g} s", latency_s=timeout_s, failure="timeout"
             )
         return ok()
 

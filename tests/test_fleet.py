@@ -62,7 +62,8 @@ def test_a_dead_runner_is_out_of_rotation_at_once_keeps_its_history_and_is_repla
         final = await settle(fleet, "e", lambda s: s.state is S.FATAL)
         assert final.failures == 3 and final.restarts_by_reason.get("runner_died") == 2
         await asyncio.sleep(10 * RUNNER_RESTART_DELAY_S)
-        assert fleet.status("e").state is S.FATAL  # not replaced again
+        final = fleet.status("e")
+        assert final is not None and final.state is S.FATAL  # not replaced again
         await fleet.aclose()
 
     run_virtual(scenario())

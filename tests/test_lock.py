@@ -153,13 +153,13 @@ def config_file(tmp_path: Path, engines: list[dict[str, object]] | None = None) 
 @pytest.fixture
 def no_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the root logger as pytest set it up, and fail if the daemon proper were started."""
-    import llmsupervisor.supervisor
+    import llmsupervisor.daemon.supervisor
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the Supervisor was constructed")
 
     monkeypatch.setattr(logs, "setup", lambda *args, **kwargs: None)
-    monkeypatch.setattr(llmsupervisor.supervisor, "Supervisor", refuse)
+    monkeypatch.setattr(llmsupervisor.daemon.supervisor, "Supervisor", refuse)
 
 
 def test_run_exits_75_while_the_lock_is_held(

@@ -85,6 +85,7 @@ class Harness:
             history=history,
         )
         self.changes.runner = self.runner
+        self.changes.published.append(self.runner.status())
         self.task = asyncio.create_task(self.runner.run())
 
     @property
@@ -118,6 +119,18 @@ class Harness:
 
     async def state(self, state: EngineState, timeout_s: float = 7200.0) -> EngineStatus:
         return await self.until(lambda s: s.state is state, timeout_s)
+
+    async def published(self, pred: Callable[[EngineStatus], bool], timeout_s: float = 7200.0) -> EngineStatus:
+        """The first status published from now on that matches (a state may be brief)."""
+        start = len(self.changes.published)
+        found: list[EngineStatus] = []
+
+        def seen(_: EngineStatus) -> bool:
+            found.extend(s for s in self.changes.published[start:] if pred(s))
+            return bool(found)
+
+        await self.until(seen, timeout_s)
+        return found[0]
 
     async def close(self) -> None:
         self.send(Stop(final=True))
@@ -239,10 +252,11 @@ def test_restart_during_start_abandons_the_start_and_starts_again_at_once(tmp_pa
 def test_restart_during_backoff_starts_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         h = Harness(tmp_path, spec(backoff_initial_s=300, backoff_max_s=300))
-        for _ in range(2):
-            await h.state(S.READY)
+        for n in (1, 2):
+            await h.until(ready_as(n))
             h.procs.live[-1].exit(code=1)
-            await h.state(S.BACKOFF)
+            await h.published(lambda s: s.state is S.BACKOFF)
+        assert h.status.state is S.BACKOFF  # the second failure waits
         asked = aio.now()
         h.send(Restart(cause="operator", reason="asked"))
         await h.state(S.STARTING)
@@ -470,7 +484,7 @@ def test_hung_canary_does_not_hold_a_restart(tmp_path: Path) -> None:
         await asyncio.sleep(5)
         asked = aio.now()
         h.send(Restart(cause="hang", reason="hung", drain=False, failure=True))
-        await h.state(S.BACKOFF)
+        await h.published(lambda s: s.state is S.BACKOFF)
         assert aio.now() - asked < 5
         await h.close()
 
@@ -482,7 +496,7 @@ def test_engine_dead_health_restarts(tmp_path: Path) -> None:
         h = Harness(tmp_path, spec())
         await h.state(S.READY)
         h.server.health_status = 503
-        status = await h.state(S.BACKOFF)
+        status = await h.published(lambda s: s.state is S.BACKOFF)
         assert "engine core is dead" in status.state_reason
         h.server.health_status = 200
         status = await h.until(ready_as(2))

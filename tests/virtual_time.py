@@ -37,5 +37,11 @@ def run_virtual(coro: Coroutine[Any, Any, T], *, start_s: float = 1000.0) -> T:
     try:
         return loop.run_until_complete(coro)
     finally:
+        # As asyncio.run does: a test that failed half-way leaves tasks behind; end them here.
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

@@ -17,6 +17,7 @@ import httpx
 
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.probes import ProbeFailure, health
+from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -32,11 +33,11 @@ class PrefixReset(enum.Enum):
 
 
 class EngineHttp(Protocol):
-    async def health(self, *, timeout_s: float) -> health.HttpCheck: ...
+    async def health(self, *, timeout_s: float) -> HttpCheck: ...
 
-    async def models(self, *, timeout_s: float) -> health.HttpCheck: ...
+    async def models(self, *, timeout_s: float) -> HttpCheck: ...
 
-    async def canary(self, *, timeout_s: float) -> health.HttpCheck: ...
+    async def canary(self, *, timeout_s: float) -> HttpCheck: ...
 
     async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure: ...
 
@@ -50,14 +51,14 @@ class VllmHttp:
         self._client = client
         self._spec = spec
 
-    async def health(self, *, timeout_s: float) -> health.HttpCheck:
+    async def health(self, *, timeout_s: float) -> HttpCheck:
         return await health.check_health(self._client, self._spec.base_url, timeout_s=timeout_s)
 
-    async def models(self, *, timeout_s: float) -> health.HttpCheck:
+    async def models(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
         return await health.check_models(self._client, spec.base_url, spec.model_id, timeout_s=timeout_s)
 
-    async def canary(self, *, timeout_s: float) -> health.HttpCheck:
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
         return await health.canary(
             self._client, spec.base_url, spec.model_id, prompt=spec.canary_prompt, timeout_s=timeout_s

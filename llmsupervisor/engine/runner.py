@@ -105,6 +105,9 @@ class EngineRunner:
         self._output: OutputForwarder | None = None
         self._observer: Observer | None = None
         self._gave_up = False  # FATAL: only an operator's Start tries again
+        # A stop, restart or failure is being carried out (from the drain to the next READY or
+        # rest): the policy must leave the engine alone meanwhile.
+        self._acting = False
         self._start_failed_oom = False
         self._repair: asyncio.Task[None] | None = None
         self._prefix_reset_supported: bool | None = None
@@ -151,7 +154,7 @@ class EngineRunner:
             held=d.held,
             shed=d.shed,
             final=d.final,
-            busy=d.restart is not None or repairing or stop_pending,
+            busy=d.restart is not None or repairing or stop_pending or self._acting,
             findings=self._observer.findings if self._observer is not None else (),
             ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
             ladder_steps=len(spec.ladder),
@@ -216,6 +219,7 @@ class EngineRunner:
             while True:
                 d = self._desired
                 if d.final or not d.run or self._gave_up:
+                    self._acting = False
                     if self._life.state is S.BACKOFF:
                         self._to(S.STOPPED, "stop requested during backoff")
                     self._apply_spec()
@@ -231,6 +235,7 @@ class EngineRunner:
                 if outcome is Outcome.READY:
                     outcome, why = await self._serve()
                     cause = "engine_dead" if outcome is Outcome.DEAD else "crash"
+                self._acting = True
                 if outcome is Outcome.STOP:
                     await self._stop(why, drain_first=True)
                     continue
@@ -324,6 +329,7 @@ class EngineRunner:
         )
         history = self._life.history
         history.failures = history.failures.reached_ready()
+        self._acting = False
         self._to(S.READY, "ready")
         next_round_s = aio.now() + self._tick_s
         while True:
