@@ -114,7 +114,7 @@ def test_history_records_in_order_and_is_immutable() -> None:
 
 def test_failures_outside_the_window_are_forgotten() -> None:
     policy = RestartPolicy(failure_window_s=900.0)
-    history = record_all([0.0, 100.0, 500.0], policy)
+    history = record_all([0.0, 100.0, 500.0], policy).reached_ready()  # it served after each
     assert history.count(500.0, policy) == 3
     assert history.count(899.9, policy) == 3
     # At exactly window seconds a failure is out (now - t < window).
@@ -124,6 +124,17 @@ def test_failures_outside_the_window_are_forgotten() -> None:
     # Recording drops what has left the window, so the history stays small.
     later = history.record(1000.0, policy)
     assert later.times_s == (500.0, 1000.0)
+
+
+def test_failures_without_ready_in_between_count_whatever_the_window() -> None:
+    """A slow load that fails every time (10-minute starts) never has max_failures inside the
+    window, yet it never serves: those failures count until the engine is READY again."""
+    policy = RestartPolicy(failure_window_s=900.0, max_failures=3)
+    history = record_all([0.0, 610.0, 1220.0], policy)
+    assert history.count(1220.0, policy) == 3
+    assert is_crash_loop(history, 1220.0, policy)
+    served = history.reached_ready()
+    assert served.count(1220.0, policy) == 2 and not is_crash_loop(served, 1220.0, policy)
 
 
 def test_crash_loop_after_max_failures_within_the_window() -> None:
@@ -141,14 +152,14 @@ def test_no_crash_loop_when_failures_are_spread_out() -> None:
     history = FailureHistory()
     for i in range(20):
         now = i * 300.0  # one failure every 5 minutes: at most 3 inside any 15-minute window
-        history = history.record(now, policy)
+        history = history.record(now, policy).reached_ready()  # serving again in between
         assert history.count(now, policy) <= 3
         assert not is_crash_loop(history, now, policy)
 
 
 def test_old_failures_stop_counting_towards_a_crash_loop() -> None:
     policy = RestartPolicy(max_failures=3, failure_window_s=60.0)
-    history = record_all([0.0, 10.0], policy)
+    history = record_all([0.0, 10.0], policy).reached_ready()
     assert not is_crash_loop(history, 20.0, policy)
     assert is_crash_loop(history.record(20.0, policy), 20.0, policy)
     # Same third failure, but the first two are more than a window old.
