@@ -205,7 +205,12 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
 
             log.warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
             reader = FileGpu(fake_gpu)
-        return asyncio.run(Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run())
+
+        async def supervise() -> int:
+            # Built inside the loop: the daemon's clock is the loop's (llmsupervisor/aio.py).
+            return await Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run()
+
+        return asyncio.run(supervise())
 
 
 def doctor(path: Path) -> int:

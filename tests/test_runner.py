@@ -120,7 +120,9 @@ class Harness:
     async def state(self, state: EngineState, timeout_s: float = 7200.0) -> EngineStatus:
         return await self.until(lambda s: s.state is state, timeout_s)
 
-    async def published(self, pred: Callable[[EngineStatus], bool], timeout_s: float = 7200.0) -> EngineStatus:
+    async def published(
+        self, pred: Callable[[EngineStatus], bool], timeout_s: float = 7200.0
+    ) -> EngineStatus:
         """The first status published from now on that matches (a state may be brief)."""
         start = len(self.changes.published)
         found: list[EngineStatus] = []

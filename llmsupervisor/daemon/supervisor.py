@@ -495,11 +495,15 @@ class Supervisor:
         escalated = False
         while pending := {t for t in self.fleet.all_tasks() if not t.done()}:
             self._request_arrived.clear()
+            if self._state_changes() != self._changes_written:
+                self._write_status()  # `llm-supervisor status` shows the engines stopping
+            seen = self.fleet.changes.version
             # Wake at least every 5 s to keep systemd's stop timeout and watchdog from firing
             # while engines drain; the daemon's own deadline is shutdown_timeout_s.
             await aio.wait_any(
                 *(asyncio.shield(t) for t in pending),
                 self._request_arrived.wait(),
+                self.fleet.changes.wait(seen),
                 timeout_s=min(5.0, max(0.0, deadline - aio.now())),
             )
             self.notifier.extend_timeout(30.0)

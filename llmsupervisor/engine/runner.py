@@ -427,7 +427,14 @@ class EngineRunner:
         if proc is None:
             return
         ladder = self._spec.stop_ladder
-        await terminate(self.name, proc, ladder.quick() if quick else ladder, self._procs, quick=self._quick)
+        await terminate(
+            self.name,
+            proc,
+            ladder.quick() if quick else ladder,
+            self._procs,
+            pause=self._pause,
+            quick=self._quick,
+        )
         if self._output is not None:
             await self._output.close()
             self._output = None
@@ -458,11 +465,13 @@ class EngineRunner:
             await self._terminate(quick=True)
         if give_up:
             self._gave_up = True
-            self._to(
-                S.FATAL,
-                f"{reason}; {count} failures (max_failures={policy.max_failures}), "
-                f"giving up (llm-supervisor start {self.name} retries)",
+            in_a_row = history.failures.unready >= policy.max_failures
+            budget = (
+                f"{count} failures in a row without becoming ready"
+                if in_a_row
+                else f"{count} failures within {policy.failure_window_s:g} s"
             )
+            self._to(S.FATAL, f"{reason}; {budget}, giving up (llm-supervisor start {self.name} retries)")
             return
         # One failure of an engine that was running is not a loop: waiting only adds downtime
         # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.

@@ -94,10 +94,12 @@ async def terminate(
     ladder: StopLadder,
     procs: Processes,
     *,
+    pause: Pause,
     quick: Callable[[], bool],
 ) -> None:
     """Run the stop ladder; return once no process of the incarnation is left (or SIGKILL has
-    failed, which is logged: nothing else can be done)."""
+    failed, which is logged: nothing else can be done). ``pause`` is the runner's wait, so an
+    escalation (second SIGINT) sent meanwhile cuts the current rung short."""
     for i, rung in enumerate(rungs(ladder.quick() if quick() else ladder)):
         if i == 0 and proc.returned:
             continue  # the leader is gone: its orphans get the group signals
@@ -108,7 +110,7 @@ async def terminate(
             proc.signal_group(rung.sig)
         else:
             proc.signal_main(rung.sig)
-        if await _group_gone(proc, procs, rung.timeout_s, quick if rung.cut_short_by_quick else None):
+        if await _group_gone(proc, procs, rung.timeout_s, pause, quick if rung.cut_short_by_quick else None):
             break
     else:
         log.error(
@@ -134,7 +136,7 @@ async def terminate(
 
 
 async def _group_gone(
-    proc: EngineProcess, procs: Processes, timeout_s: float, quick: Callable[[], bool] | None
+    proc: EngineProcess, procs: Processes, timeout_s: float, pause: Pause, quick: Callable[[], bool] | None
 ) -> bool:
     deadline = aio.now() + timeout_s
     while True:
@@ -142,7 +144,8 @@ async def _group_gone(
             return True
         if aio.now() >= deadline or (quick is not None and quick()):
             return False
-        await aio.wait_any(proc.wait(), timeout_s=min(GROUP_POLL_S, max(0.0, deadline - aio.now())))
+        # The leader's exit wakes the pause; other members of the group are polled.
+        await pause(min(GROUP_POLL_S, max(0.0, deadline - aio.now())))
 
 
 async def await_gpu_release(
