@@ -61,6 +61,7 @@ from llmsupervisor.probes.nvml import GpuReader
 log = logging.getLogger("llmsupervisor")
 
 LEFTOVER_KILL_TIMEOUT_S: Final = 10.0
+SHUTDOWN_NOTIFY_S: Final = 1.0  # progress to systemd while engines stop, at most this often
 
 
 def local_minute_of_day() -> int:
@@ -493,6 +494,7 @@ class Supervisor:
         self.notifier.stopping(f"stopping {len(self.fleet.runners)} engine(s)")
         deadline = aio.now() + self.config.supervisor.shutdown_timeout_s
         escalated = False
+        notified_s = -SHUTDOWN_NOTIFY_S
         while pending := {t for t in self.fleet.all_tasks() if not t.done()}:
             self._request_arrived.clear()
             if self._state_changes() != self._changes_written:
@@ -506,9 +508,12 @@ class Supervisor:
                 self.fleet.changes.wait(seen),
                 timeout_s=min(5.0, max(0.0, deadline - aio.now())),
             )
-            self.notifier.extend_timeout(30.0)
-            self.notifier.watchdog()
-            self.notifier.status("stopping: " + self.summary())
+            if aio.now() - notified_s >= SHUTDOWN_NOTIFY_S:
+                # Not on every engine change: each message is a blocking datagram to systemd.
+                notified_s = aio.now()
+                self.notifier.extend_timeout(30.0)
+                self.notifier.watchdog()
+                self.notifier.status("stopping: " + self.summary())
             while self._requests:
                 request = self._requests.popleft()
                 if request is Request.SHUTDOWN_NOW and not escalated:

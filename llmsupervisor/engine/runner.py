@@ -60,6 +60,7 @@ from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
 log = logging.getLogger("llmsupervisor.engine")
 
 S = EngineState
+POLICY_TURN_S = 1.0  # how long a BACKOFF after an out-of-memory start waits for the policy
 
 
 class Outcome(enum.Enum):
@@ -465,6 +466,7 @@ class EngineRunner:
             await self._terminate(quick=True)
         if give_up:
             self._gave_up = True
+            self._acting = False
             in_a_row = history.failures.unready >= policy.max_failures
             budget = (
                 f"{count} failures in a row without becoming ready"
@@ -476,10 +478,17 @@ class EngineRunner:
         # One failure of an engine that was running is not a loop: waiting only adds downtime
         # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.
         delay_s = 0.0 if count == 1 else backoff_delay_s(count - 1, policy, self._rng.random())
-        self._to(S.BACKOFF, f"{reason}; failure {count}/{policy.max_failures}, restarting in {delay_s:.1f} s")
-        deadline = aio.now() + delay_s
-        # An operator's restart during the backoff means "try now".
+        # A start that ran out of memory waits for the policy's turn (bounded): it decides
+        # whether the next spawn runs a batch step down, and a 0 s backoff would not let it.
+        oom_step = self._start_failed_oom and self._ladder.step < len(self._spec.ladder)
+        wait_s = max(delay_s, POLICY_TURN_S) if oom_step else delay_s
+        self._acting = False
+        self._to(S.BACKOFF, f"{reason}; failure {count}/{policy.max_failures}, restarting in {wait_s:.1f} s")
+        deadline = aio.now() + wait_s
+        # An operator's restart during the backoff means "try now"; so does the policy's step.
         while (left := deadline - aio.now()) > 0 and self._wants_start() and self._desired.restart is None:
+            if oom_step and not self._start_failed_oom and aio.now() >= deadline - wait_s + delay_s:
+                break
             await self._pause(left)
         if self._wants_start():
             self._life.count_restart(cause)
