@@ -3,7 +3,8 @@
 A Unix stream socket (mode 0660, the daemon's group; nothing on the network). One request per
 connection: a JSON object on one line, ``{"command": "restart", "engine": "gpu0"}``; one JSON
 line back, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``. The server only
-parses and hands the request to a callback, which puts it on the daemon's one command queue.
+parses and hands the request to a callback, which puts it on the daemon's one request queue
+(daemon/requests.py) and awaits the loop's answer.
 """
 
 from __future__ import annotations

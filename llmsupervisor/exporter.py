@@ -6,10 +6,10 @@ a library registers globally leaks into ``/metrics``.
 
 ::
 
-    supervisor loop ──► Snapshot (immutable) ◄── snapshot() ── _SnapshotCollector ─┐
-    later GPU probe ──► gpu_samples() ──────────────────────────────────┘          │
+    engine statuses ──► Snapshot (immutable) ◄── snapshot() ── _SnapshotCollector ─┐
+    latest GPU sample ─► gpu_samples() ─────────────────────────────────┘          │
     loop, per tick ──► Exporter.observe_tick(s) ──► Histogram ──────────────────────┤
-    engine, per round ─► Exporter.observe_engine_round(name, s) ─► Histogram ─────────┤
+    loop, per round seen ► Exporter.observe_engine_round(name, s) ─► Histogram ───────┤
                                                                                      ▼
                                           Exporter.render() = generate_latest(registry)
 
@@ -143,11 +143,11 @@ def _name(suffix: str) -> str:
 class Exporter:
     """The daemon's Prometheus exporter.
 
-    ``snapshot`` is called on every scrape and must return the latest immutable ``Snapshot``
-    (cheap: the loop swaps one reference). ``gpu_samples`` is optional and may raise; a failure
+    ``snapshot`` is called on every scrape and builds an immutable ``Snapshot`` from the engines'
+    published statuses (daemon/status.py), so a scrape is self-consistent. ``gpu_samples`` is optional and may raise; a failure
     drops the GPU families from that scrape and is logged, the rest of the scrape still works.
-    The loop calls ``observe_tick(seconds)`` once per completed tick, and each engine
-    ``observe_engine_round(name, seconds)`` once per observation round.
+    The loop calls ``observe_tick(seconds)`` once per completed tick, and
+    ``observe_engine_round(name, seconds)`` once per engine observation round it sees published.
     """
 
     def __init__(

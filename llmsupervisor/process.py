@@ -434,3 +434,23 @@ def port_holders(port: int) -> list[int | None]:
         if listening and conn.pid not in holders:
             holders.append(conn.pid)
     return holders
+
+
+async def sweep_leftovers(state_dir: Path, *, timeout_s: float) -> None:
+    """Kill the engine processes an earlier daemon on ``state_dir`` left behind: those with its
+    markers, and the members of the process groups it recorded."""
+    leftovers = marker_processes(state_dir, exclude_daemon_pid=os.getpid())
+    for group in recorded_groups(state_dir):
+        if group.daemon_pid != os.getpid():
+            leftovers += [p for p in recorded_group_members(group) if p not in leftovers]
+            forget_group(state_dir, group.engine)
+    if not leftovers:
+        return
+    log.warning(
+        "killing %d leftover engine process(es) of an earlier run: %s",
+        len(leftovers),
+        ", ".join(f"{pid} ({describe_pid(pid)[:60]})" for pid in leftovers),
+    )
+    alive = await kill_trees(leftovers, timeout_s=timeout_s)
+    if alive:
+        log.error("leftover processes survived SIGKILL: %s", alive)

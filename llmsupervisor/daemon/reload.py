@@ -9,19 +9,22 @@ waits on the fleet's changes, not on a polling timer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from llmsupervisor import aio
-from llmsupervisor.config import EngineSpec
+from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.core.policy import back_in_rotation
 from llmsupervisor.core.policy_memory import PolicyMemory
-from llmsupervisor.core.reload_plan import ReloadPlan
+from llmsupervisor.core.reload_plan import ReloadPlan, plan_reload
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.reconcile import view_of
 from llmsupervisor.engine.commands import Respec, Restart, Start, Stop
+from llmsupervisor.errors import ConfigError
+from llmsupervisor.notify import Notifier
 
 log = logging.getLogger("llmsupervisor")
 
@@ -98,3 +101,89 @@ async def _await_capacity(
         # Rotation grace passes without a status change: wake for it too.
         seen = fleet.changes.version
         await aio.wait_any(fleet.changes.wait(seen), timeout_s=min(1.0, deadline - aio.now()))
+
+
+class Reloader:
+    """Reads, validates and applies a new config; one reload at a time, rolls one after another.
+
+    On any problem in the new file the old config keeps running and the problem stays in
+    STATUS= until a reload succeeds (the operator must see it in `systemctl status`)."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        memory: PolicyMemory,
+        notifier: Notifier,
+        *,
+        summary: Callable[[], str],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._fleet = fleet
+        self._memory = memory
+        self._notifier = notifier
+        self._summary = summary
+        self._stopping = stopping
+        self._lock = asyncio.Lock()
+        self._roll: asyncio.Task[None] | None = None
+        self.totals: dict[str, int] = {"ok": 0, "invalid": 0}
+        self.problem: str | None = None
+
+    async def reload(self, current: SupervisorConfig) -> tuple[SupervisorConfig | None, dict[str, Any]]:
+        """(the new config, or None when nothing changed hands; the reply for the operator)."""
+        async with self._lock:
+            self._notifier.reloading()
+            try:
+                new = await asyncio.to_thread(load_config, current.path)
+            except ConfigError as exc:
+                self.totals["invalid"] += 1
+                for problem in exc.problems:
+                    log.error("reload: %s", problem)
+                log.error(
+                    "reload rejected: %d problem(s); still running the previous config", len(exc.problems)
+                )
+                self.problem = f"reload failed ({len(exc.problems)} problems), old config kept"
+                self._notifier.ready(self._summary())
+                return None, {"reloaded": False, "problems": [str(p) for p in exc.problems]}
+            if self._stopping():  # a shutdown began while the file was read: change nothing
+                return None, {"reloaded": False, "problems": ["the daemon is shutting down"]}
+            fleet = self._fleet
+            running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in fleet.statuses()}
+            plan = plan_reload(current, new, running)
+            for setting in plan.next_start_only:
+                log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
+            apply_now(plan, fleet)
+            if plan.restart:
+                previous = self._roll
+                self._roll = asyncio.create_task(self._roll_after(previous, plan.restart, new), name="roll")
+            self.totals["ok"] += 1
+            self.problem = None
+            changed = list(plan.changed)
+            log.info(
+                "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
+                current.path,
+                len(plan.added),
+                len(plan.removed),
+                len(changed),
+                ", ".join(changed) or "-",
+                len(new.engines) - len(plan.added) - len(changed),
+            )
+            return new, {
+                "reloaded": True,
+                "added": [s.name for s in plan.added],
+                "removed": list(plan.removed),
+                "changed": changed,
+                "next_start_only": list(plan.next_start_only),
+            }
+
+    async def _roll_after(
+        self, previous: asyncio.Task[None] | None, specs: tuple[EngineSpec, ...], config: SupervisorConfig
+    ) -> None:
+        if previous is not None and not previous.done():
+            await asyncio.wait({previous})
+        await roll(
+            specs, self._fleet, self._memory, max_unavailable=lambda: config.supervisor.max_unavailable
+        )
+
+    def cancel(self) -> None:
+        if self._roll is not None:
+            self._roll.cancel()

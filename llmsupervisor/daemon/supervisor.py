@@ -26,31 +26,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
-from llmsupervisor.config import SupervisorConfig, load_config
+from llmsupervisor.config import SupervisorConfig
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
-from llmsupervisor.core.reload_plan import plan_reload
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon import reload as reloading
 from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.reconcile import Reconciler
+from llmsupervisor.daemon.reload import Reloader
+from llmsupervisor.daemon.requests import (
+    AnyRequest,
+    EngineRequest,
+    ReloadRequest,
+    Request,
+    operator_commands,
+    refuse,
+)
 from llmsupervisor.daemon.status import DaemonCounters, Snapshot, StatusFile, snapshot, status_json, summary
-from llmsupervisor.engine.commands import Command, Hold, Restart, Start, Stop
 from llmsupervisor.engine.launch import HostProcesses, Processes
-from llmsupervisor.errors import ConfigError
 from llmsupervisor.exporter import Exporter
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
@@ -67,29 +69,6 @@ SHUTDOWN_NOTIFY_S: Final = 1.0  # progress to systemd while engines stop, at mos
 def local_minute_of_day() -> int:
     now = time.localtime()
     return now.tm_hour * 60 + now.tm_min
-
-
-class Request(enum.Enum):
-    SHUTDOWN = "shutdown"
-    SHUTDOWN_NOW = "shutdown now"  # second SIGINT: skip the drains
-    RELOAD = "reload"  # SIGHUP, or `llm-supervisor reload`
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """An operator's command for one engine, from the control socket."""
-
-    command: str  # restart, drain, stop, start
-    engine: str
-    reply: asyncio.Future[Any] = field(compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadRequest:
-    reply: asyncio.Future[Any] | None = field(default=None, compare=False)  # None: from SIGHUP
-
-
-AnyRequest = Request | EngineRequest | ReloadRequest
 
 
 class Supervisor:
@@ -118,13 +97,9 @@ class Supervisor:
         self._stopping = False
         self._sigint_count = 0
         self._ready_sent = False
-        self._reload_lock = asyncio.Lock()
-        self._reload_problem: str | None = None
-        self._background: set[asyncio.Task[Any]] = set()  # reloads and rolls
-        self._roll_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()  # reloads
         self.ticks_total = 0
         self.last_tick_duration_s = 0.0
-        self.reloads_total: dict[str, int] = {"ok": 0, "invalid": 0}
         self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
         self._last_tick_s = aio.now()
         self._changes_written = -1
@@ -145,6 +120,9 @@ class Supervisor:
         self.marks = GpuMarks(self.state_dir / "gpu-faults.json")
         self.reconcile = Reconciler(
             self.memory, ActionExecutor(self.fleet.send, self._gpus_of_engine, self.marks)
+        )
+        self.reloader = Reloader(
+            self.fleet, self.memory, self.notifier, summary=self.summary, stopping=lambda: self._stopping
         )
         self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
         self._rounds_seen: dict[str, int] = {}
@@ -183,7 +161,7 @@ class Supervisor:
         """Act on one request (never for SHUTDOWN: the loop ends on it)."""
         if isinstance(request, ReloadRequest):
             if self._stopping:
-                _refuse(request.reply, "the daemon is shutting down")
+                refuse(request.reply, "the daemon is shutting down")
                 return
             self._spawn(self._reload(request.reply), "reload")
         elif isinstance(request, EngineRequest):
@@ -199,22 +177,7 @@ class Supervisor:
         if self._stopping:
             raise control.ControlError("the daemon is shutting down")
         log.info("operator: %s", command, extra={"engine": name})
-        cmds: list[Command]
-        if command == "restart":
-            running = status.wants_run and status.state not in (EngineState.STOPPED, EngineState.FATAL)
-            # Restarting a stopped engine starts it, as `systemctl restart` does.
-            cmds = (
-                [Restart(cause="operator", reason="restart requested by operator")] if running else [Start()]
-            )
-        elif command == "drain":
-            cmds = [Hold(True)]
-        elif command == "stop":
-            cmds = [Stop()]
-        elif command == "start":
-            cmds = [Start()]
-        else:
-            raise control.ControlError(f"unknown command {command!r}")
-        for cmd in cmds:
+        for cmd in operator_commands(command, status):
             self.fleet.send(name, cmd)
         return {"engine": name, "state": status.state.value, "accepted": command}
 
@@ -239,7 +202,7 @@ class Supervisor:
                 notify_failures_total=self.notifier.failures_total,
                 config_path=str(self.config.path),
                 config_loaded_timestamp_s=self.config_loaded_timestamp_s,
-                reloads_total=dict(self.reloads_total),
+                reloads_total=dict(self.reloader.totals),
             ),
         )
 
@@ -247,7 +210,7 @@ class Supervisor:
         return status_json(self.snapshot())
 
     def summary(self) -> str:
-        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=self._reload_problem)
+        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=self.reloader.problem)
 
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
@@ -260,7 +223,10 @@ class Supervisor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if not process.become_subreaper():
             log.warning("cannot become a child subreaper: orphans of crashed engines go to PID 1")
-        await self._sweep_leftovers()
+        # Engines of an earlier daemon on this state dir (SIGKILLed, and its guard did not get to
+        # them) are not adopted: their spec and drain state are unknown. The state-dir lock
+        # (cli.py) guarantees that no live daemon owns them.
+        await process.sweep_leftovers(self.state_dir, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)
         await self.gpu_monitor.start()
@@ -299,27 +265,6 @@ class Supervisor:
             await self.gpu_monitor.close()
             self.guard.stop()
         return exit_code
-
-    async def _sweep_leftovers(self) -> None:
-        """Engines of an earlier run of a daemon on this state dir (one that was SIGKILLed, and
-        whose guard did not get to them) are not adopted: we cannot know their spec or drain
-        state. Kill them before starting our own. The state-dir lock (cli.py) guarantees that
-        no other live daemon owns them."""
-        leftovers = process.marker_processes(self.state_dir, exclude_daemon_pid=os.getpid())
-        for group in process.recorded_groups(self.state_dir):
-            if group.daemon_pid != os.getpid():
-                leftovers += [p for p in process.recorded_group_members(group) if p not in leftovers]
-                process.forget_group(self.state_dir, group.engine)
-        if not leftovers:
-            return
-        log.warning(
-            "killing %d leftover engine process(es) of an earlier run: %s",
-            len(leftovers),
-            ", ".join(f"{pid} ({process.describe_pid(pid)[:60]})" for pid in leftovers),
-        )
-        alive = await process.kill_trees(leftovers, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
-        if alive:
-            log.error("leftover processes survived SIGKILL: %s", alive)
 
     async def _loop(self) -> None:
         tick_s = self.tick_s
@@ -417,68 +362,19 @@ class Supervisor:
     async def reload(self) -> dict[str, Any]:
         """Validate the whole new config first; on any problem keep the old one untouched.
         Otherwise apply the plan: changed engines restart one at a time."""
-        async with self._reload_lock:
-            self.notifier.reloading()
-            path = self.config.path
-            try:
-                new = await asyncio.to_thread(load_config, path)
-            except ConfigError as exc:
-                self.reloads_total["invalid"] += 1
-                for problem in exc.problems:
-                    log.error("reload: %s", problem)
-                log.error(
-                    "reload rejected: %d problem(s); still running the previous config", len(exc.problems)
-                )
-                # Kept in STATUS= until a reload succeeds: the operator must see it in systemctl status.
-                self._reload_problem = f"reload failed ({len(exc.problems)} problems), old config kept"
-                self.notifier.ready(self.summary())
-                return {"reloaded": False, "problems": [str(p) for p in exc.problems]}
-            if self._stopping:  # a shutdown began while the file was read: change nothing
-                return {"reloaded": False, "problems": ["the daemon is shutting down"]}
-            running = {
-                s.name: s.wants_run and s.state is not EngineState.FATAL for s in self.fleet.statuses()
-            }
-            plan = plan_reload(self.config, new, running)
-            for setting in plan.next_start_only:
-                log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
+        new, reply = await self.reloader.reload(self.config)
+        if new is not None:
+            removed = {e.name for e in self.config.engines} - {e.name for e in new.engines}
             self.config = new
             self.config_loaded_timestamp_s = time.time()
             self.gpus_of.clear()
             self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in new.engines})
             logs.set_level(new.supervisor.log_level)
-            reloading.apply_now(plan, self.fleet)
-            for name in plan.removed:
+            for name in removed:
                 self.exporter.forget_engine(name)
-            if plan.restart:
-                self._roll_task = self._spawn(self._roll_after(self._roll_task, plan.restart), "roll")
-            self.reloads_total["ok"] += 1
-            self._reload_problem = None
-            changed = list(plan.changed)
-            log.info(
-                "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
-                path,
-                len(plan.added),
-                len(plan.removed),
-                len(changed),
-                ", ".join(changed) or "-",
-                len(new.engines) - len(plan.added) - len(changed),
-            )
-            self.notifier.ready(self.summary())
             self._write_status()
-            return {
-                "reloaded": True,
-                "added": [s.name for s in plan.added],
-                "removed": list(plan.removed),
-                "changed": changed,
-                "next_start_only": list(plan.next_start_only),
-            }
-
-    async def _roll_after(self, previous: asyncio.Task[None] | None, specs: Any) -> None:
-        if previous is not None and not previous.done():
-            await asyncio.wait({previous})
-        await reloading.roll(
-            specs, self.fleet, self.memory, max_unavailable=lambda: self.config.supervisor.max_unavailable
-        )
+            self.notifier.ready(self.summary())
+        return reply
 
     # ---- shutdown ----
 
@@ -487,9 +383,7 @@ class Supervisor:
         engine process is left before returning 0."""
         self._stopping = True
         self.fleet.stop_all()
-        for task in list(self._background):
-            if task.get_name() == "roll":
-                task.cancel()
+        self.reloader.cancel()
         log.info("shutting down: stopping %d engine(s)", len(self.fleet.runners))
         self.notifier.stopping(f"stopping {len(self.fleet.runners)} engine(s)")
         deadline = aio.now() + self.config.supervisor.shutdown_timeout_s
@@ -521,7 +415,7 @@ class Supervisor:
                     log.warning("second interrupt: stopping engines without draining")
                     self.fleet.escalate_all()
                 elif isinstance(request, EngineRequest | ReloadRequest) and request.reply is not None:
-                    _refuse(request.reply, "the daemon is shutting down")
+                    refuse(request.reply, "the daemon is shutting down")
             if aio.now() >= deadline and any(not t.done() for t in pending):
                 log.error(
                     "engines did not stop within shutdown_timeout_s=%g s: killing them",
@@ -544,8 +438,3 @@ class Supervisor:
                 return 1
         log.info("all engines stopped; no engine process left")
         return 0
-
-
-def _refuse(reply: asyncio.Future[Any] | None, why: str) -> None:
-    if reply is not None and not reply.done():
-        reply.set_exception(control.ControlError(why))

@@ -47,13 +47,14 @@ from llmsupervisor.engine.commands import (
     restart_taken,
     spec_taken,
 )
-from llmsupervisor.engine.http import EngineHttp, PrefixReset
+from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import EngineProcess, Processes, launch
 from llmsupervisor.engine.lifecycle import History, Lifecycle
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
 from llmsupervisor.engine.output import OutputForwarder
 from llmsupervisor.engine.readiness import Readiness, await_ready
+from llmsupervisor.engine.repair import PrefixRepair
 from llmsupervisor.engine.status import EngineStatus, Incarnation
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
 
@@ -110,8 +111,7 @@ class EngineRunner:
         # rest): the policy must leave the engine alone meanwhile.
         self._acting = False
         self._start_failed_oom = False
-        self._repair: asyncio.Task[None] | None = None
-        self._prefix_reset_supported: bool | None = None
+        self._repair = PrefixRepair(spec.name, on_done=self._publish)
         self._canary_latency_s: float | None = None
         self._commands_taken = 0
         self._rounds_total = 0
@@ -139,7 +139,6 @@ class EngineRunner:
 
     def _build_status(self) -> EngineStatus:
         d, h, spec = self._desired, self._life.history, self._spec
-        repairing = self._repair is not None and not self._repair.done()
         stop_pending = self._life.state in SERVING and (not d.run or d.final)
         if self._observer is not None:
             self._canary_latency_s = self._observer.canary_latency_s
@@ -155,12 +154,12 @@ class EngineRunner:
             held=d.held,
             shed=d.shed,
             final=d.final,
-            busy=d.restart is not None or repairing or stop_pending or self._acting,
+            busy=d.restart is not None or self._repair.running or stop_pending or self._acting,
             findings=self._observer.findings if self._observer is not None else (),
             ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
             ladder_steps=len(spec.ladder),
             start_failed_oom=self._start_failed_oom,
-            prefix_reset_supported=self._prefix_reset_supported,
+            prefix_reset_supported=self._repair.supported,
             restarts_total=h.restarts_total,
             restarts_by_reason=dict(h.restarts_by_reason),
             failures=h.failures.count(aio.now(), spec.restart_policy),
@@ -189,7 +188,7 @@ class EngineRunner:
                 self._ladder.set(cmd.step, cmd.reason)
                 self._start_failed_oom = False
             elif isinstance(cmd, ResetPrefixCache):
-                self._start_repair(cmd.reason)
+                self._repair.start(self._http, cmd.reason, verify_s=self._spec.repair_verify_s)
             self._desired = apply(self._desired, cmd)
         self._publish()
 
@@ -253,8 +252,7 @@ class EngineRunner:
                 await self._after_failure(why, cause)
         finally:
             # Whatever happened (a bug, cancellation), leave no process behind.
-            if self._repair is not None:
-                self._repair.cancel()
+            self._repair.cancel()
             if self._proc is not None and not self._procs.group_gone(self._proc):
                 await asyncio.shield(self._terminate(quick=True))
 
@@ -444,8 +442,7 @@ class EngineRunner:
             pids |= self._observer.engine_pids
             self._observer.close("engine stopped")
             self._observer = None
-        if self._repair is not None:
-            self._repair.cancel()
+        self._repair.cancel()
         self._proc = self._inc = None
         self._publish()
         await await_gpu_release(self._spec, pids, self._gpus.samples_for)
@@ -517,31 +514,3 @@ class EngineRunner:
         if self._life.state is S.STARTING and not self._start_failed_oom:
             self._start_failed_oom = True
             self._publish()
-
-    def _start_repair(self, reason: str) -> None:
-        if self._repair is not None and not self._repair.done():
-            return
-        self._repair = asyncio.create_task(self._reset_prefix_cache(reason), name=f"repair:{self.name}")
-
-    async def _reset_prefix_cache(self, reason: str) -> None:
-        result = await self._http.reset_prefix_cache()
-        if result is PrefixReset.DONE:
-            self._prefix_reset_supported = True
-            log.info(
-                "prefix cache reset (%s); checking for %g s whether that helped",
-                reason,
-                self._spec.repair_verify_s,
-                extra={"engine": self.name},
-            )
-        elif result is PrefixReset.UNSUPPORTED:
-            self._prefix_reset_supported = False
-            log.info(
-                "reset_prefix_cache is not offered (vLLM dev mode is off): a restart is the repair",
-                extra={"engine": self.name},
-            )
-        else:
-            self._prefix_reset_supported = False
-            log.warning(
-                "reset_prefix_cache kept failing: a restart is the repair", extra={"engine": self.name}
-            )
-        self._publish()
