@@ -144,8 +144,9 @@ class Exporter:
     """The daemon's Prometheus exporter.
 
     ``snapshot`` is called on every scrape and builds an immutable ``Snapshot`` from the engines'
-    published statuses (daemon/status.py), so a scrape is self-consistent. ``gpu_samples`` is optional and may raise; a failure
-    drops the GPU families from that scrape and is logged, the rest of the scrape still works.
+    published statuses (daemon/status.py), so a scrape is self-consistent. ``gpu_samples`` is
+    optional and may raise; a failure drops the GPU families from that scrape and is logged, the
+    rest of the scrape still works.
     The loop calls ``observe_tick(seconds)`` once per completed tick, and
     ``observe_engine_round(name, seconds)`` once per engine observation round it sees published.
     """
