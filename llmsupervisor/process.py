@@ -37,6 +37,8 @@ from typing import Final
 
 import psutil
 
+from llmsupervisor.files import write_json_atomic
+
 log = logging.getLogger(__name__)
 
 MARKER_ENGINE: Final = "LLMSUPERVISOR_ENGINE"
@@ -337,11 +339,8 @@ def record_group(state_dir: Path, engine: str, pid: int, daemon_pid: int) -> Non
         create_time = psutil.Process(pid).create_time()
     except psutil.Error:
         return  # already gone: nothing to find later
-    path = state_dir / "engines" / engine / GROUP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pgid": pid, "leader_create_time": create_time, "daemon_pid": daemon_pid}))
-    tmp.replace(path)
+    record = {"pgid": pid, "leader_create_time": create_time, "daemon_pid": daemon_pid}
+    write_json_atomic(state_dir / "engines" / engine / GROUP_FILE, record, indent=None)
 
 
 def forget_group(state_dir: Path, engine: str) -> None:
