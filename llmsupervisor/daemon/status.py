@@ -8,6 +8,7 @@ can never see a half-updated engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -196,12 +197,18 @@ def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str
 
 class StatusFile:
     """``STATE_DIR/status.json``, rewritten when something in it changed (the ages aside), or
-    every STATUS_REFRESH_S for the ages: not a disk write on every tick."""
+    every STATUS_REFRESH_S for the ages: not a disk write on every tick.
+
+    The write itself runs in a thread, one at a time, always with the newest content: a write
+    blocks when the disk is busy (the kernel throttles writers while a vLLM engine saves its
+    compile cache), and the loop must keep answering load balancers meanwhile."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._written: str | None = None
         self._written_at_s = 0.0
+        self._pending: dict[str, Any] | None = None
+        self._writer: asyncio.Task[None] | None = None
 
     def write(self, status: dict[str, Any], *, now: float) -> None:
         content = json.dumps(
@@ -210,9 +217,21 @@ class StatusFile:
         )
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
-        try:
-            write_json_atomic(self.path, status)
-        except OSError as exc:
-            log.warning("cannot write %s: %s", self.path, exc)
-            return
         self._written, self._written_at_s = content, now
+        self._pending = status
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_pending(), name="status-file")
+
+    async def _write_pending(self) -> None:
+        while self._pending is not None:
+            status, self._pending = self._pending, None
+            try:
+                await asyncio.to_thread(write_json_atomic, self.path, status)
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.path, exc)
+                self._written = None  # try again at the next change or tick
+
+    async def flush(self) -> None:
+        """Wait for the newest content to be on disk (at shutdown)."""
+        if self._writer is not None:
+            await self._writer

@@ -429,6 +429,7 @@ class Supervisor:
         for task in list(self._background):
             task.cancel()
         self._write_status()
+        await self.status_file.flush()
         left = process.marker_processes(self.state_dir)
         if left:
             log.error("engine processes still running after shutdown: %s; killing them", left)
