@@ -147,3 +147,15 @@ def test_commands_for_each_action_kind() -> None:
     assert commands_for(action(ActionKind.SCHEDULED_RESTART)) == [
         Restart(cause="scheduled", reason="scheduled: d")
     ]
+
+
+def test_an_engine_with_a_restart_not_yet_begun_counts_as_out_of_rotation(tmp_path: Path) -> None:
+    """Two reconciles before the first engine has taken its scheduled restart must not let the
+    second one restart too (max_unavailable=1)."""
+    rec, sent = reconciler(tmp_path)
+    now = 10_000.0
+    due = Incarnation(number=1, pid=1, pgid=1, step=0, started_s=0, ready_since_s=0, scheduled_due_s=now - 1)
+    both = (status("e0", incarnation=due), status("e1", incarnation=due))
+    run(rec, *both, now=now)
+    run(rec, *both, now=now + 0.1, pending=lambda name: name == "e0")
+    assert [name for name, _ in sent.commands] == ["e0"]

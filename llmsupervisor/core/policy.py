@@ -126,6 +126,9 @@ class EngineView:
     ready_since_s: float | None = None  # None: READY since before anyone counted (tests)
     findings: tuple[Finding, ...] = ()
     busy: bool = False  # an action (planned restart, drain, step change) is already in flight
+    # Commands were sent that take it away (a restart not yet begun): out of rotation in all
+    # but name, so it counts against max_unavailable already.
+    leaving: bool = False
     held_out: bool = False  # an operator drained it: leave it alone
     ladder_step: int = 0  # 0 = the engine's own args; n = n steps down
     ladder_steps: int = 0  # how many steps down exist
@@ -196,8 +199,10 @@ def rate_limit(view: EngineView, now_s: float) -> str | None:
 
 def back_in_rotation(view: EngineView, now_s: float) -> bool:
     """READY, and for long enough that the load balancer sends it traffic again."""
-    return view.state is S.READY and (
-        view.ready_since_s is None or now_s - view.ready_since_s >= view.rules.rotation_grace_s
+    return (
+        view.state is S.READY
+        and not view.leaving
+        and (view.ready_since_s is None or now_s - view.ready_since_s >= view.rules.rotation_grace_s)
     )
 
 
