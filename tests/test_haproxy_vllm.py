@@ -233,6 +233,10 @@ def test_rolling_restart_and_ladder_step_under_load_fail_no_request(lb: dict[str
         config = lb["config"]
         for engine in config["engines"]:
             engine["env"] = {**engine["env"], "LLMSUP_TEST_GENERATION": "2"}
+        # e2's drain goes off in the same change, for the next test. A process is drained with
+        # the settings it was started with (a new spec applies between stop and start), so this
+        # restart of e2 still drains; its next one will not.
+        config["engines"][1].update({"drain_grace_s": 0, "drain_timeout_s": 0})
         reload_with(d, config)
         for name in ("e1", "e2"):
             d.wait_state(name, "ready", timeout_s=READY_TIMEOUT_S, restarts=before[name]["restarts"] + 1)
@@ -264,12 +268,22 @@ def test_without_the_drain_the_same_restart_fails_requests(lb: dict[str, Any]) -
     load = Load(url).start()
     try:
         wait_for(lambda: load.snapshot()["ok"] >= 10, timeout_s=120, what="load flowing through HAProxy")
-        before = d.engine("e2")
         config = lb["config"]
         e2 = config["engines"][1]
         # No grace for the load balancer and no wait for in-flight requests; e2 runs with vLLM's
-        # shutdown-timeout 0, so SIGTERM aborts what is in flight.
-        e2.update({"drain_grace_s": 0, "drain_timeout_s": 0})
+        # shutdown-timeout 0, so SIGTERM aborts what is in flight. The running process must have
+        # been started with those settings (the previous test's change did that; alone, this
+        # test makes that change first, drained).
+        if e2["drain_grace_s"] != 0:
+            e2.update({"drain_grace_s": 0, "drain_timeout_s": 0})
+            before = d.engine("e2")
+            reload_with(d, config)
+            d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S, restarts=before["restarts"] + 1)
+        before = d.engine("e2")
+        e2["env"] = {
+            **e2["env"],
+            "LLMSUP_TEST_GENERATION": str(int(e2["env"].get("LLMSUP_TEST_GENERATION", "1")) + 1),
+        }
         reload_with(d, config)
         d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S, restarts=before["restarts"] + 1)
     finally:
