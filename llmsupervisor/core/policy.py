@@ -125,10 +125,10 @@ class EngineView:
     enabled: bool = True
     ready_since_s: float | None = None  # None: READY since before anyone counted (tests)
     findings: tuple[Finding, ...] = ()
-    busy: bool = False  # an action (planned restart, drain, step change) is already in flight
-    # Commands were sent that take it away (a restart not yet begun): out of rotation in all
-    # but name, so it counts against max_unavailable already.
-    leaving: bool = False
+    # An action (planned restart, drain, step change, or commands sent but not yet taken) is in
+    # flight: the policy leaves the engine alone, and a busy engine already counts against
+    # max_unavailable (its restart may not have begun, but it is leaving).
+    busy: bool = False
     held_out: bool = False  # an operator drained it: leave it alone
     ladder_step: int = 0  # 0 = the engine's own args; n = n steps down
     ladder_steps: int = 0  # how many steps down exist
@@ -201,7 +201,7 @@ def back_in_rotation(view: EngineView, now_s: float) -> bool:
     """READY, and for long enough that the load balancer sends it traffic again."""
     return (
         view.state is S.READY
-        and not view.leaving
+        and not view.busy
         and (view.ready_since_s is None or now_s - view.ready_since_s >= view.rules.rotation_grace_s)
     )
 

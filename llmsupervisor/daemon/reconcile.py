@@ -33,7 +33,6 @@ def view_of(status: EngineStatus, memory: EngineMemory, *, pending: bool = False
         ready_since_s=status.ready_since_s,
         findings=status.findings,
         busy=status.busy or pending,
-        leaving=pending or status.busy,
         held_out=status.held,
         ladder_step=status.ladder_step,
         ladder_steps=status.ladder_steps,
