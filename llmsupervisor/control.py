@@ -5,6 +5,14 @@ connection: a JSON object on one line, ``{"command": "restart", "engine": "gpu0"
 line back, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``. The server only
 parses and hands the request to a callback, which puts it on the daemon's one request queue
 (daemon/requests.py) and awaits the loop's answer.
+
+Any local client in the group can connect, so a connection is cheap to hold and bounded: its
+request must arrive within ``idle_timeout_s`` and fit in ``read_limit_bytes``; at most
+``max_connections`` are open, and a new one past that pushes out the oldest that has not sent
+its request yet (the CLI sends at once, so it always gets through). Before, 1,100 idle clients
+used up the daemon's 1,024 descriptors and the /proc sweep failed for every engine (issue 17).
+Whatever arrives gets a JSON answer: malformed or deeply nested JSON is a "bad request", never
+an "internal error".
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ log = logging.getLogger("llmsupervisor.control")
 COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload")
 ENGINE_COMMANDS: Final = frozenset({"restart", "drain", "stop", "start"})
 REQUEST_LIMIT_BYTES: Final = 64 * 1024
+IDLE_TIMEOUT_S: Final = 5.0
+MAX_CONNECTIONS: Final = 64
+# After a refused request: how long and how much to keep reading before closing, so the client
+# reads our answer instead of a reset (as http_api's lingering close).
+LINGER_S: Final = 1.0
+LINGER_BYTES: Final = 4 * 1024 * 1024
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
@@ -38,11 +52,34 @@ def default_socket_path(state_dir: Path) -> Path:
     return (Path(runtime.split(":")[0]) if runtime else state_dir) / "control.sock"
 
 
+class _TooLarge(Exception):
+    pass
+
+
 class ControlServer:
-    def __init__(self, path: Path, handler: Handler) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handler: Handler,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        read_limit_bytes: int = REQUEST_LIMIT_BYTES,
+    ) -> None:
         self.path = path
         self.handler = handler
+        self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_s
+        self.read_limit_bytes = read_limit_bytes
         self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        # Connections still waiting for their request, oldest first: the ones a new client may push out.
+        self._waiting: dict[asyncio.Task[None], None] = {}
+        self.refused_total = 0
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -67,33 +104,106 @@ class ControlServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            # Clients still connected are ended, not waited for (3.12's wait_closed would wait).
+            tasks = list(self._connections)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
         try:
-            async with asyncio.timeout(5.0):
-                line = await reader.readline()
-            request = json.loads(line[:REQUEST_LIMIT_BYTES] or b"{}")
-            reply = {"ok": True, "result": await self.handler(_validated(request))}
+            if len(self._connections) > self.max_connections and not self._evict_one():
+                self.refused_total += 1
+                await self._reply(writer, {"ok": False, "error": "too many connections; try again"})
+                return
+            self._waiting[task] = None
+            try:
+                line = await self._read_request(reader)
+            finally:
+                self._waiting.pop(task, None)
+            reply = await self._answer(line)
+            await self._reply(writer, reply)
+        except _TooLarge:
+            await self._reply(
+                writer, {"ok": False, "error": f"bad request: longer than {self.read_limit_bytes} bytes"}
+            )
+            await _linger(reader)
+        except TimeoutError:
+            await self._reply(
+                writer, {"ok": False, "error": f"bad request: no request within {self.idle_timeout_s:g} s"}
+            )
+        except (asyncio.CancelledError, OSError, asyncio.IncompleteReadError):
+            pass  # pushed out for a newer client, the server is closing, or the client went away
+        finally:
+            self._connections.discard(task)
+            self._waiting.pop(task, None)
+            writer.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
+
+    def _evict_one(self) -> bool:
+        for task in self._waiting:
+            del self._waiting[task]
+            task.cancel()
+            self.refused_total += 1
+            return True
+        return False
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> bytes:
+        """One line of at most ``read_limit_bytes``, within ``idle_timeout_s``."""
+        data = bytearray()
+        async with asyncio.timeout(self.idle_timeout_s):
+            while not data.endswith(b"\n"):
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break  # EOF: what came so far is the request
+                data += chunk
+                if len(data) > self.read_limit_bytes:
+                    raise _TooLarge
+        return bytes(data).split(b"\n", 1)[0]
+
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line.strip() or b"{}")
+            return {"ok": True, "result": await self.handler(_validated(request))}
         except ControlError as exc:
-            reply = {"ok": False, "error": str(exc)}
-        except (TimeoutError, ValueError, UnicodeDecodeError) as exc:
-            reply = {"ok": False, "error": f"bad request: {exc}"}
+            return {"ok": False, "error": str(exc)}
+        except RecursionError:
+            return {"ok": False, "error": "bad request: JSON nested too deeply"}
+        except UnicodeDecodeError:
+            return {"ok": False, "error": "bad request: not UTF-8"}
+        except ValueError as exc:
+            return {"ok": False, "error": f"bad request: not JSON ({exc})"[:300]}
         except Exception as exc:  # a bug in a handler must not take the daemon down
             log.exception("control request failed")
-            reply = {"ok": False, "error": f"internal error: {exc!r}"}
+            return {"ok": False, "error": f"internal error: {exc!r}"}
+
+    async def _reply(self, writer: asyncio.StreamWriter, reply: dict[str, Any]) -> None:
         try:
-            writer.write(json.dumps(reply).encode() + b"\n")
-            await writer.drain()
-        except OSError:
-            pass  # the client went away
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            data = json.dumps(reply).encode() + b"\n"
+        except (TypeError, ValueError) as exc:  # a handler's result JSON cannot say
+            log.error("control reply not serializable: %s", exc)
+            data = json.dumps({"ok": False, "error": f"internal error: {exc}"}).encode() + b"\n"
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(self.idle_timeout_s):
+                writer.write(data)
+                await writer.drain()
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(LINGER_S):
+            budget = LINGER_BYTES
+            while budget > 0 and (chunk := await reader.read(min(budget, 65536))):
+                budget -= len(chunk)
 
 
 def _validated(request: Any) -> dict[str, Any]:

@@ -12,9 +12,13 @@ loop, so a slow or hostile client must cost one bounded task and nothing else.
                  └──────────────────────────────────────────────┴───────────┴──► write (≤ 5 s), close
 
 A handler that raises (or runs past ``handler_timeout_s``) gives 500 (503) and is logged; the
-exception never reaches the event loop. Past ``max_connections`` open connections a new one gets
-503 at once without being read, so a flood of idle sockets holds at most ``max_connections``
-connections for the read deadline; the rest are answered and gone within ``LINGER_S``.
+exception never reaches the event loop. Past ``max_connections`` open connections a new one
+pushes out the oldest connection that is still *waiting* (has not sent a complete request head,
+or lingers after an error response): such a client costs nothing to drop, and one that sends its
+request at once (a load balancer's check) is never waiting for long. Only when every connection
+is busy (in a handler or writing) does the new one get 503 at once without being read. Before,
+64 idle sockets from any local user took every engine out of rotation: each check got 503
+(issue 17, docs/reliability.md).
 
 Routing: an exact match in ``routes`` first; otherwise the longest key of ``prefix_routes`` that
 the path starts with, whose handler gets the rest of the path (``"/engines/"`` + ``"gpu0/ready"``
@@ -27,7 +31,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final
@@ -119,6 +123,9 @@ class HttpApi:
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # Connections that may be pushed out for a new one, oldest first (dicts keep order).
+        self._waiting: dict[asyncio.Task[None], None] = {}
+        self.evicted_total = 0
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` (port 0: any free port; see ``port``)."""
@@ -163,7 +170,7 @@ class HttpApi:
         assert task is not None
         self._connections.add(task)
         try:
-            if len(self._connections) > self._max_connections:
+            if len(self._connections) > self._max_connections and not self._evict_one():
                 await self._respond(writer, _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"))
                 await self._linger(reader)
                 return
@@ -182,6 +189,7 @@ class HttpApi:
             log.exception("HTTP connection failed")
         finally:
             self._connections.discard(task)
+            self._waiting.pop(task, None)
             writer.close()
             try:
                 async with asyncio.timeout(self._write_timeout_s):
@@ -191,11 +199,31 @@ class HttpApi:
             except Exception:
                 pass  # the connection is gone either way
 
+    def _evict_one(self) -> bool:
+        """Cancel the oldest waiting connection to make room; False when none is waiting."""
+        for task in self._waiting:
+            del self._waiting[task]
+            task.cancel()
+            self.evicted_total += 1
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def _evictable(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting[task] = None
+        try:
+            yield
+        finally:
+            self._waiting.pop(task, None)
+
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head_only = False
         try:
-            async with asyncio.timeout(self._read_timeout_s):
-                head = await self._read_head(reader)
+            with self._evictable():
+                async with asyncio.timeout(self._read_timeout_s):
+                    head = await self._read_head(reader)
             request = _parse(head)
         except TimeoutError:
             response = _error(HTTPStatus.REQUEST_TIMEOUT, "request headers too slow")
@@ -215,7 +243,7 @@ class HttpApi:
         sending (a 431 for a huge header, a body we never read) may then lose our response
         instead of reading it. Apache's "lingering close" does the same.
         """
-        with contextlib.suppress(TimeoutError, ConnectionError):
+        with self._evictable(), contextlib.suppress(TimeoutError, ConnectionError):
             async with asyncio.timeout(LINGER_S):
                 budget = LINGER_BYTES
                 while budget > 0 and (chunk := await reader.read(min(budget, 4096))):

@@ -70,6 +70,35 @@ def become_subreaper() -> bool:
         return False
 
 
+# A hard limit can be huge (systemd's default is 524288; some hosts say 1048576 or infinity); a
+# daemon of a few engines needs thousands at most, so the soft limit stops here.
+NOFILE_CEILING: Final = 1 << 20
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (at most ``NOFILE_CEILING``).
+
+    The default soft limit is 1024: 1,100 idle connections to the control socket used to exhaust
+    it, and then the /proc sweep and every HTTP probe failed (issue 17). Raising the soft limit
+    up to the hard one needs no privilege. Engines inherit it, which vLLM would do anyway (it
+    raises its own limit at start). Returns (soft before, soft after); never raises.
+    """
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return -1, -1
+    target = NOFILE_CEILING if hard == resource.RLIM_INFINITY else min(hard, NOFILE_CEILING)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
 @dataclass(frozen=True, slots=True)
 class ExitStatus:
     """A decoded wait status: exactly one of ``code`` and ``signal`` is set."""

@@ -223,6 +223,9 @@ class Supervisor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if not process.become_subreaper():
             log.warning("cannot become a child subreaper: orphans of crashed engines go to PID 1")
+        soft_before, soft_now = process.raise_nofile_limit()
+        if soft_now != soft_before:
+            log.info("file descriptor limit raised from %d to %d (the hard limit)", soft_before, soft_now)
         # Engines of an earlier daemon on this state dir (SIGKILLed, and its guard did not get to
         # them) are not adopted: their spec and drain state are unknown. The state-dir lock
         # (cli.py) guarantees that no live daemon owns them.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Final, Protocol
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Final, Protocol, TypeVar
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
@@ -26,7 +26,7 @@ from llmsupervisor.detectors import (
 )
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import EngineProcess
-from llmsupervisor.probes import ProbeFailure, host
+from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
@@ -54,6 +54,24 @@ class NoGpus:
 
     def take_events(self, gpus: Iterable[int], since_s: float | None = None) -> tuple[GpuEvent, ...]:
         return ()
+
+
+_T = TypeVar("_T")
+
+
+async def _guarded(probe: str, call: Awaitable[_T]) -> _T | ProbeFailure:
+    """A probe's result, or ``ProbeFailure("error")`` when it raised: the round goes on, the
+    error is counted and logged (PROBE_ERRORS), and the engine keeps serving. Probes return
+    their failures as values; this is for the ones nobody foresaw (EMFILE from an accept or a
+    /proc read when the daemon is out of descriptors: issue 17)."""
+    try:
+        return await call
+    except Exception as exc:
+        return PROBE_ERRORS.record(probe, exc)
+
+
+def _http_error(probe: str, failure: ProbeFailure) -> HttpCheck:
+    return HttpCheck(ok=False, detail=failure.detail, latency_s=0.0, failure="error")
 
 
 class GroupSampler(Protocol):
@@ -106,12 +124,17 @@ class Observer:
             return None
 
         timeout_s = spec.health_timeout_s
-        health_r, metrics_r, proc_r, canary_r = await asyncio.gather(
-            self._http.health(timeout_s=timeout_s),
-            self._http.metrics(timeout_s=timeout_s),
-            self._sweeper.sample(proc.pgid, timeout_s=timeout_s),
-            self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary(),
+        health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
+            _guarded("health", self._http.health(timeout_s=timeout_s)),
+            _guarded("metrics", self._http.metrics(timeout_s=timeout_s)),
+            _guarded("proc", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
+            _guarded(
+                "canary", self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary()
+            ),
         )
+        health_r = _http_error("health", health_g) if isinstance(health_g, ProbeFailure) else health_g
+        canary_r = _http_error("canary", canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
+        metrics_r, proc_r = metrics_g, proc_g
         if canary_r is not None:
             self._last_canary_s = aio.now()
             if canary_r.ok:

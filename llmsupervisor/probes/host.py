@@ -26,7 +26,7 @@ from typing import Final
 import psutil
 
 from llmsupervisor import process
-from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure
 
 ZOMBIE: Final = psutil.STATUS_ZOMBIE  # "zombie"
 
@@ -220,6 +220,10 @@ class GroupSweeper:
                 samples = await asyncio.shield(sweep.task)
         except TimeoutError:
             return ProbeFailure("timeout", f"process sweep took over {timeout_s} s")
+        except Exception as exc:
+            # /proc unreadable: EMFILE when the daemon is out of descriptors. A probe that fails
+            # is data about the daemon, never a reason to stop an engine (issue 17).
+            return PROBE_ERRORS.record("proc_sweep", exc)
         return samples[pgid]
 
 
