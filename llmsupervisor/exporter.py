@@ -35,6 +35,9 @@ ticks_total                            counter
 notify_failures_total                  counter
 config_loaded_timestamp_seconds        gauge      (absent while 0: never loaded)
 config_reloads_total                   counter    result
+probe_errors_total                     counter    probe, error (probes that raised: EMFILE, ...)
+open_fds                               gauge      (absent when it cannot be read)
+max_fds                                gauge      (the soft RLIMIT_NOFILE)
 tick_duration_seconds                  histogram
 engine_observation_seconds             histogram  engine
 gpu_<name>                             see below  gpu (and ``reason`` for throttle_reason)
@@ -328,6 +331,23 @@ class _SnapshotCollector:
         for result, count in sorted(by_result.items()):
             reloads.add_metric([result], float(count))
         yield reloads
+        probe_errors = CounterMetricFamily(
+            _name("probe_errors"),
+            "Probes that raised instead of answering (EMFILE: out of file descriptors), by probe"
+            " and error; engines are kept.",
+            labels=["probe", "error"],
+        )
+        for (probe, error), count in sorted(snap.probe_errors_total.items()):
+            probe_errors.add_metric([probe, error], float(count))
+        yield probe_errors
+        open_fds = GaugeMetricFamily(_name("open_fds"), "File descriptors the daemon has open.")
+        if snap.open_fds is not None:
+            open_fds.add_metric([], float(snap.open_fds))
+        yield open_fds
+        max_fds = GaugeMetricFamily(_name("max_fds"), "The daemon's soft file descriptor limit.")
+        if snap.fds_limit is not None:
+            max_fds.add_metric([], float(snap.fds_limit))
+        yield max_fds
         marked = CounterMetricFamily(
             _name("marked_gpu_faults"),
             "GPU faults (XID, ECC, lost) the policy restarted an engine for, by GPU; kept in the state dir.",

@@ -361,7 +361,7 @@ def test_a_metrics_body_over_the_cap_is_a_clear_failure_read_no_further() -> Non
 
 
 def test_a_body_within_the_cap_is_read() -> None:
-    text_body = (Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu.txt").read_text()
+    text_body = (Path(__file__).parent / "fixtures" / "metrics" / "vllm-0.32.0-cpu.txt").read_text()
 
     async def scenario() -> EngineMetrics | ProbeFailure:
         transport = httpx.MockTransport(lambda r: httpx.Response(200, text=text_body))
@@ -400,7 +400,9 @@ def test_a_slow_parse_does_not_block_the_loop_and_times_out(monkeypatch: pytest.
 
 
 def test_too_many_series_of_a_read_family_is_a_parse_failure() -> None:
-    body = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(vllm_metrics.MAX_SERIES + 1))
+    body = "".join(
+        f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(vllm_metrics.MAX_SERIES + 1)
+    )
     result = parse_metrics(body)
     assert isinstance(result, ProbeFailure) and result.kind == "parse", result
     assert "series" in result.detail
@@ -450,7 +452,8 @@ GOOD_TTFT = (
             id="non-monotonic",
         ),
         pytest.param(
-            'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 5\nvllm:e2e_request_latency_seconds_count -1\n',
+            'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 5\n'
+            "vllm:e2e_request_latency_seconds_count -1\n",
             id="negative-total",
         ),
     ],
@@ -461,3 +464,29 @@ def test_one_absurd_histogram_drops_that_series_not_the_scrape(bad: str) -> None
     assert result.e2e_latency_seconds is None
     assert result.requests_running == 3
     assert result.ttft_seconds is not None and result.ttft_seconds.count == 4
+
+
+# ---- the daemon says it is short of descriptors: a metric as well as a log line ----
+
+
+def test_probe_errors_and_descriptors_are_exported() -> None:
+    from llmsupervisor.daemon.status import Snapshot
+    from llmsupervisor.exporter import Exporter
+
+    snap = Snapshot(
+        engines=(), probe_errors_total={("proc_sweep", "EMFILE"): 3}, open_fds=1000, fds_limit=1024
+    )
+    rendered = Exporter(lambda: snap).render().decode()
+    assert 'llmsupervisor_probe_errors_total{error="EMFILE",probe="proc_sweep"} 3.0' in rendered
+    assert "llmsupervisor_open_fds 1000.0" in rendered
+    assert "llmsupervisor_max_fds 1024.0" in rendered
+
+
+def test_the_supervisor_snapshot_carries_probe_errors_and_descriptors() -> None:
+    from llmsupervisor.daemon.status import descriptor_usage
+
+    PROBE_ERRORS.record("proc_sweep", OSError(errno.EMFILE, "Too many open files"))
+    open_fds, limit = descriptor_usage()
+    assert open_fds is not None and open_fds > 0
+    assert limit == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert PROBE_ERRORS.totals() == {("proc_sweep", "EMFILE"): 1}

@@ -317,6 +317,8 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "live_canary_timeout_s": _number(lo=0, lo_open=True),
     "canary_prompt": _string(),
     "health_timeout_s": _number(lo=0, lo_open=True),
+    # 64 KiB to 1 GiB: below, a real vLLM body would not fit; above, parsing it takes minutes.
+    "metrics_max_body_bytes": _number(lo=64 * 1024, hi=1024**3, integer=True),
     "backoff_initial_s": _number(lo=0),
     "backoff_max_s": _number(lo=0),
     "backoff_jitter_ratio": _number(lo=0, hi=1),

@@ -45,6 +45,8 @@ class EngineSpec:
     live_canary_timeout_s: float = 3.0
     canary_prompt: str = "Hello"
     health_timeout_s: float = 5.0
+    # A /metrics body larger than this is a parse failure, read no further (8 MiB; vLLM's ~60 kB).
+    metrics_max_body_bytes: int = 8 * 1024 * 1024
     backoff_initial_s: float = 10.0
     backoff_max_s: float = 300.0
     backoff_jitter_ratio: float = 0.2

@@ -70,6 +70,9 @@ class Snapshot:
     config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
     reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
     gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
+    probe_errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, error)
+    open_fds: int | None = None  # None when it could not be read (out of descriptors)
+    fds_limit: int | None = None  # the soft RLIMIT_NOFILE
 
     def engine(self, name: str) -> EngineSnapshot | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -83,6 +86,25 @@ class DaemonCounters:
     config_path: str = ""
     config_loaded_timestamp_s: float = 0.0
     reloads_total: Mapping[str, int] = field(default_factory=dict)
+    probe_errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    open_fds: int | None = None
+    fds_limit: int | None = None
+
+
+def descriptor_usage() -> tuple[int | None, int | None]:
+    """(open descriptors, soft limit) of this process; None where it cannot be read (listing
+    /proc/self/fd needs a descriptor itself, which is exactly what is missing at EMFILE)."""
+    import resource
+
+    try:
+        open_fds: int | None = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+    except OSError:
+        open_fds = None
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        soft = -1
+    return open_fds, (soft if soft >= 0 else None)
 
 
 GpuSamples = Callable[[Iterable[int]], Mapping[int, GpuSample | ProbeFailure]]
@@ -140,6 +162,9 @@ def snapshot(
         config_path=counters.config_path,
         config_loaded_timestamp_s=counters.config_loaded_timestamp_s,
         reloads_total=dict(counters.reloads_total),
+        probe_errors_total=dict(counters.probe_errors_total),
+        open_fds=counters.open_fds,
+        fds_limit=counters.fds_limit,
     )
 
 

@@ -51,11 +51,20 @@ from llmsupervisor.daemon.requests import (
     operator_commands,
     refuse,
 )
-from llmsupervisor.daemon.status import DaemonCounters, Snapshot, StatusFile, snapshot, status_json, summary
+from llmsupervisor.daemon.status import (
+    DaemonCounters,
+    Snapshot,
+    StatusFile,
+    descriptor_usage,
+    snapshot,
+    status_json,
+    summary,
+)
 from llmsupervisor.engine.launch import HostProcesses, Processes
 from llmsupervisor.exporter import Exporter
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
+from llmsupervisor.probes import PROBE_ERRORS
 from llmsupervisor.probes.gpus import GpuMonitor
 from llmsupervisor.probes.host import GroupSweeper
 from llmsupervisor.probes.nvml import GpuReader
@@ -190,6 +199,7 @@ class Supervisor:
     # ---- projections ----
 
     def snapshot(self) -> Snapshot:
+        open_fds, fds_limit = descriptor_usage()
         return snapshot(
             self.fleet.statuses(),
             now=aio.now(),
@@ -203,6 +213,9 @@ class Supervisor:
                 config_path=str(self.config.path),
                 config_loaded_timestamp_s=self.config_loaded_timestamp_s,
                 reloads_total=dict(self.reloader.totals),
+                probe_errors_total=PROBE_ERRORS.totals(),
+                open_fds=open_fds,
+                fds_limit=fds_limit,
             ),
         )
 

@@ -65,7 +65,10 @@ class VllmHttp:
         )
 
     async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
-        return await fetch_metrics(self._client, self._spec.base_url, timeout_s=timeout_s)
+        spec = self._spec
+        return await fetch_metrics(
+            self._client, spec.base_url, timeout_s=timeout_s, max_body_bytes=spec.metrics_max_body_bytes
+        )
 
     async def reset_prefix_cache(self) -> PrefixReset:
         """vLLM's cheapest repair: drop the prefix cache. vLLM answers ``{"success": false}``

@@ -70,7 +70,7 @@ async def _guarded(probe: str, call: Awaitable[_T]) -> _T | ProbeFailure:
         return PROBE_ERRORS.record(probe, exc)
 
 
-def _http_error(probe: str, failure: ProbeFailure) -> HttpCheck:
+def _http_error(failure: ProbeFailure) -> HttpCheck:
     return HttpCheck(ok=False, detail=failure.detail, latency_s=0.0, failure="error")
 
 
@@ -129,11 +129,12 @@ class Observer:
             _guarded("metrics", self._http.metrics(timeout_s=timeout_s)),
             _guarded("proc", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
             _guarded(
-                "canary", self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary()
+                "canary",
+                self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary(),
             ),
         )
-        health_r = _http_error("health", health_g) if isinstance(health_g, ProbeFailure) else health_g
-        canary_r = _http_error("canary", canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
+        health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
+        canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
         metrics_r, proc_r = metrics_g, proc_g
         if canary_r is not None:
             self._last_canary_s = aio.now()

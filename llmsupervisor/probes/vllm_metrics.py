@@ -11,7 +11,19 @@ wins. Rules that follow from how vLLM exposes them (docs/vllm-notes.md §3.1):
 - an absent gauge is ``None`` (unknown), never 0: in multi-API-server mode gauges are missing
   until the first request, and ``--disable-log-stats`` removes every ``vllm:`` family. The one
   exception is V0's ``num_requests_swapped``, which later versions dropped because nothing swaps;
-- a garbage body is a ``ProbeFailure(kind="parse")``, not an exception.
+- a garbage body is a ``ProbeFailure(kind="parse")``, not an exception; so is a body over
+  ``max_body_bytes`` (read as a stream and abandoned at the cap) and one with more than
+  ``MAX_SERIES`` samples of the families read (a label that takes a new value on every scrape);
+- one absurd histogram (a missing, non-numeric or NaN ``le``, a negative or non-finite count,
+  counts that go down as ``le`` goes up, more than ``MAX_BUCKETS`` bounds) is dropped (``None``),
+  and the rest of the scrape is kept; ``finished_reason`` keeps ``MAX_LABEL_VALUES`` values, the
+  rest summed under ``"other"``. Every observation window holds ~1,200 scrapes per engine: before
+  these caps a hostile body could make one engine's window 812 MB (issue 17).
+
+The body is parsed in a thread of its own (``_PARSE_POOL``) under the same overall deadline as
+the request: a 50 MB body once took 29 s to parse on the event loop, which then stood still. A
+parse past its deadline goes on in its thread, and the next scrape of that engine is a timeout
+until it ends, so a hostile engine holds one thread at most.
 
 prometheus_client's parser reads label values one character at a time: vLLM 0.32's body is ~600
 lines, of which this module reads ~90, and parsing all of them was 10 ms a scrape, most of the
@@ -32,6 +44,8 @@ parse failure.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import itertools
 import math
 import re
 import sys
@@ -88,6 +102,15 @@ HISTOGRAM_ROWS: Final[frozenset[str]] = frozenset(
     }
 )
 _HISTOGRAM_SUFFIXES: Final = ("_bucket", "_sum", "_count")
+
+# Caps against a hostile or broken server (issue 17). vLLM 0.32 exposes ~90 samples of the
+# families read per engine label (each histogram ~22 bounds); a data-parallel server multiplies
+# that by its engines, so MAX_SERIES leaves room for DP 64 and more.
+DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024  # vLLM 0.32's body: ~60 kB
+MAX_SERIES: Final = 20_000  # samples of the families read, per scrape
+MAX_BUCKETS: Final = 256  # distinct `le` bounds of one histogram
+MAX_LABEL_VALUES: Final = 64  # distinct finished_reason values kept; the rest sum under "other"
+OTHER_LABEL_VALUE: Final = "other"
 _SLEEP_STATES: Final[tuple[SleepState, ...]] = ("discard_all", "weights_offloaded", "awake")
 
 
@@ -265,6 +288,7 @@ _METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _KeyReading = tuple[str, Mapping[str, str]] | None
 _KEYS: dict[str, _KeyReading] = {}
 _KEYS_MAX: Final = 16384
+_KEY_MEMO_MAX_CHARS: Final = 512  # a longer key is read every time, never kept
 
 
 def _read_key(key: str, brace: int) -> _KeyReading:
@@ -301,6 +325,7 @@ def _collect(body: str) -> dict[str, _Series]:
     """
     store: dict[str, _Series] = defaultdict(list)
     keys = _KEYS
+    kept = 0
     for raw in body.splitlines():
         line = raw.strip()
         if not line or line[0] == "#":
@@ -319,11 +344,18 @@ def _collect(body: str) -> dict[str, _Series]:
             reading = keys[key]
         except KeyError:
             reading = _read_key(key, brace)
-            if len(keys) >= _KEYS_MAX:
-                keys.clear()
-            keys[key] = reading
+            if len(key) <= _KEY_MEMO_MAX_CHARS:
+                if len(keys) >= _KEYS_MAX:
+                    keys.clear()
+                keys[key] = reading
         value = _value(fields, line)
         if reading is not None:
+            kept += 1
+            if kept > MAX_SERIES:
+                raise _BadBody(
+                    f"more than {MAX_SERIES} series of the vllm: families read (last {reading[0]}):"
+                    " a label that takes a new value on every scrape?"
+                )
             store[reading[0]].append((reading[1], value))
     return store
 
@@ -363,8 +395,11 @@ def _by_label(series: _Series | None, label: str) -> dict[str, float] | None:
         return None
     sums: dict[str, float] = defaultdict(float)
     for labels, value in series:
+        key = labels.get(label, "")
+        if key not in sums and len(sums) >= MAX_LABEL_VALUES:
+            key = OTHER_LABEL_VALUE  # every observation keeps this mapping: bound it
         # Interned: the same few values ("stop", "length", ...) are kept by every observation.
-        sums[sys.intern(labels.get(label, ""))] += value
+        sums[sys.intern(key)] += value
     return dict(sums)
 
 
@@ -375,19 +410,34 @@ def _histogram(store: Mapping[str, _Series], canonical: str, present: set[str]) 
         if not buckets and not counts:
             continue
         present.add(canonical)
-        by_le: dict[float, float] = defaultdict(float)
-        for labels, value in buckets or []:
-            try:
-                by_le[float(labels["le"])] += value
-            except (KeyError, ValueError) as exc:
-                raise _BadBody(f"{base}_bucket with a bad le label {labels!r}") from exc
-        ordered = tuple((le, round(v)) for le, v in sorted(by_le.items()) if math.isfinite(v))
+        ordered = _buckets(buckets or [])
         count = _count(counts)
+        if ordered is None or (count is not None and count < 0) or (counts and count is None):
+            return None  # one absurd histogram: drop it, keep the rest of the scrape
         if count is None:
             count = ordered[-1][1] if ordered else 0
         total = _total(store.get(base + "_sum"))
         return Histogram(buckets=ordered, sum=0.0 if total is None else total, count=count)
     return None
+
+
+def _buckets(series: _Series) -> tuple[tuple[float, int], ...] | None:
+    """Cumulative (le, count) in ascending ``le``, summed over engines; None if any is absurd."""
+    by_le: dict[float, float] = defaultdict(float)
+    for labels, value in series:
+        try:
+            le = float(labels["le"])
+        except (KeyError, ValueError):
+            return None
+        if math.isnan(le) or not math.isfinite(value) or value < 0:
+            return None
+        by_le[le] += value
+        if len(by_le) > MAX_BUCKETS:
+            return None
+    ordered = tuple((le, round(v)) for le, v in sorted(by_le.items()))
+    if any(later < earlier for (_, earlier), (_, later) in itertools.pairwise(ordered)):
+        return None  # cumulative counts never go down
+    return ordered
 
 
 def _sleep_state(series: _Series | None) -> SleepState | None:
@@ -434,33 +484,90 @@ def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
         return ProbeFailure("parse", f"unreadable /metrics body: {type(exc).__name__}: {exc}"[:300])
 
 
+_PARSE_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_PARSE_THREADS: Final = 2
+# base URL -> the parse of its last body, while it runs past its deadline (see the docstring).
+_PARSING: dict[str, asyncio.Future[EngineMetrics | ProbeFailure]] = {}
+
+
+def _parse_pool() -> concurrent.futures.ThreadPoolExecutor:
+    # Its own threads: a slow parse must not hold up the /proc sweep in asyncio's default pool.
+    global _PARSE_POOL
+    if _PARSE_POOL is None:
+        _PARSE_POOL = concurrent.futures.ThreadPoolExecutor(
+            _PARSE_THREADS, thread_name_prefix="metrics-parse"
+        )
+    return _PARSE_POOL
+
+
+async def _read_capped(resp: httpx.Response, max_body_bytes: int) -> bytes | None:
+    """The body, or None as soon as it is known to be over ``max_body_bytes``."""
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > max_body_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def fetch_metrics(
-    client: httpx.AsyncClient, base_url: str, *, timeout_s: float
+    client: httpx.AsyncClient,
+    base_url: str,
+    *,
+    timeout_s: float,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> EngineMetrics | ProbeFailure:
-    """GET ``{base_url}/metrics`` under one overall deadline of ``timeout_s`` seconds.
+    """GET ``{base_url}/metrics`` and parse it, all under one overall deadline of ``timeout_s``.
 
     httpx's own timeout applies to each phase separately, so a server that drips its body could
-    outlast it; ``asyncio.timeout`` bounds the whole exchange.
+    outlast it; ``asyncio.timeout`` bounds the whole exchange. The body is read as a stream and
+    abandoned past ``max_body_bytes``; it is parsed in a thread (see the module docstring).
     """
     url = f"{base_url.rstrip('/')}/metrics"
+    running = _PARSING.get(url)
+    if running is not None and not running.done():
+        return ProbeFailure("timeout", f"GET {url}: the previous body is still being parsed")
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(url, timeout=timeout_s)
-            body = resp.text
+            async with client.stream("GET", url, timeout=timeout_s) as resp:
+                if resp.status_code != 200:
+                    head = (await resp.aread())[:200].decode("utf-8", "replace")
+                    return ProbeFailure("http", f"GET {url}: HTTP {resp.status_code}: {head}")
+                raw = await _read_capped(resp, max_body_bytes)
+                if raw is None:
+                    return ProbeFailure(
+                        "parse", f"GET {url}: body over {max_body_bytes} bytes (metrics_max_body_bytes)"
+                    )
+            body = raw.decode(resp.encoding or "utf-8", "replace")
+            parsing = _PARSING[url] = asyncio.get_running_loop().run_in_executor(
+                _parse_pool(), parse_metrics, body
+            )
+            # Shielded: at the deadline the parse goes on in its thread; _PARSING remembers it.
+            return await asyncio.shield(parsing)
     except (TimeoutError, httpx.TimeoutException) as exc:
         return ProbeFailure("timeout", f"GET {url}: no answer within {timeout_s} s ({type(exc).__name__})")
     except httpx.NetworkError as exc:
         return ProbeFailure("connect", f"GET {url}: {type(exc).__name__}: {exc}")
     except httpx.HTTPError as exc:
         return ProbeFailure("http", f"GET {url}: {type(exc).__name__}: {exc}")
-    if resp.status_code != 200:
-        return ProbeFailure("http", f"GET {url}: HTTP {resp.status_code}: {body[:200]}")
-    return parse_metrics(body)
+    finally:
+        done = _PARSING.get(url)
+        if done is not None and done.done():
+            del _PARSING[url]
 
 
 __all__ = [
     "ALIASES",
+    "DEFAULT_MAX_BODY_BYTES",
     "HISTOGRAM_ROWS",
+    "MAX_BUCKETS",
+    "MAX_LABEL_VALUES",
+    "MAX_SERIES",
     "EngineMetrics",
     "Histogram",
     "SleepState",
