@@ -74,6 +74,9 @@ SNAPSHOT = Snapshot(
     config_path="/etc/llm-supervisor/config.yaml",
     config_loaded_timestamp_s=1_790_000_000.5,
     reloads_total={"ok": 3, "invalid": 1},
+    probe_errors_total={("proc_sweep", "EMFILE"): 4},
+    open_fds=120,
+    fds_limit=524288,
 )
 GPU_SAMPLES: Mapping[int, Mapping[str, float]] = {
     0: {
@@ -362,7 +365,7 @@ def test_alert_rules_use_only_emitted_or_announced_series() -> None:
     emitted = emitted_series() | FUTURE_SERIES
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 11
+    assert len(rules) == 13
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
@@ -426,7 +429,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(promtool: str, snapsho
 def test_promtool_check_rules(promtool: str) -> None:
     result = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_dashboard_promql_parses(promtool: str, tmp_path: Path) -> None:
@@ -497,6 +500,9 @@ ALERT_SCENARIO: dict[str, Any] = {
         _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu1", le="+Inf"),
         _series("llmsupervisor_notify_failures_total", "0 0 0 1x17"),
         _series("llmsupervisor_config_reloads_total", "0x20", result="ok"),
+        _series("llmsupervisor_probe_errors_total", "0 0 0 5x17", probe="proc_sweep", error="EMFILE"),
+        _series("llmsupervisor_open_fds", "100 100 1000x18"),
+        _series("llmsupervisor_max_fds", "1024x20"),
         _series("llmsupervisor_config_reloads_total", "0 0 0 1x17", result="invalid"),
         _series("llmsupervisor_gpu_temperature_celsius", "90x20", gpu="0"),
         _series("llmsupervisor_gpu_temperature_celsius", "80x20", gpu="1"),
@@ -519,6 +525,10 @@ ALERT_SCENARIO: dict[str, Any] = {
         _firing("20m", "LlmSupervisorSlowObservations", "warning", instance="host:9400", engine="gpu0"),
         _quiet("2m", "LlmSupervisorNotifyFailures"),
         _firing("4m", "LlmSupervisorNotifyFailures", "warning", **BASE),
+        _quiet("2m", "LlmSupervisorProbeErrors"),
+        _firing("4m", "LlmSupervisorProbeErrors", "warning", **BASE, probe="proc_sweep", error="EMFILE"),
+        _quiet("6m", "LlmSupervisorDescriptorsLow"),
+        _firing("8m", "LlmSupervisorDescriptorsLow", "warning", **BASE),
         _quiet("2m", "LlmSupervisorConfigReloadInvalid"),
         _firing("4m", "LlmSupervisorConfigReloadInvalid", "warning", **BASE, result="invalid"),
         _quiet("4m", "LlmSupervisorGpuHot"),
