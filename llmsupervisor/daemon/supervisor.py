@@ -247,11 +247,13 @@ class Supervisor:
             statuses=self.fleet.statuses,
             last_tick_age_s=lambda: aio.now() - self._last_tick_s,
             tick_limit_s=lambda: max(10.0, 5 * self.tick_s),
+            readyz_requires=lambda: self.config.supervisor.readyz_requires,
+            stopping=lambda: self._stopping,
         )
         host, port = parse_listen(self.http_listen)
         try:
             await api.start(host, port)
-            log.info("HTTP on %s: /metrics /healthz /readyz /engines/NAME/ready", self.http_listen)
+            log.info("HTTP on %s: /metrics /livez /readyz /engines/NAME/ready", self.http_listen)
         except OSError as exc:
             # Engines matter more than the listener: supervise them anyway, loudly.
             log.error("cannot listen on %s: %s; no metrics or readiness endpoints", self.http_listen, exc)
@@ -259,8 +261,13 @@ class Supervisor:
             await self._loop()
         finally:
             await server.close()
-            await api.close()
-            exit_code = await self._shutdown()
+            # The HTTP listener stays up through the drain: /readyz and /engines/NAME/ready say
+            # 503 (a load balancer or kubelet sees why, not a refused connection) and /livez
+            # keeps saying 200 while the shutdown makes progress.
+            try:
+                exit_code = await self._shutdown()
+            finally:
+                await api.close()
             await self.fleet.aclose()
             await self.gpu_monitor.close()
             self.guard.stop()
@@ -390,6 +397,7 @@ class Supervisor:
         escalated = False
         notified_s = -SHUTDOWN_NOTIFY_S
         while pending := {t for t in self.fleet.all_tasks() if not t.done()}:
+            self._last_tick_s = aio.now()  # a turn of the shutdown loop: /livez stays 200
             self._request_arrived.clear()
             if self._state_changes() != self._changes_written:
                 self._write_status()  # `llm-supervisor status` shows the engines stopping
