@@ -139,3 +139,23 @@ def test_auto_picks_json_in_a_pod(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert logs.resolve_format(requested, stream=io.StringIO()) == expected
+
+
+def test_load_gauges_are_exported_while_known() -> None:
+    from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
+    from llmsupervisor.exporter import Exporter
+
+    def engine(name: str, **load: Any) -> EngineSnapshot:
+        return EngineSnapshot(
+            name=name, state=S.READY, state_reason="", state_age_s=1.0, gpus=(0,), port=8000, pid=1,
+            restarts_total=0, in_rotation=True, **load,
+        )  # fmt: skip
+
+    loaded = engine("a", requests_running=2, requests_waiting=5, kv_usage_ratio=0.75, ttft_p95_s=0.25)
+    text = Exporter(lambda: Snapshot(engines=(loaded, engine("b")))).render().decode()
+    assert 'llmsupervisor_engine_requests_waiting{engine="a"} 5.0' in text
+    assert 'llmsupervisor_engine_requests_running{engine="a"} 2.0' in text
+    assert 'llmsupervisor_engine_kv_cache_usage_ratio{engine="a"} 0.75' in text
+    assert 'llmsupervisor_engine_ttft_p95_seconds{engine="a"} 0.25' in text
+    assert 'engine="b"} 1.0' in text  # b is exported, but no load series for it:
+    assert 'llmsupervisor_engine_requests_waiting{engine="b"}' not in text

@@ -63,6 +63,10 @@ from llmsupervisor.probes.nvml import GpuReader
 log = logging.getLogger("llmsupervisor")
 
 LEFTOVER_KILL_TIMEOUT_S: Final = 10.0
+# Past shutdown_timeout_s: how long the cancelled engine stops get to end. With the leftover kill
+# after it, a shutdown can outlast shutdown_timeout_s by this plus LEFTOVER_KILL_TIMEOUT_S, which
+# a Kubernetes terminationGracePeriodSeconds must allow for (docs/fleet.md).
+SHUTDOWN_CANCEL_TIMEOUT_S: Final = 30.0
 SHUTDOWN_NOTIFY_S: Final = 1.0  # progress to systemd while engines stop, at most this often
 
 
@@ -429,7 +433,7 @@ class Supervisor:
                     "engines did not stop within shutdown_timeout_s=%g s: killing them",
                     self.config.supervisor.shutdown_timeout_s,
                 )
-                await self.fleet.cancel(pending, timeout_s=30.0)
+                await self.fleet.cancel(pending, timeout_s=SHUTDOWN_CANCEL_TIMEOUT_S)
                 break
         for name, task in self.fleet.tasks.items():
             if task.done() and not task.cancelled() and task.exception() is not None:
