@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
+from llmsupervisor.agent import AgentServers
 from llmsupervisor.config import SupervisorConfig
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
@@ -132,6 +133,7 @@ class Supervisor:
         self._rounds_seen: dict[str, int] = {}
         self.status_file = StatusFile(self.state_dir / "status.json")
         self.guard = GuardProcess(self.state_dir)
+        self.agents = AgentServers(self.fleet.status)
 
     # ---- requests: the one way in ----
 
@@ -261,6 +263,7 @@ class Supervisor:
         except OSError as exc:
             # Engines matter more than the listener: supervise them anyway, loudly.
             log.error("cannot listen on %s: %s; no metrics or readiness endpoints", self.http_listen, exc)
+        await self.agents.sync(self.config.engines)
         try:
             await self._loop()
         finally:
@@ -272,6 +275,7 @@ class Supervisor:
                 exit_code = await self._shutdown()
             finally:
                 await api.close()
+                await self.agents.close()
             await self.fleet.aclose()
             await self.gpu_monitor.close()
             self.guard.stop()
@@ -383,6 +387,7 @@ class Supervisor:
             logs.set_level(new.supervisor.log_level)
             for name in removed:
                 self.exporter.forget_engine(name)
+            await self.agents.sync(new.engines)
             self._write_status()
             self.notifier.ready(self.summary())
         return reply
