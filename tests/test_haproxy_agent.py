@@ -44,7 +44,7 @@ frontend llm
 backend engines
     balance roundrobin
     # A TCP check of vLLM's port, and the supervisor's agent on the engine's agent port.
-    default-server check inter 500ms fall 2 rise 1 agent-check agent-inter 200ms agent-addr 127.0.0.1
+    default-server check inter 500ms fall 2 rise 1 agent-check agent-inter 200ms agent-addr 127.0.0.1 weight 100
     server a 127.0.0.1:{a_port} agent-port {a_agent}
     server b 127.0.0.1:{b_port} agent-port {b_agent}
 """
@@ -169,6 +169,7 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
     d, ports, stats = lb["daemon"], lb["ports"], lb["stats"]
     assert _agent_line(ports["a_agent"]) == "ready up 100%"
     wait_for(lambda: all(r["status"] == "UP" for r in stat(stats).values()), timeout_s=20, what="both UP")
+    assert {r["weight"] for r in stat(stats).values()} == {"100"}  # "up 100%" of weight 100
     url = f"http://127.0.0.1:{ports['frontend']}/v1/completions"
     with Load(url) as load:
         wait_for(lambda: int(stat(stats)["a"]["stot"]) >= 5, timeout_s=20, what="a serving")
