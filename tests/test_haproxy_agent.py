@@ -44,7 +44,8 @@ frontend llm
 backend engines
     balance roundrobin
     # A TCP check of vLLM's port, and the supervisor's agent on the engine's agent port.
-    default-server check inter 500ms fall 2 rise 1 agent-check agent-inter 200ms agent-addr 127.0.0.1 weight 100
+    default-server check inter 500ms fall 2 rise 1 weight 100
+    default-server agent-check agent-inter 200ms agent-addr 127.0.0.1
     server a 127.0.0.1:{a_port} agent-port {a_agent}
     server b 127.0.0.1:{b_port} agent-port {b_agent}
 """
@@ -60,7 +61,8 @@ def stat(stats_socket: Path) -> dict[str, dict[str, str]]:
         while chunk := sock.recv(65536):
             data += chunk
     rows = csv.DictReader(io.StringIO(data.decode().lstrip("# ")))
-    return {r["svname"]: r for r in rows if r["pxname"] == "engines" and r["svname"] in ("a", "b")}
+    servers = [r for r in rows if r["pxname"] == "engines" and r["svname"] not in ("FRONTEND", "BACKEND")]
+    return {r["svname"]: r for r in servers}
 
 
 class Load:
