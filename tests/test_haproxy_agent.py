@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, fake_engine, free_port, wait_for
+from tests.test_actions import FAST_DETECTORS, write_gpu
 from tests.test_haproxy_vllm import haproxy
 
 pytestmark = pytest.mark.system
@@ -119,7 +120,17 @@ def lb(daemon_factory, tmp_path: Path) -> Iterator[dict[str, Any]]:
         )
         for name in ("a", "b")
     ]
-    daemon: Daemon = daemon_factory({"engines": engines})
+    # a sits on (fake) GPU 0 with a one-step batch-size ladder, for the weight test.
+    gpu = tmp_path / "gpu.json"
+    write_gpu(gpu, temperature_c=50)
+    engines[0].update(
+        gpus=[0],
+        ladder=[{"max-num-seqs": 4}],
+        ladder_calm_s=3600,
+        action_cooldown_s=0,
+        detectors=FAST_DETECTORS,
+    )
+    daemon: Daemon = daemon_factory({"engines": engines}, run_args=("--fake-gpu", str(gpu)))
     stats_socket = tmp_path / "haproxy.sock"
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(
@@ -141,7 +152,7 @@ def lb(daemon_factory, tmp_path: Path) -> Iterator[dict[str, Any]]:
         daemon.wait_state("a", "ready")
         daemon.wait_state("b", "ready")
         wait_for(lambda: stats_socket.exists(), timeout_s=10, what="HAProxy's stats socket")
-        yield {"daemon": daemon, "ports": ports, "stats": stats_socket}
+        yield {"daemon": daemon, "ports": ports, "stats": stats_socket, "gpu": gpu}
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
@@ -203,4 +214,22 @@ def test_a_stopped_engine_goes_to_maint_and_comes_back(lb: dict[str, Any]) -> No
     d.wait_state("a", "ready")
     wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a out of MAINT")
     assert _status_is(stats, "b", "UP")
+    assert d.stop() == 0
+
+
+def test_a_stepped_down_engine_gets_a_lower_weight_in_haproxy(lb: dict[str, Any]) -> None:
+    d, ports, stats = lb["daemon"], lb["ports"], lb["stats"]
+    wait_for(lambda: stat(stats)["a"]["weight"] == "100", timeout_s=20, what="a at weight 100")
+    # A thermal throttle: the daemon steps a down its one-step ladder (drained, restarted).
+    write_gpu(lb["gpu"], temperature_c=91, clock_event_reasons=["hw_thermal"])
+    d.wait_log("action step_down (thermal)", timeout_s=20)
+    d.wait_state("a", "ready", timeout_s=30, batch_step=1)
+    # Still hot: step 1 of 1 (50 %) and the open thermal finding (x 0.5).
+    wait_for(lambda: _agent_line(ports["a_agent"]) == "ready up 25%", timeout_s=20, what="25%")
+    wait_for(lambda: stat(stats)["a"]["weight"] == "25", timeout_s=10, what="a at weight 25 in HAProxy")
+    # Cooled down: the finding clears, the step stays (ladder_calm_s is an hour).
+    write_gpu(lb["gpu"], temperature_c=50)
+    wait_for(lambda: _agent_line(ports["a_agent"]) == "ready up 50%", timeout_s=20, what="50%")
+    wait_for(lambda: stat(stats)["a"]["weight"] == "50", timeout_s=10, what="a at weight 50 in HAProxy")
+    assert _status_is(stats, "a", "UP") and stat(stats)["b"]["weight"] == "100"
     assert d.stop() == 0
