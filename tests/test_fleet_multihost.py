@@ -137,6 +137,7 @@ class HostDaemon(Daemon):
 
     def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
+        env["LLMSUP_LOG_FORMAT"] = "text"  # as Daemon.start: the tests read the text log
         env.update(extra_env or {})
         argv = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "llmsupervisor"]
         with open(self.log_path, "ab") as log:
