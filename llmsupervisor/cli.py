@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="testing aid: read GPU telemetry and XID events from a JSON file instead of NVML",
+    )
+    run_parser.add_argument(
+        "--log-format",
+        choices=logs.LOG_FORMATS,
+        help="auto (journald, JSON lines in a Kubernetes pod, else text), json or text"
+        f" (default: ${logs.LOG_FORMAT_ENV}, else auto)",
     )
     check = sub.add_parser("check-config", help="validate a config file; exit 78 with one line per problem")
     check.add_argument("path", nargs="?", type=Path, help="config file (default: --config)")
@@ -230,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.path or args.config)
     if args.command in control.COMMANDS:
         return control_command(args)
+    if getattr(args, "log_format", None):
+        # logs.setup reads it; the variable also reaches `run` without a new parameter.
+        os.environ[logs.LOG_FORMAT_ENV] = args.log_format
     return run(args.config, getattr(args, "fake_gpu", None))
 
 

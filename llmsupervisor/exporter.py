@@ -29,6 +29,10 @@ engine_info                            gauge      engine, port, gpus (always 1)
 engine_actions_total                   counter    engine, kind, reason (policy actions)
 engine_last_action_timestamp_seconds   gauge      engine, kind
 engine_batch_step                      gauge      engine (0: the engine's own flags; n: n steps down)
+engine_requests_running                gauge      engine (absent while unknown)
+engine_requests_waiting                gauge      engine (the queue; absent while unknown)
+engine_kv_cache_usage_ratio            gauge      engine (0 to 1; absent while unknown)
+engine_ttft_p95_seconds                gauge      engine (last 60 s; absent without requests)
 finding_active                         gauge      engine, finding, severity
 marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
 ticks_total                            counter
@@ -103,6 +107,16 @@ RESTART_REASONS: Final[tuple[str, ...]] = RESTART_CAUSES
 RELOAD_RESULTS: Final[tuple[str, ...]] = ("ok", "invalid")
 
 GpuSamples = Callable[[], Mapping[int, Mapping[str, float]]]
+
+# Per-engine gauges an autoscaler reads (packaging/kubernetes/autoscaling): the queue, recent
+# TTFT p95 and KV-cache pressure, with engine_in_rotation to leave loading engines out.
+AUTOSCALING_GAUGES: Final[tuple[str, ...]] = (
+    PREFIX + "engine_requests_waiting",
+    PREFIX + "engine_requests_running",
+    PREFIX + "engine_kv_cache_usage_ratio",
+    PREFIX + "engine_ttft_p95_seconds",
+    PREFIX + "engine_in_rotation",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +295,29 @@ class _SnapshotCollector:
             "Batch-size ladder step the engine runs at: 0 is its own flags, n is n steps down.",
             labels=["engine"],
         )
+        load = {
+            "requests_running": GaugeMetricFamily(
+                _name("engine_requests_running"), "Requests the engine is running now.", labels=["engine"]
+            ),
+            "requests_waiting": GaugeMetricFamily(
+                _name("engine_requests_waiting"), "Requests queued in the engine now.", labels=["engine"]
+            ),
+            "kv_usage_ratio": GaugeMetricFamily(
+                _name("engine_kv_cache_usage_ratio"),
+                "Fraction of the engine's KV cache in use, 0 to 1.",
+                labels=["engine"],
+            ),
+            "ttft_p95_s": GaugeMetricFamily(
+                _name("engine_ttft_p95_seconds"),
+                "95th percentile time to first token over the last 60 seconds, in seconds.",
+                labels=["engine"],
+            ),
+        }
         for e in engines:
+            for attribute, family in load.items():
+                value = getattr(e, attribute)
+                if value is not None:
+                    family.add_metric([e.name], float(value))
             for (kind, reason), count in sorted(e.actions_total.items()):
                 actions.add_metric([e.name, kind, reason], float(count))
             for kind, at in sorted(e.last_action_at.items()):
@@ -304,6 +340,7 @@ class _SnapshotCollector:
                 finding.add_metric([e.name, kind, severity], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
         yield from (actions, last_action, step)
+        yield from load.values()
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(

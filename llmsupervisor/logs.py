@@ -8,16 +8,25 @@ priority from vLLM's own level word, ``ENGINE_PID=`` the engine process). If tha
 missing or a send fails, the record falls back to stderr with a ``<N>`` prefix on every line, so
 ``journalctl -p warning`` still works and traceback lines keep their priority (docs/host-notes.md §6).
 Records about an engine carry ``engine`` in ``extra`` and are tagged ``[name]`` in text form.
+
+The format is chosen by ``--log-format`` / ``LLMSUP_LOG_FORMAT`` (``auto``, ``json``, ``text``):
+``auto`` is journald under systemd, JSON lines on stdout inside a Kubernetes pod
+(``KUBERNETES_SERVICE_HOST`` is set) and text on stderr otherwise. ``json`` writes one object per
+line to stdout: ``time`` (UTC, RFC 3339), ``level``, ``logger``, ``message``, and ``engine``,
+``gpu``, ``engine_pid``, ``exception`` when they apply; a log collector (Fluent Bit, Vector,
+Loki's promtail) needs no parser rules for it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import struct
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TextIO
 
@@ -77,6 +86,53 @@ class EngineFormatter(logging.Formatter):
                 lines[0] = f"{before}{marker}{tag}{after}"
             lines[1:] = [f"{tag}{line}" for line in lines[1:]]
         return "\n".join(lines)
+
+
+LOG_FORMATS: Final = ("auto", "json", "text")
+LOG_FORMAT_ENV: Final = "LLMSUP_LOG_FORMAT"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (a traceback goes into ``exception``)."""
+
+    def __init__(self, *, gpus_of: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.gpus_of = gpus_of if gpus_of is not None else {}
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created, tz=UTC)
+        entry: dict[str, object] = {
+            "time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        engine = getattr(record, "engine", None)
+        if engine:
+            entry["engine"] = str(engine)
+            if engine in self.gpus_of:
+                entry["gpu"] = self.gpus_of[engine]
+        engine_pid = getattr(record, "engine_pid", None)
+        if engine_pid:
+            entry["engine_pid"] = engine_pid
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        # ensure_ascii keeps every line 7-bit clean whatever an engine printed.
+        return json.dumps(entry, ensure_ascii=True, default=str)
+
+
+def resolve_format(requested: str | None = None, *, stream: TextIO | None = None) -> str:
+    """``journal``, ``json`` or ``text``: what ``auto`` (or the environment) means here."""
+    wanted = (requested or os.environ.get(LOG_FORMAT_ENV) or "auto").strip().lower()
+    if wanted not in LOG_FORMATS:
+        wanted = "auto"
+    if wanted != "auto":
+        return wanted
+    if stderr_is_journal(stream):
+        return "journal"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "json"
+    return "text"
 
 
 def _journal_field(key: str, value: str) -> bytes:
@@ -148,14 +204,22 @@ def setup(
     stream: TextIO | None = None,
     gpus_of: Mapping[str, str] | None = None,
     journal_socket: Path = JOURNAL_SOCKET,
+    log_format: str | None = None,
 ) -> None:
-    stream = stream or sys.stderr
-    journal = stderr_is_journal(stream)
-    text_handler = logging.StreamHandler(stream)
-    text_handler.setFormatter(EngineFormatter(journal=journal))
-    handler: logging.Handler = text_handler
-    if journal and journal_socket.exists():
-        handler = JournalHandler(journal_socket, gpus_of=gpus_of, fallback=text_handler)
+    """``log_format``: ``auto``, ``json`` or ``text``; None reads ``LLMSUP_LOG_FORMAT``."""
+    chosen = resolve_format(log_format, stream=stream or sys.stderr)
+    handler: logging.Handler
+    if chosen == "json":
+        handler = logging.StreamHandler(stream or sys.stdout)
+        handler.setFormatter(JsonFormatter(gpus_of=gpus_of))
+    else:
+        stream = stream or sys.stderr
+        journal = chosen == "journal"
+        text_handler = logging.StreamHandler(stream)
+        text_handler.setFormatter(EngineFormatter(journal=journal))
+        handler = text_handler
+        if journal and journal_socket.exists():
+            handler = JournalHandler(journal_socket, gpus_of=gpus_of, fallback=text_handler)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -69,6 +69,8 @@ class Daemon:
 
     def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
+        # Tests read the text log; "auto" would pick JSON on a CI runner that is itself a pod.
+        env["LLMSUP_LOG_FORMAT"] = "text"
         env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

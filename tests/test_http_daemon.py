@@ -20,7 +20,11 @@ def test_readiness_endpoints_follow_rotation_and_metrics_lint_clean(daemon_facto
     d.start()
     d.wait_state("a", "ready")
     wait_for(lambda: _get(d.http_url + "/healthz") == 200, timeout_s=10, what="/healthz")
-    assert _get(d.http_url + "/readyz") == 200
+    # readyz_requires: all (the default): b, meant to serve and still loading, keeps /readyz 503.
+    readyz = httpx.get(d.http_url + "/readyz", timeout=5)
+    assert readyz.status_code == 503
+    assert readyz.json()["engines_in_rotation"] == ["a"]
+    assert readyz.json()["engines_out_of_rotation"] == ["b"]
     assert _get(d.http_url + "/engines/a/ready") == 200
     b = httpx.get(d.http_url + "/engines/b/ready", timeout=5)
     assert b.status_code == 503

@@ -145,12 +145,16 @@ def _cross_checks(engines_raw: list[Any], engines: list[EngineSpec], out: _Colle
                 )
             else:
                 seen_names[name] = i
-        port = raw.get("port")
-        if isinstance(port, int) and not isinstance(port, bool):
-            if port in seen_ports:
-                out.add(("engines", i, "port"), f"port {port} is already used by engines[{seen_ports[port]}]")
-            else:
-                seen_ports[port] = i
+        # The vLLM port and the HAProxy agent port share one namespace: both are listened on.
+        for key in ("port", "agent_port"):
+            port = raw.get(key)
+            if isinstance(port, int) and not isinstance(port, bool):
+                if port in seen_ports:
+                    out.add(
+                        ("engines", i, key), f"port {port} is already used by engines[{seen_ports[port]}]"
+                    )
+                else:
+                    seen_ports[port] = i
         gpus = raw.get("gpus")
         gpu_list = [gpus] if isinstance(gpus, int) else gpus if isinstance(gpus, list) else []
         for gpu in gpu_list:

@@ -335,11 +335,12 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "restart_jitter_s": _number(lo=0),
     "restart_window": _time_window,
     "gpu_release_timeout_s": _number(lo=0),
+    "agent_port": _number(lo=1, hi=65535, integer=True),
     "detectors": _detectors,
 }
 REQUIRED_ENGINE_FIELDS: Final = ("name", "model", "port")
 # Fields that make no sense shared by every engine.
-PER_ENGINE_ONLY: Final = frozenset({"name", "model", "gpus", "port", "served_model_name"})
+PER_ENGINE_ONLY: Final = frozenset({"name", "model", "gpus", "port", "served_model_name", "agent_port"})
 
 SUPERVISOR_FIELDS: Final[dict[str, _Check]] = {
     "state_dir": _string(),
@@ -349,6 +350,7 @@ SUPERVISOR_FIELDS: Final[dict[str, _Check]] = {
     "shutdown_timeout_s": _number(lo=0, lo_open=True),
     "max_unavailable": _number(lo=1, integer=True),
     "min_in_rotation": _number(lo=0, integer=True),
+    "readyz_requires": _string(choices=("all", "any")),
 }
 
 

@@ -65,6 +65,8 @@ class EngineSpec:
     restart_jitter_s: float = 600.0
     restart_window: tuple[int, int] | None = None  # minutes of the local day, [start, end)
     gpu_release_timeout_s: float = 30.0
+    # HAProxy agent-check port for this engine (llmsupervisor/agent.py); None: no agent.
+    agent_port: int | None = None
     # Built from `defaults.detectors` and the engine's own `detectors` (the engine's keys win)
     # while the file is validated. Compares by value, so a reload sees a changed threshold.
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
@@ -140,6 +142,8 @@ class SupervisorSettings:
     shutdown_timeout_s: float = 100.0
     max_unavailable: int = 1  # planned actions never take more engines out of rotation
     min_in_rotation: int = 1  # load shedding keeps at least this many engines in rotation
+    # /readyz: "all" engines meant to serve must be in rotation, or "any" one (docs/fleet.md).
+    readyz_requires: str = "all"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

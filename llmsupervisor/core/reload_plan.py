@@ -15,7 +15,9 @@ from dataclasses import dataclass, fields
 from llmsupervisor.config import EngineSpec, SupervisorConfig
 
 # Supervisor settings read live on every use; the others take effect at the next start.
-LIVE_SETTINGS = frozenset({"log_level", "max_unavailable", "min_in_rotation", "shutdown_timeout_s"})
+LIVE_SETTINGS = frozenset(
+    {"log_level", "max_unavailable", "min_in_rotation", "shutdown_timeout_s", "readyz_requires"}
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

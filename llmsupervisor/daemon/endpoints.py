@@ -1,7 +1,17 @@
-"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /engines/NAME/ready.
+"""The daemon's HTTP endpoints: /metrics, /livez (and its older name /healthz), /readyz,
+/engines/NAME/ready.
 
-Each handler is a function of the latest statuses (and, for /healthz, the loop's last tick), so
-a load balancer's check never waits on an engine.
+Each handler is a function of the latest statuses (and, for /livez, the loop's last turn), so a
+load balancer's or kubelet's check never waits on an engine.
+
+Two questions, kept apart on purpose (docs/fleet.md):
+
+- ``/livez``: is the daemon's loop turning? Never tied to an engine's health: a model that takes
+  ten minutes to load, or a hung engine the daemon is repairing, must not get the pod killed.
+  The kubelet's livenessProbe points here.
+- ``/readyz``: should this daemon's host (pod) get traffic? ``readyz_requires: all`` (the
+  default) answers 200 only when every engine meant to be serving is in rotation; ``any`` when
+  at least one is. Both say 503 while the daemon shuts down and when nothing is in rotation.
 """
 
 from __future__ import annotations
@@ -19,23 +29,49 @@ def _json(status: int, body: dict[str, Any]) -> Response:
     return Response(status=status, body=json.dumps(body).encode() + b"\n", content_type="application/json")
 
 
+def meant_to_serve(status: EngineStatus) -> bool:
+    """Whether the daemon intends this engine to take traffic now: enabled, not stopped or
+    drained by an operator, not stopping for good. A FATAL or restarting engine still counts: it
+    is meant to serve and does not."""
+    return status.spec.enabled and status.wants_run and not status.held and not status.final
+
+
+def pod_ready(statuses: tuple[EngineStatus, ...], *, requires: str) -> tuple[bool, list[str], list[str]]:
+    """(ready, engines in rotation, engines meant to serve but out of rotation)."""
+    in_rotation = [s.name for s in statuses if s.in_rotation]
+    missing = [s.name for s in statuses if meant_to_serve(s) and not s.in_rotation]
+    ready = bool(in_rotation) and (requires == "any" or not missing)
+    return ready, in_rotation, missing
+
+
 def http_api(
     *,
     exporter: Exporter,
     statuses: Callable[[], tuple[EngineStatus, ...]],
     last_tick_age_s: Callable[[], float],
     tick_limit_s: Callable[[], float],
+    readyz_requires: Callable[[], str] = lambda: "all",
+    stopping: Callable[[], bool] = lambda: False,
 ) -> HttpApi:
-    def healthz() -> Response:
-        """Alive means the loop is ticking, not merely that the process answers."""
+    def livez() -> Response:
+        """Alive means the loop is turning, not merely that the process answers."""
         age_s, limit_s = last_tick_age_s(), tick_limit_s()
         if age_s > limit_s:
-            return _json(503, {"ok": False, "reason": f"no loop tick for {age_s:.1f} s"})
-        return _json(200, {"ok": True, "last_tick_age_s": round(age_s, 3)})
+            return _json(503, {"ok": False, "reason": f"no loop turn for {age_s:.1f} s"})
+        return _json(200, {"ok": True, "last_tick_age_s": round(age_s, 3), "stopping": stopping()})
 
     def readyz() -> Response:
-        ready = [s.name for s in statuses() if s.in_rotation]
-        return _json(200 if ready else 503, {"ready": bool(ready), "engines_in_rotation": ready})
+        requires = readyz_requires()
+        ready, in_rotation, missing = pod_ready(statuses(), requires=requires)
+        body: dict[str, Any] = {
+            "ready": ready and not stopping(),
+            "requires": requires,
+            "engines_in_rotation": in_rotation,
+            "engines_out_of_rotation": missing,
+        }
+        if stopping():
+            body["reason"] = "the daemon is shutting down"
+        return _json(200 if body["ready"] else 503, body)
 
     def engine_ready(rest: str) -> Response:
         """``/engines/NAME/ready``: 200 only when NAME should receive traffic (for HAProxy,
@@ -50,7 +86,8 @@ def http_api(
     return HttpApi(
         {
             "/metrics": lambda: Response(body=exporter.render(), content_type=exporter.content_type),
-            "/healthz": healthz,
+            "/livez": livez,
+            "/healthz": livez,
             "/readyz": readyz,
         },
         {"/engines/": engine_ready},

@@ -58,6 +58,11 @@ class EngineSnapshot:
     # The hottest / most power-hungry of the engine's GPUs (None without NVML).
     gpu_temperature_c: float | None = None
     gpu_power_w: float | None = None
+    # Load, while the engine is observed (None: unknown): the autoscaling gauges.
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    kv_usage_ratio: float | None = None
+    ttft_p95_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +157,10 @@ def snapshot(
                 last_action_at=dict(memory.of(s.name).last_action_at),
                 gpu_temperature_c=_gpu_max(gpu_samples, s.spec.gpus, "temperature_c"),
                 gpu_power_w=_gpu_max(gpu_samples, s.spec.gpus, "power_w"),
+                requests_running=s.load.requests_running if s.load else None,
+                requests_waiting=s.load.requests_waiting if s.load else None,
+                kv_usage_ratio=s.load.kv_usage_ratio if s.load else None,
+                ttft_p95_s=s.load.ttft_p95_s if s.load else None,
             )
             for s in statuses
         ),
@@ -193,6 +202,10 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "actions": {f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())},
                 "gpu_temperature_c": e.gpu_temperature_c,
                 "gpu_power_w": e.gpu_power_w,
+                "requests_running": e.requests_running,
+                "requests_waiting": e.requests_waiting,
+                "kv_usage_ratio": e.kv_usage_ratio,
+                "ttft_p95_s": e.ttft_p95_s,
             }
             for e in snap.engines
         },

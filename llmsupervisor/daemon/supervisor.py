@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
+from llmsupervisor.agent import AgentServers
 from llmsupervisor.config import SupervisorConfig
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
@@ -72,6 +73,10 @@ from llmsupervisor.probes.nvml import GpuReader
 log = logging.getLogger("llmsupervisor")
 
 LEFTOVER_KILL_TIMEOUT_S: Final = 10.0
+# Past shutdown_timeout_s: how long the cancelled engine stops get to end. With the leftover kill
+# after it, a shutdown can outlast shutdown_timeout_s by this plus LEFTOVER_KILL_TIMEOUT_S, which
+# a Kubernetes terminationGracePeriodSeconds must allow for (docs/fleet.md).
+SHUTDOWN_CANCEL_TIMEOUT_S: Final = 30.0
 SHUTDOWN_NOTIFY_S: Final = 1.0  # progress to systemd while engines stop, at most this often
 
 
@@ -137,6 +142,7 @@ class Supervisor:
         self._rounds_seen: dict[str, int] = {}
         self.status_file = StatusFile(self.state_dir / "status.json")
         self.guard = GuardProcess(self.state_dir)
+        self.agents = AgentServers(self.fleet.status)
 
     # ---- requests: the one way in ----
 
@@ -263,20 +269,29 @@ class Supervisor:
             statuses=self.fleet.statuses,
             last_tick_age_s=lambda: aio.now() - self._last_tick_s,
             tick_limit_s=lambda: max(10.0, 5 * self.tick_s),
+            readyz_requires=lambda: self.config.supervisor.readyz_requires,
+            stopping=lambda: self._stopping,
         )
         host, port = parse_listen(self.http_listen)
         try:
             await api.start(host, port)
-            log.info("HTTP on %s: /metrics /healthz /readyz /engines/NAME/ready", self.http_listen)
+            log.info("HTTP on %s: /metrics /livez /readyz /engines/NAME/ready", self.http_listen)
         except OSError as exc:
             # Engines matter more than the listener: supervise them anyway, loudly.
             log.error("cannot listen on %s: %s; no metrics or readiness endpoints", self.http_listen, exc)
+        await self.agents.sync(self.config.engines)
         try:
             await self._loop()
         finally:
             await server.close()
-            await api.close()
-            exit_code = await self._shutdown()
+            # The HTTP listener stays up through the drain: /readyz and /engines/NAME/ready say
+            # 503 (a load balancer or kubelet sees why, not a refused connection) and /livez
+            # keeps saying 200 while the shutdown makes progress.
+            try:
+                exit_code = await self._shutdown()
+            finally:
+                await api.close()
+                await self.agents.close()
             await self.fleet.aclose()
             await self.gpu_monitor.close()
             self.guard.stop()
@@ -388,6 +403,7 @@ class Supervisor:
             logs.set_level(new.supervisor.log_level)
             for name in removed:
                 self.exporter.forget_engine(name)
+            await self.agents.sync(new.engines)
             self._write_status()
             self.notifier.ready(self.summary())
         return reply
@@ -406,6 +422,7 @@ class Supervisor:
         escalated = False
         notified_s = -SHUTDOWN_NOTIFY_S
         while pending := {t for t in self.fleet.all_tasks() if not t.done()}:
+            self._last_tick_s = aio.now()  # a turn of the shutdown loop: /livez stays 200
             self._request_arrived.clear()
             if self._state_changes() != self._changes_written:
                 self._write_status()  # `llm-supervisor status` shows the engines stopping
@@ -437,7 +454,7 @@ class Supervisor:
                     "engines did not stop within shutdown_timeout_s=%g s: killing them",
                     self.config.supervisor.shutdown_timeout_s,
                 )
-                await self.fleet.cancel(pending, timeout_s=30.0)
+                await self.fleet.cancel(pending, timeout_s=SHUTDOWN_CANCEL_TIMEOUT_S)
                 break
         for name, task in self.fleet.tasks.items():
             if task.done() and not task.cancelled() and task.exception() is not None:

@@ -26,12 +26,17 @@ from llmsupervisor.detectors import (
 )
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import EngineProcess
+from llmsupervisor.engine.status import EngineLoad
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
-from llmsupervisor.probes.vllm_metrics import EngineMetrics
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, window_quantile
 
 log = logging.getLogger("llmsupervisor.engine")
+
+# The window of the exported TTFT p95 (an autoscaler's signal): long enough to hold a few
+# requests at low traffic, short enough to follow a burst.
+LOAD_WINDOW_S: Final = 60.0
 
 FINDING_LOG_LEVEL: Final = {
     Severity.INFO: logging.INFO,
@@ -180,6 +185,31 @@ class Observer:
                 extra={"engine": self._spec.name},
             )
         self.findings = tuple(update.active)
+
+    def load(self) -> EngineLoad | None:
+        """The latest gauges and the TTFT p95 of the last ``LOAD_WINDOW_S`` (None before the
+        first scrape)."""
+        latest = self._last_metrics
+        if latest is None:
+            return None
+        now = aio.now()
+        oldest = next(
+            (
+                obs.metrics
+                for obs in self.window.since(now - LOAD_WINDOW_S)
+                if isinstance(obs.metrics, EngineMetrics)
+            ),
+            None,
+        )
+        ttft_p95_s = None
+        if oldest is not None and oldest is not latest:
+            ttft_p95_s = window_quantile(latest.ttft_seconds, oldest.ttft_seconds, 0.95)
+        return EngineLoad(
+            requests_running=latest.requests_running,
+            requests_waiting=latest.requests_waiting,
+            kv_usage_ratio=latest.kv_usage_ratio,
+            ttft_p95_s=ttft_p95_s,
+        )
 
     def close(self, why: str) -> None:
         for finding in self.findings:

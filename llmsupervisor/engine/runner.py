@@ -169,6 +169,7 @@ class EngineRunner:
             commands_taken=self._commands_taken,
             rounds_total=self._rounds_total,
             last_round_s=self._last_round_s,
+            load=self._observer.load() if self._observer is not None else None,
         )
 
     # ---- commands ----

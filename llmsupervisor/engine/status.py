@@ -32,6 +32,17 @@ class Incarnation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EngineLoad:
+    """How loaded a serving engine is, from its last observation rounds: what an autoscaler or a
+    load balancer's weight reads (exporter.py, agent.py). None: vLLM did not say."""
+
+    requests_running: int | None = None
+    requests_waiting: int | None = None  # the queue
+    kv_usage_ratio: float | None = None  # 0..1
+    ttft_p95_s: float | None = None  # over the last LOAD_WINDOW_S; None without requests in it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineStatus:
     name: str
     spec: EngineSpec
@@ -63,6 +74,7 @@ class EngineStatus:
     rounds_total: int = 0  # observation rounds so far, and how long the last one took
     last_round_s: float = 0.0
     task_failed: str | None = None  # set by the fleet when the runner's task died of a bug
+    load: EngineLoad | None = None  # while observed (READY and the states after it)
 
     @property
     def in_rotation(self) -> bool:
