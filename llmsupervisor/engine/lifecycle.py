@@ -28,6 +28,7 @@ class History:
     state_changes_total: int = 0
     failures: FailureHistory = field(default_factory=FailureHistory)
     last_exit: str | None = None
+    last_exit_at_s: float | None = None  # loop clock
     last_failure: str | None = None
     incarnations: int = 0
 

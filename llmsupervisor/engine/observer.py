@@ -85,6 +85,11 @@ class Observer:
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
 
+    @property
+    def requests_running(self) -> int | None:
+        """Requests in the engine's batch at the last scrape (None: not scraped yet)."""
+        return self._last_metrics.requests_running if self._last_metrics is not None else None
+
     def note_canary(self, latency_s: float | None) -> None:
         self.canary_latency_s = latency_s
 
