@@ -66,6 +66,10 @@ class EngineSnapshot:
     incarnation: int | None = None  # the live spawn's number (1, 2, ...), None without a process
     last_exit_age_s: float | None = None  # seconds since last_exit happened
     requests_running: int | None = None
+    enabled: bool = True
+    wants_run: bool = True  # the engine is meant to run (not stopped by an operator or config)
+    start_timeout_s: float = 0.0
+    drain_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +158,10 @@ def snapshot(
                 incarnation=s.incarnation.number if s.incarnation is not None else None,
                 last_exit_age_s=now - s.last_exit_at_s if s.last_exit_at_s is not None else None,
                 requests_running=s.requests_running,
+                enabled=s.spec.enabled,
+                wants_run=s.wants_run,
+                start_timeout_s=s.spec.start_timeout_s,
+                drain_timeout_s=s.spec.drain_timeout_s,
             )
             for s in statuses
         ),
@@ -192,6 +200,10 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "last_exit": e.last_exit,
                 "last_exit_age_s": round(e.last_exit_age_s, 1) if e.last_exit_age_s is not None else None,
                 "requests_running": e.requests_running,
+                "enabled": e.enabled,
+                "wants_run": e.wants_run,
+                "start_timeout_s": e.start_timeout_s,
+                "drain_timeout_s": e.drain_timeout_s,
                 "last_failure": e.last_failure,
                 "batch_step": e.ladder_step,
                 "batch_steps": e.ladder_steps,
@@ -246,7 +258,12 @@ class StatusFile:
 
     def write(self, status: dict[str, Any], *, now: float) -> None:
         content = json.dumps(
-            {**status, "engines": {n: {**e, "for_s": None, "last_exit_age_s": None} for n, e in status["engines"].items()}},
+            {
+                **status,
+                "engines": {
+                    n: {**e, "for_s": None, "last_exit_age_s": None} for n, e in status["engines"].items()
+                },
+            },
             sort_keys=True,
         )
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:

@@ -44,7 +44,14 @@ class Lifecycle:
     def to(self, state: EngineState, reason: str, *, now: float) -> StateChange:
         change = transition(self.name, self.state, state, reason=reason, now=now)
         level = logging.WARNING if state in _WARN_STATES else logging.INFO
-        log.log(level, "%s -> %s: %s", self.state, state, reason, extra={"engine": self.name})
+        log.log(
+            level,
+            "%s -> %s: %s",
+            self.state,
+            state,
+            reason,
+            extra={"engine": self.name, "event": "transition", "to_state": state.value},
+        )
         self.state, self.since_s, self.reason = state, now, reason
         self.history.state_changes_total += 1
         return change

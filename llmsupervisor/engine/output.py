@@ -34,7 +34,10 @@ START_PHASES: Final = ("spawned", "loading weights", "compiling", "capturing gra
 # Milestone lines of vLLM 0.32 (CUDA and CPU builds) and the phase each one begins. "Loading
 # weights took" ends the load: compiling (torch.compile, the CPU build's warm-up) comes next.
 _PHASE_MARKERS: Final = (
-    (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights"), "loading weights"),
+    (
+        re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights"),
+        "loading weights",
+    ),
     (
         re.compile(
             r"Loading weights took|Model loading took|Warming up model for the compilation|"
@@ -42,7 +45,10 @@ _PHASE_MARKERS: Final = (
         ),
         "compiling",
     ),
-    (re.compile(r"Capturing CUDA graph|Graph capturing|cudagraph capturing", re.IGNORECASE), "capturing graphs"),
+    (
+        re.compile(r"Capturing CUDA graph|Graph capturing|cudagraph capturing", re.IGNORECASE),
+        "capturing graphs",
+    ),
     (re.compile(r"Starting vLLM server on|Uvicorn running on|Application startup complete"), "listening"),
 )
 
