@@ -190,10 +190,13 @@ def judge(
     name = str(engine.get("name", "?"))
     for event in new_events:
         if event.get("kind") == "transition" and event.get("to_state") in FAILED_STATES:
-            return Verdict(False, f"{name}: {base.command} failed: {event.get('message')}")
+            message = str(event.get("message", ""))
+            reason = message.split(": ", 1)[1] if " -> " in message and ": " in message else message
+            state = str(event["to_state"]).upper()
+            return Verdict(False, f"{name}: {base.command} failed ({state}): {reason}")
     state = engine.get("state")
     if state == "fatal" and int(engine.get("state_changes") or 0) > base.state_changes:
-        return Verdict(False, f"{name}: {base.command} failed: FATAL: {engine.get('reason')}")
+        return Verdict(False, f"{name}: {base.command} failed (FATAL): {engine.get('reason')}")
     ready = f"{name}: READY ({base.command} done)"
     # A reloaded engine restarted with its new spec, or started when added.
     if base.command == "reload" and any(

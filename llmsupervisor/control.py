@@ -143,7 +143,11 @@ def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 10.0) -> 
             data += chunk
     except TimeoutError:
         raise ControlError(f"no answer from the daemon within {timeout_s:g} s") from None
+    except OSError as exc:  # reset by a daemon that died mid-answer
+        raise ControlError(f"the daemon went away: {exc.strerror or exc}") from None
     finally:
         sock.close()
-    reply: dict[str, Any] = json.loads(data or b'{"ok": false, "error": "empty reply"}')
+    if not data.endswith(b"\n"):
+        raise ControlError("the daemon went away without answering")
+    reply: dict[str, Any] = json.loads(data)
     return reply
