@@ -192,8 +192,8 @@ def judge(
         if event.get("kind") == "transition" and event.get("to_state") in FAILED_STATES:
             message = str(event.get("message", ""))
             reason = message.split(": ", 1)[1] if " -> " in message and ": " in message else message
-            state = str(event["to_state"]).upper()
-            return Verdict(False, f"{name}: {base.command} failed ({state}): {reason}")
+            to_state = str(event["to_state"]).upper()
+            return Verdict(False, f"{name}: {base.command} failed ({to_state}): {reason}")
     state = engine.get("state")
     if state == "fatal" and int(engine.get("state_changes") or 0) > base.state_changes:
         return Verdict(False, f"{name}: {base.command} failed (FATAL): {engine.get('reason')}")

@@ -196,7 +196,8 @@ def test_status_watch_ends_cleanly_on_ctrl_c(daemon_factory) -> None:
     d.wait_state("a", "ready")
     watcher = popen_cli(d, "status", "--watch", "--interval", "0.3")
     assert watcher.stdout is not None
-    wait_for(lambda: "READY" in watcher.stdout.readline(), timeout_s=30, what="a redraw")
+    stdout = watcher.stdout
+    wait_for(lambda: "READY" in stdout.readline(), timeout_s=30, what="a redraw")
     watcher.send_signal(signal.SIGINT)
     _out, err = watcher.communicate(timeout=30)
     assert watcher.returncode == 0 and "Traceback" not in err
