@@ -297,11 +297,13 @@ REAL_LINES = [
         "compiling",
     ),
     (
-        "(Worker pid=4863) INFO 11-23 11:19:58 [cpu_model_runner.py:87] Warming up model for the compilation...",
+        "(Worker pid=4863) INFO 11-23 11:19:58 [cpu_model_runner.py:87]"
+        " Warming up model for the compilation...",
         "compiling",
     ),
     (
-        "(EngineCore pid=1) INFO 11-23 11:20:00 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode)",
+        "(EngineCore pid=1) INFO 11-23 11:20:00 [gpu_model_runner.py:1]"
+        " Capturing CUDA graphs (mixed prefill-decode)",
         "capturing graphs",
     ),
     (
