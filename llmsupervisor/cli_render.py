@@ -196,10 +196,12 @@ def progress_line(name: str, engine: Mapping[str, Any], *, waited_s: float) -> s
 
 
 def event_line(event: Mapping[str, Any]) -> str:
-    """``2026-11-23 11:20:36 gpu1 transition READY -> DRAINING: draining: ...``"""
+    """``2026-11-23 11:20:36 gpu1 transition READY -> DRAINING: draining: ...``; the kind is
+    left out where the message begins with it (``finding hang (critical): ...``)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event.get("time", 0.0))))
     engine = event.get("engine") or "-"
-    return f"{stamp} {engine} {event.get('kind', '?')} {event.get('message', '')}"
+    kind, message = str(event.get("kind", "?")), str(event.get("message", ""))
+    return f"{stamp} {engine} {message if message.startswith(kind) else f'{kind} {message}'}"
 
 
 def event_lines(events: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -357,3 +357,10 @@ def test_events_request_is_validated() -> None:
     assert control._validated({"command": "events"}) == {"command": "events"}
     with pytest.raises(control.ControlError, match="after must be a number"):
         control._validated({"command": "events", "after": "x"})
+
+
+def test_event_line_says_the_kind_once() -> None:
+    finding = {"time": 0.0, "engine": "a", "kind": "finding", "message": "finding hang (critical): x"}
+    assert cli_render.event_line(finding).endswith(" a finding hang (critical): x")
+    moved = {"time": 0.0, "engine": "a", "kind": "transition", "message": "READY -> DRAINING: why"}
+    assert cli_render.event_line(moved).endswith(" a transition READY -> DRAINING: why")

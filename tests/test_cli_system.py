@@ -220,3 +220,25 @@ def test_reload_wait_until_changed_engine_is_ready(daemon_factory) -> None:
     assert out.stdout.splitlines()[-1] == "b: READY (reload done)"
     assert d.engine("b")["pid"] != b["pid"]
     assert d.stop() == 0
+
+
+def test_findings_of_an_old_incarnation_do_not_stay_on_the_new_one(daemon_factory) -> None:
+    import httpx
+
+    port = free_port()
+    # Report-only, so that the hang stays until the operator restarts.
+    engine = fake_engine("a", port, canary_interval_s=0.5, live_canary_timeout_s=1, automatic_actions=False)
+    d = daemon_factory({"engines": [engine]})
+    d.start()
+    d.wait_state("a", "ready")
+    httpx.post(f"http://127.0.0.1:{port}/fake/hang", timeout=5)
+    wait_for(lambda: [f["kind"] for f in d.engine("a")["findings"]] == ["hang"], timeout_s=40, what="hang")
+    assert "hang (critical)" in cli(d, "status", "a").stdout
+    out = cli(d, "restart", "a", "--wait", "--timeout", "60")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert d.engine("a")["findings"] == []
+    assert "hang" not in cli(d, "status", "a").stdout
+    events = cli(d, "events", "a").stdout
+    assert " a finding hang (critical)" in events and " a operator: restart" in events
+    assert " a transition READY -> DRAINING: draining: restart requested by operator" in events
+    assert d.stop() == 0
