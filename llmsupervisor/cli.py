@@ -251,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.path or args.config)
     if args.command in control.COMMANDS:
-        return control_command(args)
+        try:
+            return control_command(args)
+        except KeyboardInterrupt:
+            return cli_control.EX_INTERRUPTED
     return run(args.config, getattr(args, "fake_gpu", None))
 
 

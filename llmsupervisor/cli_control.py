@@ -13,6 +13,7 @@ between two looks, and polls the status for the progress line.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -238,7 +239,9 @@ class Progress:
 
     def show(self, line: str, key: object) -> None:
         if self._tty:
-            self._out.write("\r\x1b[2K" + line)
+            # Cut to the terminal's width: a wrapped line could not be redrawn in place.
+            width = shutil.get_terminal_size().columns
+            self._out.write("\r\x1b[2K" + (line if len(line) < width else line[: max(width - 2, 10)] + "…"))
             self._drawn = True
         elif key != self._last_key or self._clock() - self._last_at >= PLAIN_PROGRESS_EVERY_S:
             self._out.write(line + "\n")
