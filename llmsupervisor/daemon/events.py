@@ -57,6 +57,12 @@ class EventRing(logging.Handler):
         self._seq = 0
         self._guard = threading.Lock()  # a record may come from a worker thread
 
+    def handle(self, record: logging.LogRecord) -> bool:
+        # Most records (every forwarded vLLM line) are not events: skip them before the lock.
+        if getattr(record, "event", None) is None:
+            return False
+        return super().handle(record)
+
     def emit(self, record: logging.LogRecord) -> None:
         kind = getattr(record, "event", None)
         if kind is None:
