@@ -21,7 +21,7 @@ from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
 SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
-EX_UNAVAILABLE = cli_control.EX_UNAVAILABLE  # the daemon is not running or refused
+EX_UNAVAILABLE = cli_control.EX_UNAVAILABLE  # the daemon is not reachable
 ENGINE_COMMANDS = (
     ("restart", "drain the engine, then restart it"),
     ("drain", "take the engine out of rotation and let in-flight requests finish"),
@@ -30,14 +30,14 @@ ENGINE_COMMANDS = (
 )
 
 
-def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+def _common(parser: argparse.ArgumentParser, *, top: bool, socket: bool = True) -> None:
     """--config and --socket, before or after the subcommand. After it they default to
     SUPPRESS, so that one given before the subcommand is not overwritten."""
     default: Any = DEFAULT_CONFIG_PATH if top else argparse.SUPPRESS
     parser.add_argument(
         "--config", type=Path, default=default, help=f"config file (default {DEFAULT_CONFIG_PATH})"
     )
-    if top or parser.prog.split()[-1] in control.COMMANDS:
+    if socket:
         parser.add_argument(
             "--socket",
             type=Path,
@@ -75,10 +75,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="testing aid: read GPU telemetry and XID events from a JSON file instead of NVML",
     )
-    _common(run_parser, top=False)
+    _common(run_parser, top=False, socket=False)
     check = sub.add_parser("check-config", help="validate a config file; exit 78 with one line per problem")
     check.add_argument("path", nargs="?", type=Path, help="config file (default: --config)")
-    _common(check, top=False)
+    _common(check, top=False, socket=False)
     status = sub.add_parser(
         "status", help="engines, states, ports, restarts; exit 1 if an engine asked about is FATAL or down"
     )
@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor", help="check this machine before the first start: one line per check, exit 1 on any FAIL"
     )
-    _common(doctor, top=False)
+    _common(doctor, top=False, socket=False)
     return parser
 
 
