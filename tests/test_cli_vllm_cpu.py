@@ -49,6 +49,7 @@ def test_restart_wait_on_real_vllm_reaches_ready_showing_phases(tmp_path: Path) 
             check=False,
             timeout=READY_TIMEOUT_S + 60,
         )
+        print(out.stdout)  # the progress as the operator saw it (pytest -rP shows it)
         assert out.returncode == 0, out.stdout + out.stderr
         lines = out.stdout.splitlines()
         assert lines[0].startswith("e1: restart accepted; draining")
