@@ -364,3 +364,26 @@ def test_event_line_says_the_kind_once() -> None:
     assert cli_render.event_line(finding).endswith(" a finding hang (critical): x")
     moved = {"time": 0.0, "engine": "a", "kind": "transition", "message": "READY -> DRAINING: why"}
     assert cli_render.event_line(moved).endswith(" a transition READY -> DRAINING: why")
+
+
+def test_what_an_accepted_command_does_and_the_summary_phase() -> None:
+    import dataclasses
+
+    from llmsupervisor.core.state import EngineState as S
+    from llmsupervisor.daemon.requests import what_happens
+    from llmsupervisor.daemon.status import summary
+    from tests.test_reconcile import status as engine_status
+
+    ready = engine_status("gpu1", requests_running=3)
+    assert what_happens("restart", ready) == "draining, 3 requests in flight, then restarting"
+    assert what_happens("drain", ready) == "out of rotation, draining, 3 requests in flight"
+    assert what_happens("stop", ready) == "draining, 3 requests in flight, then stopping"
+    assert what_happens("start", ready) == "already ready"
+    stopped = engine_status("gpu1", S.STOPPED, incarnation=None, wants_run=False)
+    assert what_happens("restart", stopped) == "starting"
+    assert what_happens("stop", stopped) == "already stopped"
+    assert what_happens("drain", stopped) == "held: it stays out of rotation once it is ready"
+    starting = engine_status("gpu1", S.STARTING, start_phase="compiling")
+    assert what_happens("restart", starting) == "abandoning this start, starting again"
+    assert what_happens("start", dataclasses.replace(ready, state=S.DRAINING)) == "back in rotation"
+    assert summary([starting], now=70.0) == "0/1 engines ready; gpu1 starting (1m10s): compiling"
