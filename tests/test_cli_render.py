@@ -387,3 +387,73 @@ def test_what_an_accepted_command_does_and_the_summary_phase() -> None:
     assert what_happens("restart", starting) == "abandoning this start, starting again"
     assert what_happens("start", dataclasses.replace(ready, state=S.DRAINING)) == "back in rotation"
     assert summary([starting], now=70.0) == "0/1 engines ready; gpu1 starting (1m10s): compiling"
+
+
+class StatusOnly(cli_control.Client):
+    def __init__(self) -> None:
+        super().__init__(Path("/nonexistent"))
+        self.calls = 0
+
+    def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
+        self.calls += 1
+        if self.calls == 2:
+            raise cli_control.Unreachable("the daemon is not running")
+        return snapshot(a=engine())
+
+
+def test_watch_redraws_in_place_keeps_trying_and_ends_cleanly_on_ctrl_c() -> None:
+    out = FakeTty()
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    assert cli_control.watch(StatusOnly(), [], interval_s=2.0, out=out, sleep=sleep) == 0
+    frames = out.getvalue().split("\x1b[H\x1b[2J")[1:]
+    assert len(frames) == 3 and sleeps == [2.0, 2.0, 2.0]
+    assert "READY" in frames[0] and "the daemon is not running" in frames[1] and "READY" in frames[2]
+
+
+def test_events_follow_prints_new_ones_and_ends_on_ctrl_c() -> None:
+    class Events(cli_control.Client):
+        def __init__(self) -> None:
+            super().__init__(Path("/nonexistent"))
+            self.asked: list[dict[str, Any]] = []
+
+        def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
+            self.asked.append(payload)
+            if len(self.asked) == 1:
+                return {
+                    "events": [
+                        {"seq": 3, "time": 0, "engine": "a", "kind": "operator", "message": "operator: drain"}
+                    ],
+                    "last_seq": 3,
+                }
+            if len(self.asked) == 2:
+                return {
+                    "events": [
+                        {
+                            "seq": 4,
+                            "time": 0,
+                            "engine": "a",
+                            "kind": "transition",
+                            "message": "READY -> DRAINING: x",
+                        }
+                    ],
+                    "last_seq": 4,
+                }
+            raise KeyboardInterrupt
+
+    client, out = Events(), io.StringIO()
+    assert (
+        cli_control.events(client, "a", since_s=600.0, follow=True, as_json=False, out=out, err=io.StringIO())
+        == 0
+    )
+    assert [line.split(" ", 2)[2] for line in out.getvalue().splitlines()] == [
+        "a operator: drain",
+        "a transition READY -> DRAINING: x",
+    ]
+    assert client.asked[0] == {"command": "events", "engine": "a", "since_s": 600.0}
+    assert client.asked[1]["after"] == 3 and client.asked[2]["after"] == 4
