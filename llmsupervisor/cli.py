@@ -1,12 +1,13 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
-(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``) that talk to a running
-daemon over its control socket. No supervision logic here."""
+(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``) that talk to a
+running daemon over its control socket (llmsupervisor/cli_control.py; what they print:
+llmsupervisor/cli_render.py; the reference with exit codes: docs/cli.md). No supervision logic
+here."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -15,13 +16,50 @@ from typing import Any
 
 import yaml
 
-from llmsupervisor import __version__, control, logs
+from llmsupervisor import __version__, cli_control, cli_render, control, logs
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
 SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
-EX_UNAVAILABLE = 69  # the daemon is not running or refused
+EX_UNAVAILABLE = cli_control.EX_UNAVAILABLE  # the daemon is not reachable
+ENGINE_COMMANDS = (
+    ("restart", "drain the engine, then restart it"),
+    ("drain", "take the engine out of rotation and let in-flight requests finish"),
+    ("stop", "drain and stop the engine; it stays stopped"),
+    ("start", "start a stopped, FATAL or drained engine"),
+)
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool, socket: bool = True) -> None:
+    """--config and --socket, before or after the subcommand. After it they default to
+    SUPPRESS, so that one given before the subcommand is not overwritten."""
+    default: Any = DEFAULT_CONFIG_PATH if top else argparse.SUPPRESS
+    parser.add_argument(
+        "--config", type=Path, default=default, help=f"config file (default {DEFAULT_CONFIG_PATH})"
+    )
+    if socket:
+        parser.add_argument(
+            "--socket",
+            type=Path,
+            default=None if top else argparse.SUPPRESS,
+            help="control socket (default: found from --config)",
+        )
+
+
+def _waits(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--json", action="store_true", help="the daemon's reply as JSON, for scripts")
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help=f"block until {what}, with a live progress line; exit 0 reached, 1 failed",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --wait: give up waiting after this long (exit 1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,12 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="llm-supervisor", description="Launch and supervise vLLM engines, one per GPU (or GPU group)."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=DEFAULT_CONFIG_PATH,
-        help=f"config file (default {DEFAULT_CONFIG_PATH})",
-    )
+    _common(parser, top=True)
     sub = parser.add_subparsers(dest="command")
     run_parser = sub.add_parser("run", help="run the daemon in the foreground (the default)")
     run_parser.add_argument(
@@ -49,117 +82,104 @@ def _parser() -> argparse.ArgumentParser:
         help="auto (journald, JSON lines in a Kubernetes pod, else text), json or text"
         f" (default: ${logs.LOG_FORMAT_ENV}, else auto)",
     )
+    _common(run_parser, top=False, socket=False)
     check = sub.add_parser("check-config", help="validate a config file; exit 78 with one line per problem")
     check.add_argument("path", nargs="?", type=Path, help="config file (default: --config)")
-    parser.add_argument("--socket", type=Path, help="control socket (default: found from --config)")
-    status = sub.add_parser("status", help="engines, states, ports, restarts")
+    _common(check, top=False, socket=False)
+    status = sub.add_parser(
+        "status", help="engines, states, ports, restarts; exit 1 if an engine asked about is FATAL or down"
+    )
+    status.add_argument("names", nargs="*", metavar="NAME", help="only these engines (default: all)")
     status.add_argument("--json", action="store_true", help="machine-readable")
-    for name, text in (
-        ("restart", "drain the engine, then restart it"),
-        ("drain", "take the engine out of rotation and let in-flight requests finish"),
-        ("stop", "drain and stop the engine; it stays stopped"),
-        ("start", "start a stopped, FATAL or drained engine"),
-    ):
-        sub.add_parser(name, help=text).add_argument("engine")
-    sub.add_parser("reload", help="re-read the config; restart only engines whose spec changed")
+    status.add_argument("--watch", action="store_true", help="redraw in place until Ctrl-C")
+    status.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="with --watch (default 2)"
+    )
+    _common(status, top=False)
+    targets = {"restart": "READY again", "drain": "drained", "stop": "STOPPED", "start": "READY"}
+    for name, text in ENGINE_COMMANDS:
+        engine_parser = sub.add_parser(name, help=text)
+        engine_parser.add_argument("engine")
+        _waits(engine_parser, f"the engine is {targets[name]}")
+        _common(engine_parser, top=False)
+    reload_parser = sub.add_parser(
+        "reload", help="re-read the config; restart only engines whose spec changed"
+    )
+    _waits(reload_parser, "every added or changed engine is READY")
+    _common(reload_parser, top=False)
+    events = sub.add_parser("events", help="recent transitions, findings and actions (the daemon keeps 1000)")
+    events.add_argument("engine", nargs="?", metavar="NAME", help="only this engine")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until Ctrl-C")
+    events.add_argument("--since", metavar="AGE", help="only events of the last AGE (30s, 10m, 2h, 1d)")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    _common(events, top=False)
     doctor = sub.add_parser(
         "doctor", help="check this machine before the first start: one line per check, exit 1 on any FAIL"
     )
-    # Also accepted after the subcommand (`llm-supervisor doctor --config PATH`).
-    doctor.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="config file")
+    _common(doctor, top=False, socket=False)
     return parser
 
 
-def _socket_candidates(args: argparse.Namespace) -> list[Path]:
-    if args.socket:
-        return [args.socket]
-    state_dir = SupervisorSettings().state_dir
+def _config_state_dir(config_path: Path) -> tuple[Path | None, str | None]:
+    """(the state dir the config names, the config's first problem). A missing file is no
+    problem (the defaults apply); a broken one is, and a control command says so (exit 78)
+    rather than "the daemon is not running"."""
+    if not config_path.exists():
+        return None, None
     try:
-        raw = yaml.safe_load(Path(args.config).read_text())
-        state_dir = Path(raw["supervisor"]["state_dir"])
+        return load_config(config_path, check_paths=False).supervisor.state_dir, None
+    except ConfigError as exc:
+        problem = str(exc.problems[0]) if exc.problems else f"{config_path}: does not load"
+    # The state dir may still be readable from a config broken elsewhere.
+    try:
+        raw = yaml.safe_load(config_path.read_text())
+        return Path(raw["supervisor"]["state_dir"]), problem
     except (OSError, yaml.YAMLError, KeyError, TypeError):
-        pass
-    return [SYSTEMD_SOCKET, control.default_socket_path(state_dir.resolve())]
+        return None, problem
+
+
+def _client(args: argparse.Namespace) -> cli_control.Client:
+    if args.socket:
+        return cli_control.Client(args.socket)
+    state_dir, problem = _config_state_dir(Path(args.config))
+    candidates = [
+        SYSTEMD_SOCKET,
+        control.default_socket_path((state_dir or SupervisorSettings().state_dir).resolve()),
+    ]
+    path = next((p for p in candidates if p.exists()), candidates[-1])
+    return cli_control.Client(path, config_problem=problem)
 
 
 def control_command(args: argparse.Namespace) -> int:
-    candidates = _socket_candidates(args)
-    path = next((p for p in candidates if p.exists()), candidates[-1])
-    payload: dict[str, Any] = {"command": args.command}
-    if getattr(args, "engine", None):
-        payload["engine"] = args.engine
-    try:
-        reply = control.request(path, payload)
-    except control.ControlError as exc:
-        print(f"llm-supervisor: {exc}", file=sys.stderr)
-        return EX_UNAVAILABLE
-    if not reply.get("ok"):
-        print(f"llm-supervisor: {reply.get('error')}", file=sys.stderr)
-        return 1
-    result: Any = reply.get("result")
-    if args.command == "status" and not args.json:
-        print(format_status(result))
-    elif args.command == "reload" and isinstance(result, dict) and not result.get("reloaded"):
-        for problem in result.get("problems", []):
-            print(problem, file=sys.stderr)
-        print("llm-supervisor: reload rejected; the daemon keeps its previous config", file=sys.stderr)
-        return EX_CONFIG
-    else:
-        print(json.dumps(result, indent=2))
-    return 0
-
-
-def _age(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def _gpu_reading(value: float | None, unit: str) -> str:
-    return "-" if value is None else f"{value:.0f}{unit}"
-
-
-def format_status(status: dict[str, Any]) -> str:
-    """One row per engine; the last column (findings, else the state's reason) is not padded."""
-    header = (
-        "ENGINE",
-        "STATE",
-        "GPU",
-        "PORT",
-        "FOR",
-        "RESTARTS",
-        "ROTATION",
-        "STEP",
-        "TEMP",
-        "POWER",
-        "FINDINGS / REASON",
-    )
-    rows = [header]
-    for name, e in status.get("engines", {}).items():
-        steps = e.get("batch_steps") or 0
-        findings = ", ".join(f"{f['kind']} ({f['severity']})" for f in e.get("findings", []))
-        rows.append(
-            (
-                name,
-                e["state"].upper(),
-                ",".join(str(g) for g in e["gpus"]) or "-",
-                str(e["port"]),
-                _age(e["for_s"]),
-                str(e["restarts"]),
-                "in" if e.get("in_rotation") else "out",
-                f"{e.get('batch_step', 0)}/{steps}" if steps else "-",
-                _gpu_reading(e.get("gpu_temperature_c"), "C"),
-                _gpu_reading(e.get("gpu_power_w"), "W"),
-                (findings or e.get("reason") or "")[:80],
-            )
+    client = _client(args)
+    out, err = cli_control.stream()
+    if args.command == "status":
+        if args.watch:
+            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out)
+        return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
+    if args.command == "events":
+        try:
+            since_s = cli_render.parse_since(args.since) if args.since else None
+        except ValueError as exc:
+            print(f"llm-supervisor: --since: {exc}", file=err)
+            return 2
+        return cli_control.events(
+            client, args.engine, since_s=since_s, follow=args.follow, as_json=args.json, out=out, err=err
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
-    marked = status.get("gpu_faults_marked") or {}
-    if marked:
-        lines.append("GPUs marked for faults: " + ", ".join(f"GPU {g}: {n}" for g, n in marked.items()))
-    return "\n".join(lines)
+    if args.command == "reload":
+        return cli_control.reload(
+            client, wait_for=args.wait, timeout_s=args.timeout, as_json=args.json, out=out, err=err
+        )
+    return cli_control.engine_command(
+        client,
+        args.command,
+        args.engine,
+        wait_for=args.wait,
+        timeout_s=args.timeout,
+        as_json=args.json,
+        out=out,
+        err=err,
+    )
 
 
 def check_config(path: Path) -> int:
@@ -231,12 +251,17 @@ def doctor(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not hasattr(args, "socket"):
+        args.socket = None
     if args.command == "doctor":
         return doctor(args.config)
     if args.command == "check-config":
         return check_config(args.path or args.config)
     if args.command in control.COMMANDS:
-        return control_command(args)
+        try:
+            return control_command(args)
+        except KeyboardInterrupt:
+            return cli_control.EX_INTERRUPTED
     if getattr(args, "log_format", None):
         # logs.setup reads it; the variable also reaches `run` without a new parameter.
         os.environ[logs.LOG_FORMAT_ENV] = args.log_format

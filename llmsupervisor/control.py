@@ -2,7 +2,12 @@
 
 A Unix stream socket (mode 0660, the daemon's group; nothing on the network). One request per
 connection: a JSON object on one line, ``{"command": "restart", "engine": "gpu0"}``; one JSON
-line back, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``. The server only
+line back, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``.
+
+``{"command": "events", "engine": NAME?, "after": SEQ?, "since_s": SECONDS?, "wait_s": S?}``
+answers ``{"events": [...], "last_seq": N}`` from the daemon's ring (daemon/events.py); with
+``wait_s`` it waits (at most 30 s) for a first new event, so that `events --follow` is a long
+poll: one request after another, each with the last seq it got. The server only
 parses and hands the request to a callback, which puts it on the daemon's one request queue
 (daemon/requests.py) and awaits the loop's answer.
 
@@ -30,7 +35,7 @@ from typing import Any, Final
 
 log = logging.getLogger("llmsupervisor.control")
 
-COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload")
+COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload", "events")
 ENGINE_COMMANDS: Final = frozenset({"restart", "drain", "stop", "start"})
 REQUEST_LIMIT_BYTES: Final = 64 * 1024
 IDLE_TIMEOUT_S: Final = 5.0
@@ -214,6 +219,13 @@ def _validated(request: Any) -> dict[str, Any]:
         raise ControlError(f"unknown command {command!r}; one of {', '.join(COMMANDS)}")
     if command in ENGINE_COMMANDS and not isinstance(request.get("engine"), str):
         raise ControlError(f"{command} needs an engine name")
+    if command == "events":
+        if request.get("engine") is not None and not isinstance(request["engine"], str):
+            raise ControlError("events: engine must be a name")
+        for key in ("after", "since_s", "wait_s"):
+            value = request.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ControlError(f"events: {key} must be a number")
     return request
 
 
@@ -241,7 +253,11 @@ def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 10.0) -> 
             data += chunk
     except TimeoutError:
         raise ControlError(f"no answer from the daemon within {timeout_s:g} s") from None
+    except OSError as exc:  # reset by a daemon that died mid-answer
+        raise ControlError(f"the daemon went away: {exc.strerror or exc}") from None
     finally:
         sock.close()
-    reply: dict[str, Any] = json.loads(data or b'{"ok": false, "error": "empty reply"}')
+    if not data.endswith(b"\n"):
+        raise ControlError("the daemon went away without answering")
+    reply: dict[str, Any] = json.loads(data)
     return reply

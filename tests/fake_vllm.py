@@ -397,6 +397,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+", default=None)
     parser.add_argument("--fake-startup-delay-s", type=float, default=0.3)
+    # Time spent "loading weights" and "compiling" (logged as vLLM does), on top of the delay.
+    parser.add_argument("--fake-load-s", type=float, default=0.0)
+    parser.add_argument("--fake-compile-s", type=float, default=0.0)
     parser.add_argument("--fake-refuse-canary", action="store_true")
     parser.add_argument("--fake-crash-after-s", type=float, default=None)
     parser.add_argument("--fake-exit-code", type=int, default=0)
@@ -443,6 +446,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.fake_child:
         engine.spawn_child()
+    # vLLM's start milestones (docs/vllm-notes.md §5), which the supervisor reads as phases.
+    log("INFO", f"Starting to load model {args.model}...")
+    time.sleep(args.fake_load_s)
+    log("INFO", f"Loading weights took {args.fake_load_s:.2f} seconds")
+    time.sleep(args.fake_compile_s)
+    log("INFO", f"torch.compile took {args.fake_compile_s:.2f} s in total")
     time.sleep(args.fake_startup_delay_s)  # "loading": connections are refused meanwhile
     log("INFO", "init engine (profile, create kv cache, warmup model) took 0.00 seconds")
     try:

@@ -41,7 +41,7 @@ class GpuMarks:
         for gpu in gpus:
             self.counts[gpu] = self.counts.get(gpu, 0) + 1
             raw[str(gpu)] = {"count": self.counts[gpu], "last": detail, "at": time.time()}
-            log.error("GPU %d marked: fault %d: %s", gpu, self.counts[gpu], detail)
+            log.error("GPU %d marked: fault %d: %s", gpu, self.counts[gpu], detail, extra={"event": "action"})
         try:
             write_json_atomic(self.path, raw)
         except OSError as exc:
@@ -79,7 +79,11 @@ class ActionExecutor:
 
     def apply(self, action: Action) -> None:
         log.warning(
-            "action %s (%s): %s", action.kind, action.reason, action.detail, extra={"engine": action.engine}
+            "action %s (%s): %s",
+            action.kind,
+            action.reason,
+            action.detail,
+            extra={"engine": action.engine, "event": "action"},
         )
         if action.mark_gpus:
             self.marks.mark(self._gpus_of(action.engine), action.detail)

@@ -85,7 +85,7 @@ class Reconciler:
             line = f"{held.kind} ({held.reason}) waits: {held.why}"
             waiting[held.engine] = line
             if self._waiting_logged.get(held.engine) != line:
-                log.info("%s", line, extra={"engine": held.engine})
+                log.info("%s", line, extra={"engine": held.engine, "event": "action"})
         self._waiting_logged = waiting
         for action in decision.actions:
             self.memory.record(action, now, wall_s=time.time())

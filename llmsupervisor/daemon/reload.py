@@ -139,7 +139,9 @@ class Reloader:
                 for problem in exc.problems:
                     log.error("reload: %s", problem)
                 log.error(
-                    "reload rejected: %d problem(s); still running the previous config", len(exc.problems)
+                    "reload rejected: %d problem(s); still running the previous config",
+                    len(exc.problems),
+                    extra={"event": "reload"},
                 )
                 self.problem = f"reload failed ({len(exc.problems)} problems), old config kept"
                 self._notifier.ready(self._summary())
@@ -166,6 +168,7 @@ class Reloader:
                 len(changed),
                 ", ".join(changed) or "-",
                 len(new.engines) - len(plan.added) - len(changed),
+                extra={"event": "reload"},
             )
             return new, {
                 "reloaded": True,

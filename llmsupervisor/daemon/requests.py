@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmsupervisor.control import ControlError
-from llmsupervisor.core.state import EngineState
+from llmsupervisor.core.state import SERVING, EngineState
 from llmsupervisor.engine.commands import Command, Hold, Restart, Start, Stop
 from llmsupervisor.engine.status import EngineStatus
 
@@ -54,6 +54,38 @@ def operator_commands(command: str, status: EngineStatus) -> list[Command]:
     if command == "start":
         return [Start()]
     raise ControlError(f"unknown command {command!r}")
+
+
+def what_happens(command: str, status: EngineStatus) -> str:
+    """What an accepted command does to the engine as it is now, for the operator's one line
+    (`gpu1: restart accepted; draining, 3 requests in flight`)."""
+    state, serving = status.state, status.state in SERVING
+    running = status.wants_run and state not in (EngineState.STOPPED, EngineState.FATAL)
+    in_flight = status.load.requests_running if status.load is not None else None
+    draining = "draining" + (f", {in_flight} requests in flight" if in_flight else "")
+    if command == "restart":
+        if not running:
+            return "starting"
+        if serving:
+            return f"{draining}, then restarting" if status.spec.drain_timeout_s > 0 else "restarting"
+        if state is EngineState.STARTING:
+            return "abandoning this start, starting again"
+        return "starting now"
+    if command == "drain":
+        if serving:
+            return f"out of rotation, {draining}" if state is not EngineState.DRAINING else "already draining"
+        return "held: it stays out of rotation once it is ready"
+    if command == "stop":
+        if state in (EngineState.STOPPED, EngineState.FATAL) and status.incarnation is None:
+            return "already stopped"
+        return f"{draining}, then stopping" if serving else "stopping"
+    if command == "start":
+        if state is EngineState.BACKOFF and running:
+            return "starting after its backoff"
+        if running and state is not EngineState.DRAINING:
+            return f"already {state.value}"
+        return "back in rotation" if state is EngineState.DRAINING else "starting"
+    return command
 
 
 def refuse(reply: asyncio.Future[Any] | None, why: str) -> None:

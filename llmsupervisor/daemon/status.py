@@ -58,6 +58,17 @@ class EngineSnapshot:
     # The hottest / most power-hungry of the engine's GPUs (None without NVML).
     gpu_temperature_c: float | None = None
     gpu_power_w: float | None = None
+    # GPU memory in use and in all, summed over the engine's GPUs (None without NVML).
+    gpu_memory_used_bytes: int | None = None
+    gpu_memory_total_bytes: int | None = None
+    model: str = ""  # the served model name (what /v1/models lists)
+    start_phase: str | None = None  # while STARTING: spawned, loading weights, ... (engine/output.py)
+    incarnation: int | None = None  # the live spawn's number (1, 2, ...), None without a process
+    last_exit_age_s: float | None = None  # seconds since last_exit happened
+    enabled: bool = True
+    wants_run: bool = True  # the engine is meant to run (not stopped by an operator or config)
+    start_timeout_s: float = 0.0
+    drain_timeout_s: float = 0.0
     # Load, while the engine is observed (None: unknown): the autoscaling gauges.
     requests_running: int | None = None
     requests_waiting: int | None = None
@@ -124,6 +135,15 @@ def _gpu_max(samples: GpuSamples, gpus: tuple[int, ...], attribute: str) -> floa
     return float(max(values)) if values else None
 
 
+def _gpu_sum(samples: GpuSamples, gpus: tuple[int, ...], attribute: str) -> int | None:
+    values = [
+        getattr(sample, attribute)
+        for sample in samples(gpus).values()
+        if isinstance(sample, GpuSample) and getattr(sample, attribute) is not None
+    ]
+    return int(sum(values)) if values else None
+
+
 def snapshot(
     statuses: Sequence[EngineStatus],
     *,
@@ -157,6 +177,16 @@ def snapshot(
                 last_action_at=dict(memory.of(s.name).last_action_at),
                 gpu_temperature_c=_gpu_max(gpu_samples, s.spec.gpus, "temperature_c"),
                 gpu_power_w=_gpu_max(gpu_samples, s.spec.gpus, "power_w"),
+                gpu_memory_used_bytes=_gpu_sum(gpu_samples, s.spec.gpus, "memory_used_bytes"),
+                gpu_memory_total_bytes=_gpu_sum(gpu_samples, s.spec.gpus, "memory_total_bytes"),
+                model=s.spec.model_id,
+                start_phase=s.start_phase,
+                incarnation=s.incarnation.number if s.incarnation is not None else None,
+                last_exit_age_s=now - s.last_exit_at_s if s.last_exit_at_s is not None else None,
+                enabled=s.spec.enabled,
+                wants_run=s.wants_run,
+                start_timeout_s=s.spec.start_timeout_s,
+                drain_timeout_s=s.spec.drain_timeout_s,
                 requests_running=s.load.requests_running if s.load else None,
                 requests_waiting=s.load.requests_waiting if s.load else None,
                 kv_usage_ratio=s.load.kv_usage_ratio if s.load else None,
@@ -185,9 +215,13 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
         "engines": {
             e.name: {
                 "state": e.state.value,
+                "phase": e.start_phase,
                 "reason": e.state_reason,
                 "for_s": round(e.state_age_s, 1),
                 "pid": e.pid,
+                "incarnation": e.incarnation,
+                "state_changes": e.state_changes_total,
+                "model": e.model,
                 "port": e.port,
                 "gpus": list(e.gpus),
                 "in_rotation": e.in_rotation,
@@ -196,13 +230,20 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "canary_latency_s": e.canary_latency_s,
                 "findings": [{"kind": k, "severity": sev, "summary": text} for k, sev, text in e.findings],
                 "last_exit": e.last_exit,
+                "last_exit_age_s": round(e.last_exit_age_s, 1) if e.last_exit_age_s is not None else None,
+                "requests_running": e.requests_running,
+                "enabled": e.enabled,
+                "wants_run": e.wants_run,
+                "start_timeout_s": e.start_timeout_s,
+                "drain_timeout_s": e.drain_timeout_s,
                 "last_failure": e.last_failure,
                 "batch_step": e.ladder_step,
                 "batch_steps": e.ladder_steps,
                 "actions": {f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())},
                 "gpu_temperature_c": e.gpu_temperature_c,
                 "gpu_power_w": e.gpu_power_w,
-                "requests_running": e.requests_running,
+                "gpu_memory_used_bytes": e.gpu_memory_used_bytes,
+                "gpu_memory_total_bytes": e.gpu_memory_total_bytes,
                 "requests_waiting": e.requests_waiting,
                 "kv_usage_ratio": e.kv_usage_ratio,
                 "ttft_p95_s": e.ttft_p95_s,
@@ -225,6 +266,8 @@ def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str
             continue
         age_s = int(now - s.state_since_s)
         text = f"{s.name} {s.state.value} ({age_s // 60}m{age_s % 60:02d}s)"
+        if s.state is EngineState.STARTING and s.start_phase:
+            text += f": {s.start_phase}"
         if s.state in (EngineState.BACKOFF, EngineState.FATAL) and s.last_failure:
             text += f": {s.last_failure[:80]}"
         elif s.state in (EngineState.SHEDDING, EngineState.DRAINING):
@@ -250,7 +293,12 @@ class StatusFile:
 
     def write(self, status: dict[str, Any], *, now: float) -> None:
         content = json.dumps(
-            {**status, "engines": {n: {**e, "for_s": None} for n, e in status["engines"].items()}},
+            {
+                **status,
+                "engines": {
+                    n: {**e, "for_s": None, "last_exit_age_s": None} for n, e in status["engines"].items()
+                },
+            },
             sort_keys=True,
         )
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:

@@ -40,6 +40,7 @@ from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
 from llmsupervisor.daemon.endpoints import http_api
+from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.reconcile import Reconciler
@@ -51,6 +52,7 @@ from llmsupervisor.daemon.requests import (
     Request,
     operator_commands,
     refuse,
+    what_happens,
 )
 from llmsupervisor.daemon.status import (
     DaemonCounters,
@@ -143,6 +145,8 @@ class Supervisor:
         self.status_file = StatusFile(self.state_dir / "status.json")
         self.guard = GuardProcess(self.state_dir)
         self.agents = AgentServers(self.fleet.status)
+        # The recent transitions, findings and actions, from the log records that report them.
+        self.events = EventRing()
 
     # ---- requests: the one way in ----
 
@@ -165,12 +169,27 @@ class Supervisor:
         command = req["command"]
         if command == "status":
             return self.status()  # read-only: answered from the published statuses
+        if command == "events":  # read-only too
+            return await self._events(req)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
+            events_seq = self.events.last_seq  # `reload --wait` follows what happens from here
             self.submit(ReloadRequest(reply))
+            result = await reply
+            return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
         else:
             self.submit(EngineRequest(command, req["engine"], reply))
         return await reply
+
+    async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
+        since_s = req.get("since_s")
+        found = await self.events.wait_select(
+            engine=req.get("engine"),
+            after_seq=int(req.get("after") or 0),
+            since_time_s=time.time() - float(since_s) if since_s is not None else None,
+            wait_s=float(req.get("wait_s") or 0.0),
+        )
+        return {"events": [e.as_json() for e in found], "last_seq": self.events.last_seq}
 
     def _handle(self, request: AnyRequest) -> None:
         """Act on one request (never for SHUTDOWN: the loop ends on it)."""
@@ -191,10 +210,20 @@ class Supervisor:
             raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}")
         if self._stopping:
             raise control.ControlError("the daemon is shutting down")
-        log.info("operator: %s", command, extra={"engine": name})
+        log.info("operator: %s", command, extra={"engine": name, "event": "operator"})
         for cmd in operator_commands(command, status):
             self.fleet.send(name, cmd)
-        return {"engine": name, "state": status.state.value, "accepted": command}
+        # "state" is the state when the command was taken (the command acts after this reply);
+        # incarnation, state_changes and events_seq let `--wait` tell what happened since.
+        return {
+            "engine": name,
+            "accepted": command,
+            "state": status.state.value,
+            "doing": what_happens(command, status),
+            "incarnation": status.incarnation.number if status.incarnation is not None else None,
+            "state_changes": status.state_changes_total,
+            "events_seq": self.events.last_seq,
+        }
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -239,6 +268,13 @@ class Supervisor:
 
     async def run(self) -> int:
         self._install_signals()
+        logging.getLogger("llmsupervisor").addHandler(self.events)
+        try:
+            return await self._run()
+        finally:
+            logging.getLogger("llmsupervisor").removeHandler(self.events)
+
+    async def _run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if not process.become_subreaper():
             log.warning("cannot become a child subreaper: orphans of crashed engines go to PID 1")

@@ -28,6 +28,7 @@ class History:
     state_changes_total: int = 0
     failures: FailureHistory = field(default_factory=FailureHistory)
     last_exit: str | None = None
+    last_exit_at_s: float | None = None  # loop clock
     last_failure: str | None = None
     incarnations: int = 0
 
@@ -43,7 +44,14 @@ class Lifecycle:
     def to(self, state: EngineState, reason: str, *, now: float) -> StateChange:
         change = transition(self.name, self.state, state, reason=reason, now=now)
         level = logging.WARNING if state in _WARN_STATES else logging.INFO
-        log.log(level, "%s -> %s: %s", self.state, state, reason, extra={"engine": self.name})
+        log.log(
+            level,
+            "%s -> %s: %s",
+            self.state,
+            state,
+            reason,
+            extra={"engine": self.name, "event": "transition", "to_state": state.value},
+        )
         self.state, self.since_s, self.reason = state, now, reason
         self.history.state_changes_total += 1
         return change

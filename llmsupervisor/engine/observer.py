@@ -175,14 +175,14 @@ class Observer:
                 finding.severity.value,
                 finding.summary,
                 evidence,
-                extra={"engine": self._spec.name},
+                extra={"engine": self._spec.name, "event": "finding"},
             )
         for finding in update.closed:
             log.info(
                 "finding %s cleared after %.0f s",
                 finding.kind.value,
                 now - finding.since_s,
-                extra={"engine": self._spec.name},
+                extra={"engine": self._spec.name, "event": "finding"},
             )
         self.findings = tuple(update.active)
 
@@ -213,5 +213,10 @@ class Observer:
 
     def close(self, why: str) -> None:
         for finding in self.findings:
-            log.info("finding %s closed: %s", finding.kind.value, why, extra={"engine": self._spec.name})
+            log.info(
+                "finding %s closed: %s",
+                finding.kind.value,
+                why,
+                extra={"engine": self._spec.name, "event": "finding"},
+            )
         self.findings = ()

@@ -4,6 +4,11 @@ vLLM prefixes its lines with a level word (after an optional ``(EngineCore pid=1
 is logged at that level, and continuation lines (tracebacks) keep the level of the line that
 began them. Out-of-memory lines are reported to ``on_oom``: the policy starts the next spawn a
 batch step down when a start ran out of memory.
+
+vLLM's start-up milestones (docs/vllm-notes.md §5) are reported to ``on_phase`` as a start
+phase (``START_PHASES``), so that `llm-supervisor status` and `restart --wait` can show how far
+a minutes-long load has come. Only a hint: a vLLM that logs none of them (another version,
+``VLLM_CONFIGURE_LOGGING=0``) starts just the same, its phase staying at "spawned".
 """
 
 from __future__ import annotations
@@ -23,6 +28,48 @@ OOM_RE: Final = re.compile(
     r"insufficient memory|is larger than the available KV cache memory",
     re.IGNORECASE,
 )
+# The phases of a start, in order. The runner sets "spawned" and "canary"; the others are read
+# from the engine's log by ``start_phase``. A phase only ever moves forward.
+START_PHASES: Final = ("spawned", "loading weights", "compiling", "capturing graphs", "listening", "canary")
+# Milestone lines of vLLM 0.32 (CUDA and CPU builds) and the phase each one begins. "Loading
+# weights took" ends the load: compiling (torch.compile, the CPU build's warm-up) comes next.
+_PHASE_MARKERS: Final = (
+    (
+        re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights"),
+        "loading weights",
+    ),
+    (
+        re.compile(
+            r"Loading weights took|Model loading took|Warming up model for the compilation|"
+            r"torch\.compile|Compiling a graph|Compiling model|Dynamo bytecode transform"
+        ),
+        "compiling",
+    ),
+    (
+        re.compile(r"Capturing CUDA graph|Graph capturing|cudagraph capturing", re.IGNORECASE),
+        "capturing graphs",
+    ),
+    (re.compile(r"Starting vLLM server on|Uvicorn running on|Application startup complete"), "listening"),
+)
+
+
+def start_phase(line: str) -> str | None:
+    """The start phase a vLLM log line begins, or None. The later phase wins when one line names
+    two ("Loading weights took" is a loading line that ends the load)."""
+    found = None
+    for pattern, phase in _PHASE_MARKERS:
+        if pattern.search(line):
+            found = phase
+    return found
+
+
+def later_phase(current: str | None, new: str) -> bool:
+    """Whether ``new`` comes after ``current`` (phases never go back)."""
+    if current not in START_PHASES:
+        return True
+    return START_PHASES.index(new) > START_PHASES.index(current)
+
+
 # vLLM log lines: optional "(EngineCore pid=12) " prefix, then the level word.
 _LEVEL_RE: Final = re.compile(r"^(?:(?:\x1b\[[\d;]*m)?\(.*?\)\S*\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _LEVELS: Final = {
@@ -44,10 +91,18 @@ def engine_log_level(line: str, previous: int) -> int:
 class OutputForwarder:
     """The two pipe readers of one incarnation."""
 
-    def __init__(self, engine: str, pid: int, fds: tuple[int, int], on_oom: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        engine: str,
+        pid: int,
+        fds: tuple[int, int],
+        on_oom: Callable[[], None],
+        on_phase: Callable[[str], None] = lambda phase: None,
+    ) -> None:
         self._engine = engine
         self._pid = pid
         self._on_oom = on_oom
+        self._on_phase = on_phase
         stdout_fd, stderr_fd = fds
         self._tasks = [
             asyncio.create_task(self._forward(stdout_fd, logging.INFO), name=f"stdout:{engine}"),
@@ -88,5 +143,7 @@ class OutputForwarder:
                 engine_output_log.log(level, "%s", line, extra=extra)
                 if OOM_RE.search(line):
                     self._on_oom()
+                if (phase := start_phase(line)) is not None:
+                    self._on_phase(phase)
         finally:
             transport.close()

@@ -28,6 +28,7 @@ async def await_ready(
     *,
     pause: Callable[[float], Awaitable[None]],
     interrupted: Callable[[], bool],
+    on_canary: Callable[[], None] = lambda: None,
 ) -> tuple[Readiness, str, float | None]:
     """(outcome, why, canary latency)."""
     deadline = aio.now() + spec.start_timeout_s
@@ -52,6 +53,7 @@ async def await_ready(
             if not models.ok:
                 return Readiness.FAILED, f"/v1/models: {models.detail}", None
             stage = "canary completion"
+            on_canary()
             canary = await http.canary(timeout_s=min(spec.canary_timeout_s, max(remaining, 0.1)))
             if canary.ok:
                 why = f"/health 200, model listed, canary answered in {canary.latency_s * 1000:.0f} ms"

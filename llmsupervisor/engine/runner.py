@@ -52,7 +52,7 @@ from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import EngineProcess, Processes, launch
 from llmsupervisor.engine.lifecycle import History, Lifecycle
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
-from llmsupervisor.engine.output import OutputForwarder
+from llmsupervisor.engine.output import OutputForwarder, later_phase
 from llmsupervisor.engine.readiness import Readiness, await_ready
 from llmsupervisor.engine.repair import PrefixRepair
 from llmsupervisor.engine.status import EngineStatus, Incarnation
@@ -111,6 +111,7 @@ class EngineRunner:
         # rest): the policy must leave the engine alone meanwhile.
         self._acting = False
         self._start_failed_oom = False
+        self._start_phase: str | None = None  # how far the current start has come (STARTING only)
         self._repair = PrefixRepair(spec.name, on_done=self._publish)
         self._canary_latency_s: float | None = None
         self._commands_taken = 0
@@ -159,11 +160,13 @@ class EngineRunner:
             ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
             ladder_steps=len(spec.ladder),
             start_failed_oom=self._start_failed_oom,
+            start_phase=self._start_phase if self._life.state is S.STARTING else None,
             prefix_reset_supported=self._repair.supported,
             restarts_total=h.restarts_total,
             restarts_by_reason=dict(h.restarts_by_reason),
             failures=h.failures.count(aio.now(), spec.restart_policy),
             last_exit=h.last_exit,
+            last_exit_at_s=h.last_exit_at_s,
             last_failure=h.last_failure,
             canary_latency_s=self._canary_latency_s,
             commands_taken=self._commands_taken,
@@ -264,6 +267,7 @@ class EngineRunner:
         spec, step = self._spec, self._ladder.step
         history = self._life.history
         self._start_failed_oom = False
+        self._start_phase = None
         reason = (
             "start" if self._life.state in (S.STOPPED, S.FATAL) else f"restart after: {history.last_failure}"
         )
@@ -277,22 +281,28 @@ class EngineRunner:
             self._inc = Incarnation(
                 number=history.incarnations, pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
+            self._start_phase = "spawned"
             self._output = OutputForwarder(
-                self.name, proc.pid, (proc.stdout_fd, proc.stderr_fd), self._on_oom
+                self.name, proc.pid, (proc.stdout_fd, proc.stderr_fd), self._on_oom, self._on_phase
             )
             self._publish()
         if launched.failure:
             return Outcome.FAILED, launched.failure
         assert self._proc is not None
         result, why, latency_s = await await_ready(
-            spec, self._http, self._proc, pause=self._pause, interrupted=self._start_interrupted
+            spec,
+            self._http,
+            self._proc,
+            pause=self._pause,
+            interrupted=self._start_interrupted,
+            on_canary=lambda: self._on_phase("canary"),
         )
         if result is Readiness.READY:
             self._canary_latency_s = latency_s
             return Outcome.READY, why
         if result is Readiness.FAILED:
             if self._proc.returned:
-                history.last_exit = self._exit_text(self._proc)
+                self._record_exit(self._proc)
             return Outcome.FAILED, why
         d = self._desired
         if d.final or not d.run:
@@ -334,7 +344,7 @@ class EngineRunner:
         next_round_s = aio.now() + self._tick_s
         while True:
             if proc.returned:
-                history.last_exit = self._exit_text(proc)
+                self._record_exit(proc)
                 return Outcome.FAILED, f"process {history.last_exit} unexpectedly"
             d = self._desired
             if d.final or not d.run:
@@ -510,6 +520,16 @@ class EngineRunner:
     def _exit_text(self, proc: EngineProcess) -> str:
         assert proc.exit_status is not None
         return proc.exit_status.describe()
+
+    def _record_exit(self, proc: EngineProcess) -> None:
+        """An exit nobody asked for: what it was, and when (`status` shows "crashed ... ago")."""
+        history = self._life.history
+        history.last_exit, history.last_exit_at_s = self._exit_text(proc), aio.now()
+
+    def _on_phase(self, phase: str) -> None:
+        if self._life.state is S.STARTING and later_phase(self._start_phase, phase):
+            self._start_phase = phase
+            self._publish()
 
     def _on_oom(self) -> None:
         if self._life.state is S.STARTING and not self._start_failed_oom:

@@ -63,11 +63,14 @@ class EngineStatus:
     ladder_step: int = 0  # the running incarnation's step; without one, the next spawn's
     ladder_steps: int = 0
     start_failed_oom: bool = False  # the last start ran out of memory
+    # While STARTING: how far the start has come (engine/output.py START_PHASES), else None.
+    start_phase: str | None = None
     prefix_reset_supported: bool | None = None  # None: not tried yet
     restarts_total: int = 0
     restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
     failures: int = 0  # failures counted against the crash-loop budget now
     last_exit: str | None = None
+    last_exit_at_s: float | None = None  # when (loop clock) the engine last exited unasked
     last_failure: str | None = None
     canary_latency_s: float | None = None
     commands_taken: int = 0  # how many commands the runner has folded in so far

@@ -1,0 +1,208 @@
+"""What the CLI prints: the status table, the one-line answers, the progress and event lines.
+
+Pure functions of the daemon's JSON (daemon/status.py ``status_json``, the control replies,
+daemon/events.py): unit tests render fake snapshots with them, no daemon needed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+# States in which an engine has no process serving or coming up: `status` exits 1 on them.
+DOWN_STATES: Final = frozenset({"stopped", "stopping", "backoff", "fatal"})
+_SINCE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S: Final = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``1m10s``, ``15m``, ``2h05m``: short, for progress lines and ages."""
+    total = max(0, int(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        minutes, secs = divmod(total, 60)
+        return f"{minutes}m" if secs == 0 else f"{minutes}m{secs:02d}s"
+    hours, rest = divmod(total, 3600)
+    return f"{hours}h{rest // 60:02d}m"
+
+
+def parse_since(text: str) -> float:
+    """``10m`` -> 600.0; ``30s``, ``2h``, ``1d``, or plain seconds. Raises ValueError."""
+    match = _SINCE_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (like 30s, 10m, 2h, 1d)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def _gpu_reading(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.0f}{unit}"
+
+
+def gpu_memory(used: int | None, total: int | None) -> str:
+    if used is None:
+        return "-"
+    gib = 1024**3
+    return f"{used / gib:.1f}/{total / gib:.0f}G" if total else f"{used / gib:.1f}G"
+
+
+def short_exit(text: str) -> str:
+    """``killed by SIGKILL`` -> ``SIGKILL``; ``exited with code 1`` -> ``exit 1``."""
+    if text.startswith("killed by "):
+        return text[len("killed by ") :]
+    if text.startswith("exited with code "):
+        return "exit " + text[len("exited with code ") :]
+    return text
+
+
+def last_exit(engine: Mapping[str, Any]) -> str:
+    """The last exit nobody asked for: ``crashed (SIGKILL) 2m ago``, or ``-``."""
+    text = engine.get("last_exit")
+    if not text:
+        return "-"
+    age = engine.get("last_exit_age_s")
+    return f"crashed ({short_exit(text)})" + (f" {duration(age)} ago" if age is not None else "")
+
+
+def state_text(engine: Mapping[str, Any]) -> str:
+    state = str(engine["state"]).upper()
+    phase = engine.get("phase")
+    return f"{state} ({phase})" if phase else state
+
+
+def _detail(engine: Mapping[str, Any]) -> str:
+    """The last column, never cut: the findings, else the state's reason (a FATAL engine's
+    reason says why it gave up and how to retry)."""
+    findings = "; ".join(
+        f"{f['kind']} ({f['severity']}): {f['summary']}"
+        if f.get("summary")
+        else f"{f['kind']} ({f['severity']})"
+        for f in engine.get("findings", [])
+    )
+    return findings or str(engine.get("reason") or "")
+
+
+STATUS_HEADER: Final = (
+    "ENGINE",
+    "STATE",
+    "MODEL",
+    "GPU",
+    "PORT",
+    "FOR",
+    "RESTARTS",
+    "LAST EXIT",
+    "ROTATION",
+    "STEP",
+    "GPU MEM",
+    "TEMP",
+    "POWER",
+    "FINDINGS / REASON",
+)
+
+
+def status_rows(engines: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [STATUS_HEADER]
+    for name, e in engines.items():
+        steps = e.get("batch_steps") or 0
+        rows.append(
+            (
+                name,
+                state_text(e),
+                str(e.get("model") or "-"),
+                ",".join(str(g) for g in e.get("gpus", [])) or "-",
+                str(e.get("port", "-")),
+                duration(e.get("for_s") or 0.0),
+                str(e.get("restarts", 0)),
+                last_exit(e),
+                "in" if e.get("in_rotation") else "out",
+                f"{e.get('batch_step', 0)}/{steps}" if steps else "-",
+                gpu_memory(e.get("gpu_memory_used_bytes"), e.get("gpu_memory_total_bytes")),
+                _gpu_reading(e.get("gpu_temperature_c"), "C"),
+                _gpu_reading(e.get("gpu_power_w"), "W"),
+                _detail(e),
+            )
+        )
+    return rows
+
+
+def format_status(status: Mapping[str, Any], names: Sequence[str] = ()) -> str:
+    """One row per engine (only ``names`` when given); the last column is not padded or cut."""
+    engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
+    if names:
+        engines = {n: engines[n] for n in names if n in engines}
+    rows = status_rows(engines)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(STATUS_HEADER) - 1)]
+    lines = [
+        ("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]).rstrip()
+        for r in rows
+    ]
+    marked = status.get("gpu_faults_marked") or {}
+    if marked:
+        lines.append("GPUs marked for faults: " + ", ".join(f"GPU {g}: {n}" for g, n in marked.items()))
+    return "\n".join(lines)
+
+
+def status_exit_code(status: Mapping[str, Any], names: Sequence[str] = ()) -> tuple[int, list[str]]:
+    """0, or 1 with why: a named engine (or, without names, any enabled one) is FATAL or down,
+    or a named engine does not exist."""
+    engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
+    problems = [f"no engine named {n!r}" for n in names if n not in engines]
+    checked = (
+        [n for n in names if n in engines]
+        if names
+        else [n for n, e in engines.items() if e.get("enabled", True)]
+    )
+    problems += [
+        f"{n} is {engines[n]['state'].upper()}" for n in checked if engines[n]["state"] in DOWN_STATES
+    ]
+    return (1 if problems else 0), problems
+
+
+def accepted_line(reply: Mapping[str, Any]) -> str:
+    """``gpu1: restart accepted; draining, 3 requests in flight``."""
+    line = f"{reply.get('engine')}: {reply.get('accepted')} accepted"
+    doing = reply.get("doing")
+    return f"{line}; {doing}" if doing else f"{line} (was {str(reply.get('state', '?')).upper()})"
+
+
+def reload_line(reply: Mapping[str, Any]) -> str:
+    parts = []
+    for key, label in (("added", "added"), ("changed", "restarting"), ("removed", "stopping")):
+        names = reply.get(key) or []
+        if names:
+            parts.append(f"{label} {', '.join(names)}")
+    for setting in reply.get("next_start_only") or []:
+        parts.append(f"{setting} takes effect at the next daemon start")
+    return "reload accepted; " + ("; ".join(parts) if parts else "nothing changed")
+
+
+def progress_line(name: str, engine: Mapping[str, Any], *, waited_s: float) -> str:
+    """``gpu1 STARTING 1m10s / 15m: loading weights``: the state, how long it has been in it
+    against its budget (start_timeout_s while starting, drain_timeout_s while draining), and
+    the start phase or the state's reason."""
+    state = str(engine.get("state", "?"))
+    for_s = float(engine.get("for_s") or 0.0)
+    budget = {"starting": engine.get("start_timeout_s"), "draining": engine.get("drain_timeout_s")}.get(state)
+    clock = f"{duration(for_s)} / {duration(budget)}" if budget else duration(for_s)
+    detail = engine.get("phase") or engine.get("reason") or ""
+    if state == "draining" and engine.get("requests_running"):
+        detail = f"{engine['requests_running']} requests in flight"
+    line = f"{name} {state.upper()} {clock}"
+    if detail:
+        line += f": {detail}"
+    return line + f" (waited {duration(waited_s)})"
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """``2026-11-23 11:20:36 gpu1 transition READY -> DRAINING: draining: ...``; the kind is
+    left out where the message begins with it (``finding hang (critical): ...``)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event.get("time", 0.0))))
+    engine = event.get("engine") or "-"
+    kind, message = str(event.get("kind", "?")), str(event.get("message", ""))
+    return f"{stamp} {engine} {message if message.startswith(kind) else f'{kind} {message}'}"
+
+
+def event_lines(events: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [event_line(e) for e in events]
