@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, TextIO
 
+from llmsupervisor.redact import redact
+
 JOURNAL_SOCKET: Final = Path("/run/systemd/journal/socket")
 JOURNAL_MESSAGE_LIMIT: Final = 48 * 1024  # bigger payloads would need the memfd path
 
@@ -79,6 +81,23 @@ class EngineFormatter(logging.Formatter):
         return "\n".join(lines)
 
 
+class RedactFilter(logging.Filter):
+    """Every record's text through ``redact`` before any handler writes it: an engine's
+    ``--api-key`` or a ``*_TOKEN`` value never reaches the journal, whoever logged it (the
+    spawn line, a forwarded vLLM line, an error with a command line in it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message or record.args:
+            record.msg, record.args = cleaned, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
 def _journal_field(key: str, value: str) -> bytes:
     data = value.encode("utf-8", "replace")
     if b"\n" in data:
@@ -117,8 +136,10 @@ class JournalHandler(logging.Handler):
             "CODE_LINE": str(record.lineno),
             "CODE_FUNC": record.funcName or "",
         }
-        if record.exc_info:
-            fields["MESSAGE"] += "\n" + logging.Formatter().formatException(record.exc_info)
+        if record.exc_text or record.exc_info:
+            fields["MESSAGE"] += "\n" + (
+                record.exc_text or logging.Formatter().formatException(record.exc_info)  # type: ignore[arg-type]
+            )
         if engine:
             fields["ENGINE"] = str(engine)
             if engine in self.gpus_of:
@@ -156,6 +177,8 @@ def setup(
     handler: logging.Handler = text_handler
     if journal and journal_socket.exists():
         handler = JournalHandler(journal_socket, gpus_of=gpus_of, fallback=text_handler)
+    for each in {text_handler, handler}:
+        each.addFilter(RedactFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -100,7 +100,11 @@ class Observer:
         now = aio.now()
         # While step counters move the engine is alive: a canary would only queue behind real
         # work and read busy as dead (docs/vllm-notes.md §7).
-        run_canary = not progressing and now - self._last_canary_s >= spec.canary_interval_s
+        run_canary = (
+            spec.canary_kind != "none"
+            and not progressing
+            and now - self._last_canary_s >= spec.canary_interval_s
+        )
 
         async def no_canary() -> HttpCheck | None:
             return None

@@ -277,7 +277,11 @@ class EngineRunner:
                 number=history.incarnations, pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
             self._output = OutputForwarder(
-                self.name, proc.pid, (proc.stdout_fd, proc.stderr_fd), self._on_oom
+                self.name,
+                proc.pid,
+                (proc.stdout_fd, proc.stderr_fd),
+                self._on_oom,
+                drop_probe_access=not spec.log_probe_requests,
             )
             self._publish()
         if launched.failure:

@@ -435,7 +435,11 @@ def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
 
 
 async def fetch_metrics(
-    client: httpx.AsyncClient, base_url: str, *, timeout_s: float
+    client: httpx.AsyncClient,
+    base_url: str,
+    *,
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
 ) -> EngineMetrics | ProbeFailure:
     """GET ``{base_url}/metrics`` under one overall deadline of ``timeout_s`` seconds.
 
@@ -445,7 +449,7 @@ async def fetch_metrics(
     url = f"{base_url.rstrip('/')}/metrics"
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(url, timeout=timeout_s)
+            resp = await client.get(url, timeout=timeout_s, headers=headers)
             body = resp.text
     except (TimeoutError, httpx.TimeoutException) as exc:
         return ProbeFailure("timeout", f"GET {url}: no answer within {timeout_s} s ({type(exc).__name__})")
