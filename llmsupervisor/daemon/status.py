@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.files import write_json_atomic
 from llmsupervisor.probes import ProbeFailure
@@ -58,6 +59,13 @@ class EngineSnapshot:
     # The hottest / most power-hungry of the engine's GPUs (None without NVML).
     gpu_temperature_c: float | None = None
     gpu_power_w: float | None = None
+    # An operator holds the engine out of service: drained (`drain`), or stopped / disabled
+    # (it is not meant to run). Alerts on a down engine leave such an engine alone.
+    held_by_operator: bool = False
+    start_timeout_s: float = 0.0  # the engine's start deadline: a start within it is not "down"
+    down_s: float = 0.0  # seconds meant to serve and not serving (0 while serving or held)
+    canary_requests_total: int = 0  # the supervisor's own canaries: in vLLM's counters, not traffic
+    served: ServedLoad | None = None  # the last minute's traffic, canaries excluded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +138,11 @@ def snapshot(
                 last_action_at=dict(memory.of(s.name).last_action_at),
                 gpu_temperature_c=_gpu_max(gpu_samples, s.spec.gpus, "temperature_c"),
                 gpu_power_w=_gpu_max(gpu_samples, s.spec.gpus, "power_w"),
+                held_by_operator=s.held or not s.wants_run,
+                start_timeout_s=s.spec.start_timeout_s,
+                down_s=max(0.0, now - s.down_since_s) if s.down_since_s is not None else 0.0,
+                canary_requests_total=s.canary_requests_total,
+                served=s.served,
             )
             for s in statuses
         ),
@@ -168,10 +181,30 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "actions": {f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())},
                 "gpu_temperature_c": e.gpu_temperature_c,
                 "gpu_power_w": e.gpu_power_w,
+                "held_by_operator": e.held_by_operator,
+                "canary_requests": e.canary_requests_total,
+                "served": _served_json(e.served),
             }
             for e in snap.engines
         },
         "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
+    }
+
+
+def _served_json(served: ServedLoad | None) -> dict[str, Any] | None:
+    """Requests and tokens per second over the last minute, the canaries taken out."""
+    if served is None:
+        return None
+
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
+    return {
+        "span_s": round(served.span_s, 1),
+        "requests_per_s": rounded(served.requests_per_s),
+        "prompt_tokens_per_s": rounded(served.prompt_tokens_per_s),
+        "generation_tokens_per_s": rounded(served.generation_tokens_per_s),
+        "canary_requests": served.canary_requests,
     }
 
 
@@ -212,7 +245,11 @@ class StatusFile:
 
     def write(self, status: dict[str, Any], *, now: float) -> None:
         content = json.dumps(
-            {**status, "engines": {n: {**e, "for_s": None} for n, e in status["engines"].items()}},
+            # Ages and rates move every tick: refreshed every STATUS_REFRESH_S, not every change.
+            {
+                **status,
+                "engines": {n: {**e, "for_s": None, "served": None} for n, e in status["engines"].items()},
+            },
             sort_keys=True,
         )
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Protocol
 
 from llmsupervisor import aio
@@ -24,6 +24,7 @@ from llmsupervisor.detectors import (
     detect_all,
     new_window,
 )
+from llmsupervisor.detectors.load import ServedLoad, served_load
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import EngineProcess
 from llmsupervisor.probes import ProbeFailure, host
@@ -69,8 +70,10 @@ class Observer:
         http: EngineHttp,
         gpus: GpuSource,
         sweeper: GroupSampler,
+        on_canary: Callable[[], None] = lambda: None,
     ) -> None:
         self._spec = spec
+        self._on_canary = on_canary
         self._since_s = incarnation_started_s
         self._http = http
         self._gpus = gpus
@@ -81,6 +84,7 @@ class Observer:
         self.findings: tuple[Finding, ...] = ()
         self.engine_pids: frozenset[int] = frozenset()
         self.canary_latency_s: float | None = None
+        self.served: ServedLoad | None = None  # the last minute's traffic, canaries taken out
         self._last_metrics: EngineMetrics | None = None
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
@@ -120,6 +124,7 @@ class Observer:
             self._last_canary_s = aio.now()
             if canary_r.ok:
                 self.canary_latency_s = canary_r.latency_s
+                self._on_canary()
         if isinstance(metrics_r, EngineMetrics):
             self._previous_metrics, self._last_metrics = self._last_metrics, metrics_r
         if isinstance(proc_r, host.ProcSample):
@@ -137,6 +142,7 @@ class Observer:
         )
         self.window.append(obs)
         self._detect(obs.at_s)
+        self.served = served_load(self.window, obs.at_s)
         return obs
 
     def _detect(self, now: float) -> None:
