@@ -27,10 +27,8 @@ MASK: Final = "***"
 SECRET_FLAGS: Final = ("--api-key", "--hf-token")
 
 _SECRET_NAME_RE: Final = re.compile(r"(?:_KEY$|TOKEN|SECRET|PASSWORD|^API_KEY$)", re.IGNORECASE)
-_FLAG_RE: Final = re.compile(
-    r"(?P<flag>(?:%s))(?P<sep>=|\s+)(?P<q>['\"]?)(?P<value>[^\s'\",]+)"
-    % "|".join(re.escape(f) for f in SECRET_FLAGS)
-)
+_FLAGS_RE: Final = "|".join(re.escape(f) for f in SECRET_FLAGS)
+_FLAG_RE: Final = re.compile(rf"(?P<flag>(?:{_FLAGS_RE}))(?P<sep>=|\s+)(?P<q>['\"]?)(?P<value>[^\s'\",]+)")
 # NAME=value or NAME: value for secret-looking environment names (env dumps, shell-style lines).
 # Upper case only: lower-case words such as "generation_tokens_total=12" are evidence, not secrets.
 _ASSIGN_RE: Final = re.compile(

@@ -26,7 +26,9 @@ _FLAG_FIELD: Final = b"disable_access_log_for_endpoints"
 _OPERATOR_FLAGS: Final = frozenset({FLAG, "disable-uvicorn-access-log"})
 
 
-def probe_access_flags(command: Sequence[str], args: Mapping[str, Any], *, log_probe_requests: bool) -> list[str]:
+def probe_access_flags(
+    command: Sequence[str], args: Mapping[str, Any], *, log_probe_requests: bool
+) -> list[str]:
     """The flags to add to an engine's command line: ``--disable-access-log-for-endpoints``
     with the probe paths when its vLLM has the flag and nobody set the access log otherwise."""
     if log_probe_requests or _OPERATOR_FLAGS & set(args) or not command:

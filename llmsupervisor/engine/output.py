@@ -37,9 +37,8 @@ _LEVELS: Final = {
 # journal. Where vLLM has --disable-access-log-for-endpoints (engine/access_log.py) it drops them
 # itself; this catches them from versions without the flag. Every other access line stays.
 PROBE_PATHS: Final = ("/health", "/metrics", "/v1/models")
-_PROBE_ACCESS_RE: Final = re.compile(
-    r'"(?:GET|HEAD) (?:%s)/?(?:\?[^ "]*)? HTTP/[\d.]+"' % "|".join(re.escape(p) for p in PROBE_PATHS)
-)
+_PROBE_PATHS_RE: Final = "|".join(re.escape(p) for p in PROBE_PATHS)
+_PROBE_ACCESS_RE: Final = re.compile(rf'"(?:GET|HEAD) (?:{_PROBE_PATHS_RE})/?(?:\?[^ "]*)? HTTP/[\d.]+"')
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
 
