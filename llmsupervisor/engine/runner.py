@@ -57,6 +57,7 @@ from llmsupervisor.engine.readiness import Readiness, await_ready
 from llmsupervisor.engine.repair import PrefixRepair
 from llmsupervisor.engine.status import EngineStatus, Incarnation
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
+from llmsupervisor.redact import redact
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -164,7 +165,8 @@ class EngineRunner:
             name=self.name,
             spec=spec,
             state=self._life.state,
-            state_reason=self._life.reason,
+            # Reasons quote errors and command lines: what others read is redacted (redact.py).
+            state_reason=redact(self._life.reason),
             state_since_s=self._life.since_s,
             state_changes_total=h.state_changes_total,
             incarnation=self._inc,
@@ -181,8 +183,8 @@ class EngineRunner:
             restarts_total=h.restarts_total,
             restarts_by_reason=dict(h.restarts_by_reason),
             failures=h.failures.count(aio.now(), spec.restart_policy),
-            last_exit=h.last_exit,
-            last_failure=h.last_failure,
+            last_exit=redact(h.last_exit) if h.last_exit else h.last_exit,
+            last_failure=redact(h.last_failure) if h.last_failure else h.last_failure,
             canary_latency_s=self._canary_latency_s,
             canary_requests_total=self._canaries_total,
             down_since_s=self._down_since_s,
