@@ -99,6 +99,9 @@ def test_redact_argv_and_env() -> None:
 
 def test_the_log_filter_redacts_every_record_and_its_traceback() -> None:
     stream = io.StringIO()
+    root = logging.getLogger()
+    httpx_log, httpcore_log = logging.getLogger("httpx"), logging.getLogger("httpcore")
+    saved = root.handlers[:], root.level, httpx_log.level, httpcore_log.level
     logs.setup("info", stream=stream)
     try:
         log = logging.getLogger("llmsupervisor.test")
@@ -109,7 +112,10 @@ def test_the_log_filter_redacts_every_record_and_its_traceback() -> None:
         except RuntimeError:
             log.exception("boom")
     finally:
-        logs.setup("info", stream=sys.stderr)
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        httpx_log.setLevel(saved[2])
+        httpcore_log.setLevel(saved[3])
     text = stream.getvalue()
     assert "topsecret" not in text and "hf_leak" not in text, text
     assert "--api-key *** --port 1" in text and "HF_TOKEN=***" in text
