@@ -49,6 +49,7 @@ from llmsupervisor import process
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.nvml import GpuReader, NvmlReader
+from llmsupervisor.redact import redact
 
 SERVICE_USER: Final = "llm-supervisor"
 SERVICE_GROUPS: Final = ("video",)  # the unit's SupplementaryGroups=
@@ -102,6 +103,10 @@ class DoctorCheck:
     name: str  # what was checked: "config", "engine gpu0", "port 8001 (engine gpu0)", ...
     level: Level
     detail: str
+
+    def __post_init__(self) -> None:
+        # A command line or an error may carry an engine's key: never printed (redact.py).
+        object.__setattr__(self, "detail", redact(self.detail))
 
     def __str__(self) -> str:
         return f"{self.level.value:<4}  {self.name}: {self.detail}"
@@ -271,6 +276,25 @@ def check_engine_command(
             f"{shown}: module {module} not found in {versions}: wrong module for this version?",
         )
     return DoctorCheck(name, Level.OK, f"{shown}: {versions} ({python})")
+
+
+def check_api_key_file(spec: EngineSpec, who: Identity) -> DoctorCheck:
+    """The engine's api_key_file is readable by the daemon's user and not by everyone. Says
+    nothing of the key itself."""
+    name = f"api key (engine {spec.name})"
+    assert spec.api_key_file is not None
+    path = Path(spec.api_key_file)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return DoctorCheck(name, Level.FAIL, f"{path}: {exc.strerror or exc}")
+    blocked = _reachable(path, who)
+    if blocked is not None or not who.may(st, 4):
+        where = f"directory {blocked}" if blocked is not None else f"{path} ({_owner(st)})"
+        return DoctorCheck(name, Level.FAIL, f"{who.name} cannot read {where}")
+    if st.st_mode & 0o004:
+        return DoctorCheck(name, Level.WARN, f"{path} is readable by every user ({_owner(st)}): chmod o-r")
+    return DoctorCheck(name, Level.OK, f"{path}: readable by {who.name} ({_owner(st)})")
 
 
 def _which(program: str, spec: EngineSpec) -> str | None:
@@ -523,6 +547,8 @@ def run_checks(
         state_dir = config.supervisor.state_dir
         for spec in config.engines:
             results.append(check_engine_command(spec, who, timeout_s=command_timeout_s))
+            if spec.api_key_file:
+                results.append(check_api_key_file(spec, who))
         host, _, port = config.supervisor.http_listen.rpartition(":")
         results.append(
             check_port(
@@ -553,6 +579,7 @@ __all__ = [
     "DoctorCheck",
     "Identity",
     "Level",
+    "check_api_key_file",
     "check_config",
     "check_engine_command",
     "check_gpu_devices",

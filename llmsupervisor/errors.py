@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmsupervisor.redact import redact
+
 EX_CONFIG = 78  # os.EX_CONFIG; the unit lists it in RestartPreventExitStatus=
 # os.EX_TEMPFAIL: another daemon runs on this state dir; try again once the running daemon is gone.
 # The unit lists it in RestartPreventExitStatus= too: a restart every 10 s would not make it go.
@@ -31,7 +33,8 @@ class ConfigProblem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.field}: {self.message}"
+        # The message may quote a value; the field path is the config's own words.
+        return f"{self.file}:{self.line}: {self.field}: {redact(self.message)}"
 
 
 class SupervisorError(Exception):
@@ -54,7 +57,8 @@ class IllegalTransition(SupervisorError):
 
 class PortHeld(SupervisorError):
     def __init__(self, port: int, pid: int | None, cmdline: str) -> None:
-        who = f"pid {pid} ({cmdline})" if pid is not None else "a process this user cannot see"
+        # Another process's command line may carry its secrets (an --api-key): masked.
+        who = f"pid {pid} ({redact(cmdline)})" if pid is not None else "a process this user cannot see"
         super().__init__(f"port {port} is held by {who}, which is not an engine of this supervisor")
         self.port = port
         self.pid = pid

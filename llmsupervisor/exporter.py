@@ -33,6 +33,14 @@ engine_requests_running                gauge      engine (absent while unknown)
 engine_requests_waiting                gauge      engine (the queue; absent while unknown)
 engine_kv_cache_usage_ratio            gauge      engine (0 to 1; absent while unknown)
 engine_ttft_p95_seconds                gauge      engine (last 60 s; absent without requests)
+engine_held_by_operator                gauge      engine (1: drained, stopped or disabled on purpose)
+engine_start_timeout_seconds           gauge      engine (its start_timeout_s)
+engine_down_seconds                    gauge      engine (meant to serve and not serving; 0 while
+                                                  READY, SHEDDING or held by an operator)
+engine_canary_requests_total           counter    engine (the supervisor's canaries: not traffic)
+engine_served_requests_per_second      gauge      engine (last minute, canaries excluded; absent
+                                                  until two /metrics readings)
+engine_served_generation_tokens_per_second  gauge  engine (likewise)
 finding_active                         gauge      engine, finding, severity
 marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
 ticks_total                            counter
@@ -318,6 +326,49 @@ class _SnapshotCollector:
                 value = getattr(e, attribute)
                 if value is not None:
                     family.add_metric([e.name], float(value))
+        held = GaugeMetricFamily(
+            _name("engine_held_by_operator"),
+            "1 while an operator holds the engine out of service (drained, stopped or disabled), else 0.",
+            labels=["engine"],
+        )
+        start_timeout = GaugeMetricFamily(
+            _name("engine_start_timeout_seconds"),
+            "The engine's start_timeout_s: a start younger than this is not an engine down.",
+            labels=["engine"],
+        )
+        down = GaugeMetricFamily(
+            _name("engine_down_seconds"),
+            "Seconds the engine has been meant to serve and not serving (starting, restarting, "
+            "backoff, fatal); 0 while it serves (READY, SHEDDING) or an operator holds it out.",
+            labels=["engine"],
+        )
+        canaries = CounterMetricFamily(
+            _name("engine_canary_requests"),
+            "Canary requests the supervisor sent that the engine answered; vLLM counts them as "
+            "requests, so subtract them from its request counters to get client traffic.",
+            labels=["engine"],
+        )
+        served_requests = GaugeMetricFamily(
+            _name("engine_served_requests_per_second"),
+            "Requests the engine finished per second over the last minute, the supervisor's "
+            "canaries excluded.",
+            labels=["engine"],
+        )
+        served_tokens = GaugeMetricFamily(
+            _name("engine_served_generation_tokens_per_second"),
+            "Tokens the engine generated per second over the last minute, the supervisor's "
+            "canaries excluded.",
+            labels=["engine"],
+        )
+        for e in engines:
+            held.add_metric([e.name], 1.0 if e.held_by_operator else 0.0)
+            start_timeout.add_metric([e.name], e.start_timeout_s)
+            down.add_metric([e.name], e.down_s)
+            canaries.add_metric([e.name], float(e.canary_requests_total))
+            if e.served is not None and e.served.requests_per_s is not None:
+                served_requests.add_metric([e.name], e.served.requests_per_s)
+            if e.served is not None and e.served.generation_tokens_per_s is not None:
+                served_tokens.add_metric([e.name], e.served.generation_tokens_per_s)
             for (kind, reason), count in sorted(e.actions_total.items()):
                 actions.add_metric([e.name, kind, reason], float(count))
             for kind, at in sorted(e.last_action_at.items()):
@@ -339,8 +390,18 @@ class _SnapshotCollector:
             for kind, severity, _summary in e.findings:
                 finding.add_metric([e.name, kind, severity], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
-        yield from (actions, last_action, step)
         yield from load.values()
+        yield from (
+            actions,
+            last_action,
+            step,
+            held,
+            start_timeout,
+            down,
+            canaries,
+            served_requests,
+            served_tokens,
+        )
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(

@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TextIO
 
+from llmsupervisor.redact import redact
+
 JOURNAL_SOCKET: Final = Path("/run/systemd/journal/socket")
 JOURNAL_MESSAGE_LIMIT: Final = 48 * 1024  # bigger payloads would need the memfd path
 
@@ -135,6 +137,23 @@ def resolve_format(requested: str | None = None, *, stream: TextIO | None = None
     return "text"
 
 
+class RedactFilter(logging.Filter):
+    """Every record's text through ``redact`` before any handler writes it: an engine's
+    ``--api-key`` or a ``*_TOKEN`` value never reaches the journal, whoever logged it (the
+    spawn line, a forwarded vLLM line, an error with a command line in it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message or record.args:
+            record.msg, record.args = cleaned, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
 def _journal_field(key: str, value: str) -> bytes:
     data = value.encode("utf-8", "replace")
     if b"\n" in data:
@@ -173,8 +192,10 @@ class JournalHandler(logging.Handler):
             "CODE_LINE": str(record.lineno),
             "CODE_FUNC": record.funcName or "",
         }
-        if record.exc_info:
-            fields["MESSAGE"] += "\n" + logging.Formatter().formatException(record.exc_info)
+        if record.exc_text or record.exc_info:
+            fields["MESSAGE"] += "\n" + (
+                record.exc_text or logging.Formatter().formatException(record.exc_info)  # type: ignore[arg-type]
+            )
         if engine:
             fields["ENGINE"] = str(engine)
             if engine in self.gpus_of:
@@ -218,8 +239,10 @@ def setup(
         text_handler = logging.StreamHandler(stream)
         text_handler.setFormatter(EngineFormatter(journal=journal))
         handler = text_handler
+        text_handler.addFilter(RedactFilter())
         if journal and journal_socket.exists():
             handler = JournalHandler(journal_socket, gpus_of=gpus_of, fallback=text_handler)
+    handler.addFilter(RedactFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

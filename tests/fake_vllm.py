@@ -24,6 +24,11 @@ options that reproduce behaviours documented in docs/vllm-notes.md:
                                 body with the same families, for the benchmark's body-size sweep
 ``--fake-metrics-advance``      the step and token counters of that body move on every scrape, as on a busy
                                 engine (the supervisor then sends no canaries); without it they stay frozen
+``--api-key KEY``               as vLLM: every /v1/* request needs ``Authorization: Bearer KEY`` (HTTP 401
+                                otherwise); without the flag, the ``VLLM_API_KEY`` environment variable
+``--task embed``, ``--runner pooling``, ``--convert embed``  an embedding model, as vLLM: /v1/embeddings
+                                answers, /v1/completions is HTTP 400
+``--disable-access-log-for-endpoints P1,P2``  no access lines for these paths (vLLM 0.32's flag)
 ``--fake-scrape-log PATH``      append ``time.monotonic()`` of every ``GET /metrics`` to PATH, one per line:
                                 the benchmark reads the daemon's observation rounds from it
 
@@ -125,6 +130,12 @@ class FakeEngine:
         self.args = args
         self.model_name: str = args.served_model_name[0] if args.served_model_name else args.model
         self.served_names: list[str] = args.served_model_name or [args.model]
+        keys = args.api_key or [os.environ.get("VLLM_API_KEY", "")]
+        self.api_keys = [k for k in keys if k]
+        self.embedding = "embed" in (args.task, args.convert, args.runner) or args.task == "embedding"
+        self.quiet_paths = {
+            p.strip() for p in (args.disable_access_log_for_endpoints or "").split(",") if p.strip()
+        }
         self.lock = threading.Lock()
         self.running = 0
         self.prompt_tokens = 0
@@ -260,6 +271,8 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
             host, port = self.client_address[:2]
             phrase = HTTPStatus(status).phrase
+            if urlsplit(self.path).path in engine.quiet_paths:
+                return
             print(
                 f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" {status} {phrase}',
                 flush=True,
@@ -281,8 +294,20 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 return None
 
+        def authorized(self) -> bool:
+            """vLLM's AuthenticationMiddleware: /v1/* needs one of the keys as a Bearer token."""
+            if not engine.api_keys or not urlsplit(self.path).path.startswith("/v1"):
+                return True
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and token in engine.api_keys:
+                return True
+            self.send_json(401, {"error": "Unauthorized"})
+            return False
+
         def do_GET(self) -> None:
             path = urlsplit(self.path).path
+            if not self.authorized():
+                return
             if path in ("/health", "/ping"):
                 self.send_body(503 if engine.dead else 200, b"")
             elif path == "/v1/models":
@@ -313,8 +338,15 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             url = urlsplit(self.path)
+            if not self.authorized():
+                return
             if url.path == "/v1/completions":
-                self.completion()
+                if engine.embedding:
+                    self.send_error_json(400, "The model does not support Completions API", "BadRequestError")
+                else:
+                    self.completion()
+            elif url.path == "/v1/embeddings" and engine.embedding:
+                self.embeddings()
             elif url.path == "/fake/crash":
                 code = int(parse_qs(url.query).get("code", ["1"])[0])
                 log("ERROR", f"fake crash requested, exit code {code}")
@@ -339,6 +371,23 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 engine.exit_later(4.0, 0, "Engine core died; shutting down the API server")
             else:
                 self.send_json(404, {"detail": "Not Found"})
+
+        def embeddings(self) -> None:
+            req = self.read_json()
+            if (
+                not isinstance(req, dict)
+                or req.get("model", engine.served_names[0]) not in engine.served_names
+            ):
+                self.send_error_json(400, "bad embeddings request", "BadRequestError")
+                return
+            prompt_tokens = max(1, len(str(req.get("input", "")).split()))
+            with engine.lock:
+                engine.prompt_tokens += prompt_tokens
+                engine.iterations += 1
+                engine.successes += 1
+            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+            data = [{"index": 0, "object": "embedding", "embedding": [0.25, -0.5, 0.125]}]
+            self.send_json(200, {"object": "list", "data": data, "model": req.get("model"), "usage": usage})
 
         def completion(self) -> None:
             req = self.read_json()
@@ -414,6 +463,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-metrics-scale", type=int, default=1)
     parser.add_argument("--fake-metrics-advance", action="store_true")
     parser.add_argument("--fake-scrape-log", default=None)
+    parser.add_argument("--api-key", nargs="+", default=None)
+    parser.add_argument("--task", default=None)
+    parser.add_argument("--runner", default=None)
+    parser.add_argument("--convert", default=None)
+    parser.add_argument("--disable-access-log-for-endpoints", default=None)
     args, _ignored = parser.parse_known_args(argv)  # every real vLLM flag is accepted and ignored
     return args
 

@@ -30,11 +30,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
+from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.exporter import GPU_METRICS, RELOAD_RESULTS, RESTART_REASONS, TICK_BUCKETS_S, Exporter
 from llmsupervisor.http_api import HttpApi, Response
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "packaging" / "prometheus" / "alerts.yml"
+ALERTS_TEST = ROOT / "tests" / "prometheus" / "alerts_test.yml"
 DASHBOARD = ROOT / "packaging" / "grafana" / "llm-supervisor.json"
 
 # Series the rules use that a later module (the detectors) will export; not the exporter's yet.
@@ -53,6 +55,20 @@ GPU0 = EngineSnapshot(
     state_changes_total=7,
     in_rotation=True,
     canary_latency_s=0.125,
+    start_timeout_s=900.0,
+    canary_requests_total=40,
+    served=ServedLoad(
+        span_s=58.0,
+        requests_per_s=2.5,
+        prompt_tokens_per_s=400.0,
+        generation_tokens_per_s=120.0,
+        canary_requests=20,
+    ),
+    actions_total={("step_down", "kv_pressure"): 1},
+    last_action_at={"step_down": 1_790_000_100.0},
+    ladder_step=1,
+    ladder_steps=2,
+    findings=(("kv_pressure", "warning", "KV cache 97% full"),),
 )
 TP2 = EngineSnapshot(
     name="tp2",
@@ -65,9 +81,22 @@ TP2 = EngineSnapshot(
     restarts_total=5,
     restarts_by_reason={"start_failed": 4, "cuda_init": 1},
     state_changes_total=11,
+    start_timeout_s=600.0,
+    down_s=1234.0,
+)
+HELD = EngineSnapshot(
+    name="held",
+    state=EngineState.DRAINING,
+    state_reason="operator drain",
+    state_age_s=30.0,
+    gpus=(3,),
+    port=8003,
+    pid=4343,
+    restarts_total=0,
+    held_by_operator=True,
 )
 SNAPSHOT = Snapshot(
-    engines=(GPU0, TP2),
+    engines=(GPU0, TP2, HELD),
     ticks_total=1234,
     last_tick_duration_s=0.004,
     notify_failures_total=2,
@@ -125,6 +154,25 @@ def test_engine_gauges(exporter: Exporter) -> None:
     assert value(reg, "llmsupervisor_engine_canary_latency_seconds", engine="tp2") is None
     assert value(reg, "llmsupervisor_engine_info", engine="gpu0", port="8001", gpus="0") == 1.0
     assert value(reg, "llmsupervisor_engine_info", engine="tp2", port="8002", gpus="1,2") == 1.0
+
+
+def test_operator_hold_start_allowance_and_down_time(exporter: Exporter) -> None:
+    reg = exporter.registry
+    assert value(reg, "llmsupervisor_engine_held_by_operator", engine="held") == 1.0
+    assert value(reg, "llmsupervisor_engine_held_by_operator", engine="gpu0") == 0.0
+    assert value(reg, "llmsupervisor_engine_start_timeout_seconds", engine="gpu0") == 900.0
+    assert value(reg, "llmsupervisor_engine_down_seconds", engine="tp2") == 1234.0
+    assert value(reg, "llmsupervisor_engine_down_seconds", engine="held") == 0.0
+    assert value(reg, "llmsupervisor_engine_down_seconds", engine="gpu0") == 0.0
+
+
+def test_canaries_and_served_load(exporter: Exporter) -> None:
+    reg = exporter.registry
+    assert value(reg, "llmsupervisor_engine_canary_requests_total", engine="gpu0") == 40.0
+    assert value(reg, "llmsupervisor_engine_canary_requests_total", engine="tp2") == 0.0
+    assert value(reg, "llmsupervisor_engine_served_requests_per_second", engine="gpu0") == 2.5
+    assert value(reg, "llmsupervisor_engine_served_generation_tokens_per_second", engine="gpu0") == 120.0
+    assert value(reg, "llmsupervisor_engine_served_requests_per_second", engine="tp2") is None
 
 
 def test_engine_counters(exporter: Exporter) -> None:
@@ -346,8 +394,25 @@ def test_dashboard_parses_and_uses_the_datasource_variable() -> None:
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${DS_PROMETHEUS}"
     titles = " ".join(p["title"].lower() for p in panels)
-    for topic in ("state", "restart", "canary", "tick", "observation", "gpu temperature", "gpu power"):
+    for topic in (
+        "state",
+        "restart",
+        "canary",
+        "tick",
+        "observation",
+        "gpu temperature",
+        "gpu power",
+        "gpu memory",
+        "shedding",
+        "findings by kind",
+        "actions by kind and reason",
+        "batch step",
+        "served load",
+    ):
         assert topic in titles, topic
+    timeline = next(p for p in panels if p["type"] == "state-timeline")
+    shown = {m["text"] for m in timeline["fieldConfig"]["defaults"]["mappings"][0]["options"].values()}
+    assert shown == {s.name for s in EngineState}, "the state timeline must map every state"
 
 
 def test_dashboard_queries_only_series_the_exporter_emits() -> None:
@@ -365,7 +430,7 @@ def test_alert_rules_use_only_emitted_or_announced_series() -> None:
     emitted = emitted_series() | FUTURE_SERIES
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 13
+    assert len(rules) == 14
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
@@ -429,7 +494,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(promtool: str, snapsho
 def test_promtool_check_rules(promtool: str) -> None:
     result = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 13 rules found" in result.stdout
+    assert "SUCCESS: 14 rules found" in result.stdout
 
 
 def test_dashboard_promql_parses(promtool: str, tmp_path: Path) -> None:
@@ -449,111 +514,31 @@ def test_dashboard_promql_parses(promtool: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _series(name: str, values: str, **labels: str) -> dict[str, str]:
-    labels = {"instance": "host:9400", "job": "llm-supervisor", **labels}
-    selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    return {"series": f"{name}{{{selector}}}", "values": values}
-
-
-def _firing(eval_time: str, alert: str, severity: str, **labels: str) -> dict[str, Any]:
-    return {
-        "eval_time": eval_time,
-        "alertname": alert,
-        "exp_alerts": [{"exp_labels": {"severity": severity, **labels}}],
+def test_every_alert_rule_has_a_firing_and_a_quiet_case() -> None:
+    rules = {
+        rule["alert"] for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]
     }
+    cases = [
+        case for test in yaml.safe_load(ALERTS_TEST.read_text())["tests"] for case in test["alert_rule_test"]
+    ]
+    firing = {case["alertname"] for case in cases if case["exp_alerts"]}
+    quiet = {case["alertname"] for case in cases if not case["exp_alerts"]}
+    assert firing == rules, f"rules without a firing case: {rules - firing}"
+    assert quiet == rules, f"rules without a quiet case: {rules - quiet}"
 
 
-def _quiet(eval_time: str, alert: str) -> dict[str, Any]:
-    return {"eval_time": eval_time, "alertname": alert, "exp_alerts": []}
-
-
-BASE = {"instance": "host:9400", "job": "llm-supervisor"}
-STATE = "llmsupervisor_engine_state"
-
-ALERT_SCENARIO: dict[str, Any] = {
-    "interval": "1m",
-    "input_series": [
-        # gpu0 is stuck in BACKOFF, gpu1 was stopped on purpose: only gpu0 is "not up".
-        _series("llmsupervisor_engine_up", "0x20", engine="gpu0"),
-        _series(STATE, "0x20", engine="gpu0", state="stopped"),
-        _series(STATE, "1x20", engine="gpu0", state="backoff"),
-        _series(STATE, "0x20", engine="gpu0", state="fatal"),
-        _series("llmsupervisor_engine_up", "0x20", engine="gpu1"),
-        _series(STATE, "1x20", engine="gpu1", state="stopped"),
-        _series(STATE, "0 0 1x18", engine="gpu1", state="fatal"),
-        # gpu0 crashes every minute; gpu1 gets operator restarts just as often (not a loop).
-        _series("llmsupervisor_engine_restarts_total", "0+1x20", engine="gpu0", reason="crash"),
-        _series("llmsupervisor_engine_restarts_total", "0x20", engine="gpu0", reason="operator"),
-        _series("llmsupervisor_engine_restarts_total", "0+1x20", engine="gpu1", reason="operator"),
-        _series("up", "1 1 0x18"),
-        # Every tick lands between 1 s and 2.5 s.
-        _series("llmsupervisor_tick_duration_seconds_bucket", "0x20", le="0.5"),
-        _series("llmsupervisor_tick_duration_seconds_bucket", "0x20", le="1.0"),
-        _series("llmsupervisor_tick_duration_seconds_bucket", "0+30x20", le="2.5"),
-        _series("llmsupervisor_tick_duration_seconds_bucket", "0+30x20", le="+Inf"),
-        # gpu0's rounds land between 2.5 s and 5 s (its probes near their deadlines), gpu1's
-        # under 1 s.
-        _series("llmsupervisor_engine_observation_seconds_bucket", "0x20", engine="gpu0", le="2.5"),
-        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu0", le="5.0"),
-        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu0", le="+Inf"),
-        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu1", le="1.0"),
-        _series("llmsupervisor_engine_observation_seconds_bucket", "0+30x20", engine="gpu1", le="+Inf"),
-        _series("llmsupervisor_notify_failures_total", "0 0 0 1x17"),
-        _series("llmsupervisor_config_reloads_total", "0x20", result="ok"),
-        _series("llmsupervisor_probe_errors_total", "0 0 0 5x17", probe="proc_sweep", error="EMFILE"),
-        _series("llmsupervisor_open_fds", "100 100 1000x18"),
-        _series("llmsupervisor_max_fds", "1024x20"),
-        _series("llmsupervisor_config_reloads_total", "0 0 0 1x17", result="invalid"),
-        _series("llmsupervisor_gpu_temperature_celsius", "90x20", gpu="0"),
-        _series("llmsupervisor_gpu_temperature_celsius", "80x20", gpu="1"),
-        _series("llmsupervisor_gpu_throttle_reason", "1x20", gpu="0", reason="hw_slowdown"),
-        _series("llmsupervisor_gpu_throttle_reason", "1x20", gpu="1", reason="sw_power_cap"),
-        _series("llmsupervisor_finding_active", "1x20", engine="gpu0", finding="stall"),
-    ],
-    "alert_rule_test": [
-        _quiet("4m", "LlmSupervisorEngineDown"),
-        _firing("6m", "LlmSupervisorEngineDown", "critical", **BASE, engine="gpu0"),
-        _quiet("1m", "LlmSupervisorEngineFatal"),
-        _firing("3m", "LlmSupervisorEngineFatal", "critical", **BASE, engine="gpu1", state="fatal"),
-        _quiet("2m", "LlmSupervisorEngineRestartLoop"),
-        _firing("10m", "LlmSupervisorEngineRestartLoop", "warning", instance="host:9400", engine="gpu0"),
-        _quiet("2m", "LlmSupervisorScrapeDown"),
-        _firing("5m", "LlmSupervisorScrapeDown", "critical", **BASE),
-        _quiet("5m", "LlmSupervisorSlowTicks"),
-        _firing("17m", "LlmSupervisorSlowTicks", "warning", instance="host:9400"),
-        _quiet("10m", "LlmSupervisorSlowObservations"),
-        _firing("20m", "LlmSupervisorSlowObservations", "warning", instance="host:9400", engine="gpu0"),
-        _quiet("2m", "LlmSupervisorNotifyFailures"),
-        _firing("4m", "LlmSupervisorNotifyFailures", "warning", **BASE),
-        _quiet("2m", "LlmSupervisorProbeErrors"),
-        _firing("4m", "LlmSupervisorProbeErrors", "warning", **BASE, probe="proc_sweep", error="EMFILE"),
-        _quiet("6m", "LlmSupervisorDescriptorsLow"),
-        _firing("8m", "LlmSupervisorDescriptorsLow", "warning", **BASE),
-        _quiet("2m", "LlmSupervisorConfigReloadInvalid"),
-        _firing("4m", "LlmSupervisorConfigReloadInvalid", "warning", **BASE, result="invalid"),
-        _quiet("4m", "LlmSupervisorGpuHot"),
-        _firing("6m", "LlmSupervisorGpuHot", "warning", **BASE, gpu="0"),
-        _quiet("4m", "LlmSupervisorGpuThrottled"),
-        _firing("6m", "LlmSupervisorGpuThrottled", "warning", **BASE, gpu="0", reason="hw_slowdown"),
-        _firing("2m", "LlmSupervisorFindingActive", "warning", **BASE, engine="gpu0", finding="stall"),
-    ],
-}
-
-
-def test_promtool_alert_rules_fire_when_they_should(promtool: str, tmp_path: Path) -> None:
-    # promtool compares annotations exactly; the expressions, `for` and labels are what is under
-    # test here, so the rules are checked from a copy without annotations.
+def test_promtool_alert_rules(promtool: str, tmp_path: Path) -> None:
+    """tests/prometheus/alerts_test.yml through `promtool test rules`, against a copy of the rules
+    without annotations: promtool compares annotations exactly, and the expressions, `for` and
+    labels are what is under test."""
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     for group in groups:
         for rule in group["rules"]:
             rule.pop("annotations")
-    rules = tmp_path / "alerts.yml"
-    rules.write_text(yaml.safe_dump({"groups": groups}))
-    tested = {t["alertname"] for t in ALERT_SCENARIO["alert_rule_test"]}
-    assert tested == {rule["alert"] for group in groups for rule in group["rules"]}
-    spec = tmp_path / "alerts_test.yml"
-    spec.write_text(
-        yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [ALERT_SCENARIO]})
-    )
-    result = run_promtool(promtool, "test", "rules", str(spec))
+    spec = yaml.safe_load(ALERTS_TEST.read_text())
+    (rule_file,) = spec["rule_files"]
+    (tmp_path / rule_file).write_text(yaml.safe_dump({"groups": groups}))
+    shutil.copy(ALERTS_TEST, tmp_path / ALERTS_TEST.name)
+    result = run_promtool(promtool, "test", "rules", str(tmp_path / ALERTS_TEST.name))
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout, result.stdout

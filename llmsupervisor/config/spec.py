@@ -19,6 +19,26 @@ from llmsupervisor.detectors import DetectorConfig
 # The flags a ladder step may change: the ones that trade throughput for memory and heat.
 LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
 
+# What the canary asks of an engine: a one-token completion or chat reply, one embedding, or
+# nothing (readiness is then /health and /v1/models alone).
+CANARY_KINDS: Final = ("auto", "completion", "chat", "embedding", "none")
+# vLLM flags that make an engine a pooling model, which serves no completions: with `--task embed`
+# (older releases), `--runner pooling` or `--convert embed` (0.10 and later) the canary embeds.
+_EMBED_VALUES: Final = frozenset({"embed", "embedding"})
+_POOLING_VALUES: Final = frozenset({"pooling", "classify", "score", "reward", "rerank"})
+
+
+def canary_kind_from_args(args: Mapping[str, Any]) -> str:
+    """The canary ``auto`` picks from an engine's vLLM flags: ``embedding`` for an embedding
+    model, ``none`` for another pooling model (classify, score, reward: no endpoint every such
+    model serves), else ``completion``."""
+    values = {str(args.get(flag, "")).lower() for flag in ("task", "runner", "convert")}
+    if values & _EMBED_VALUES:
+        return "embedding"
+    if values & _POOLING_VALUES:
+        return "none"
+    return "completion"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineSpec:
@@ -44,6 +64,14 @@ class EngineSpec:
     canary_interval_s: float = 3.0
     live_canary_timeout_s: float = 3.0
     canary_prompt: str = "Hello"
+    canary: str = "auto"  # one of CANARY_KINDS; see canary_kind
+    # The engine's API key: read from api_key_file when the config is loaded (never shown:
+    # repr=False), passed to vLLM as VLLM_API_KEY, sent by every probe as a Bearer token.
+    api_key_file: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    # Whether vLLM's access-log lines for the supervisor's own probes (/health, /metrics,
+    # /v1/models) reach the journal; off, they are 85 % of all log lines.
+    log_probe_requests: bool = False
     health_timeout_s: float = 5.0
     # A /metrics body larger than this is a parse failure, read no further (8 MiB; vLLM's ~60 kB).
     metrics_max_body_bytes: int = 8 * 1024 * 1024
@@ -75,6 +103,24 @@ class EngineSpec:
     def model_id(self) -> str:
         """The id `/v1/models` lists and the canary asks for."""
         return self.served_model_name or self.model
+
+    @property
+    def canary_kind(self) -> str:
+        """The canary this engine gets: its ``canary`` field, or for ``auto`` what its flags say."""
+        return self.canary if self.canary != "auto" else canary_kind_from_args(self.args)
+
+    @property
+    def bearer_key(self) -> str | None:
+        """The key the probes send: the api_key_file's, else a VLLM_API_KEY in the engine's env,
+        else an ``api-key`` in its args (vLLM takes a list; any one of them works)."""
+        if self.api_key:
+            return self.api_key
+        if self.env.get("VLLM_API_KEY"):
+            return self.env["VLLM_API_KEY"]
+        value = self.args.get("api-key")
+        if isinstance(value, list | tuple):
+            value = value[0] if value else None
+        return str(value) if value not in (None, False, True, "") else None
 
     @property
     def base_url(self) -> str:

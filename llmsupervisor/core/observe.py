@@ -69,6 +69,34 @@ def check_timed_out(result: HttpCheck | None) -> bool:
     return result is not None and result.failure == "timeout"
 
 
+@dataclass(frozen=True, slots=True)
+class CanaryLoad:
+    """What the supervisor's own canaries asked of an engine over a span: not traffic."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+def canary_load(observations: Sequence[Observation], after_s: float, upto_s: float) -> CanaryLoad:
+    """The canaries that answered in ``(after_s, upto_s]``: the engine's counters between the
+    readings taken at those two times include them. A canary's tokens are those its answer's
+    ``usage`` reported. A canary that timed out was aborted by its client, which vLLM does not
+    count as finished; one that failed otherwise is not counted either (unknown).
+
+    A canary runs alongside its tick's /metrics scrape, so one that finished just after the
+    reading is counted a tick early; over a span of many ticks that is at most one canary."""
+    requests = prompt_tokens = generation_tokens = 0
+    for obs in observations:
+        check = obs.canary
+        if check is None or not check.ok or not after_s < obs.at_s <= upto_s:
+            continue
+        requests += 1
+        prompt_tokens += check.prompt_tokens
+        generation_tokens += check.generation_tokens
+    return CanaryLoad(requests, prompt_tokens, generation_tokens)
+
+
 BaselineAccept = Callable[[Sequence[Observation]], bool]
 
 
@@ -202,4 +230,11 @@ class ObservationWindow:
         return bool(self._items)
 
 
-__all__ = ["BaselineAccept", "Observation", "ObservationWindow", "check_timed_out"]
+__all__ = [
+    "BaselineAccept",
+    "CanaryLoad",
+    "Observation",
+    "ObservationWindow",
+    "canary_load",
+    "check_timed_out",
+]

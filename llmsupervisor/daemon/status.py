@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.files import write_json_atomic
 from llmsupervisor.probes import ProbeFailure
@@ -67,13 +68,19 @@ class EngineSnapshot:
     last_exit_age_s: float | None = None  # seconds since last_exit happened
     enabled: bool = True
     wants_run: bool = True  # the engine is meant to run (not stopped by an operator or config)
-    start_timeout_s: float = 0.0
     drain_timeout_s: float = 0.0
     # Load, while the engine is observed (None: unknown): the autoscaling gauges.
     requests_running: int | None = None
     requests_waiting: int | None = None
     kv_usage_ratio: float | None = None
     ttft_p95_s: float | None = None
+    # An operator holds the engine out of service: drained (`drain`), or stopped / disabled
+    # (it is not meant to run). Alerts on a down engine leave such an engine alone.
+    held_by_operator: bool = False
+    start_timeout_s: float = 0.0  # the engine's start deadline: a start within it is not "down"
+    down_s: float = 0.0  # seconds meant to serve and not serving (0 while serving or held)
+    canary_requests_total: int = 0  # the supervisor's own canaries: in vLLM's counters, not traffic
+    served: ServedLoad | None = None  # the last minute's traffic, canaries excluded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,12 +192,16 @@ def snapshot(
                 last_exit_age_s=now - s.last_exit_at_s if s.last_exit_at_s is not None else None,
                 enabled=s.spec.enabled,
                 wants_run=s.wants_run,
-                start_timeout_s=s.spec.start_timeout_s,
                 drain_timeout_s=s.spec.drain_timeout_s,
                 requests_running=s.load.requests_running if s.load else None,
                 requests_waiting=s.load.requests_waiting if s.load else None,
                 kv_usage_ratio=s.load.kv_usage_ratio if s.load else None,
                 ttft_p95_s=s.load.ttft_p95_s if s.load else None,
+                held_by_operator=s.held or not s.wants_run,
+                start_timeout_s=s.spec.start_timeout_s,
+                down_s=max(0.0, now - s.down_since_s) if s.down_since_s is not None else 0.0,
+                canary_requests_total=s.canary_requests_total,
+                served=s.served,
             )
             for s in statuses
         ),
@@ -247,10 +258,30 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "requests_waiting": e.requests_waiting,
                 "kv_usage_ratio": e.kv_usage_ratio,
                 "ttft_p95_s": e.ttft_p95_s,
+                "held_by_operator": e.held_by_operator,
+                "canary_requests": e.canary_requests_total,
+                "served": _served_json(e.served),
             }
             for e in snap.engines
         },
         "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
+    }
+
+
+def _served_json(served: ServedLoad | None) -> dict[str, Any] | None:
+    """Requests and tokens per second over the last minute, the canaries taken out."""
+    if served is None:
+        return None
+
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
+    return {
+        "span_s": round(served.span_s, 1),
+        "requests_per_s": rounded(served.requests_per_s),
+        "prompt_tokens_per_s": rounded(served.prompt_tokens_per_s),
+        "generation_tokens_per_s": rounded(served.generation_tokens_per_s),
+        "canary_requests": served.canary_requests,
     }
 
 
@@ -293,10 +324,12 @@ class StatusFile:
 
     def write(self, status: dict[str, Any], *, now: float) -> None:
         content = json.dumps(
+            # Ages and rates move every tick: refreshed every STATUS_REFRESH_S, not every change.
             {
                 **status,
                 "engines": {
-                    n: {**e, "for_s": None, "last_exit_age_s": None} for n, e in status["engines"].items()
+                    n: {**e, "for_s": None, "last_exit_age_s": None, "served": None}
+                    for n, e in status["engines"].items()
                 },
             },
             sort_keys=True,

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Final
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
-from llmsupervisor.core.observe import Observation, ObservationWindow
+from llmsupervisor.core.observe import Observation, ObservationWindow, canary_load
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import metric_readings, new_finding, upto
 from llmsupervisor.probes.vllm_metrics import window_quantile
@@ -62,19 +62,20 @@ def span_stats(observations: Sequence[Observation]) -> SpanStats | None:
     # The canaries' own completions are not traffic. Those of the first observation's tick
     # finished before its reading, as far as we can tell, so they are not in the delta.
     # A canary that timed out was aborted by its client, which vLLM does not count as finished.
-    canaries = sum(
-        1
-        for o in observations
-        if o.canary is not None and o.canary.ok and first_obs.at_s < o.at_s <= last_obs.at_s
-    )
-    requests = None if finished is None else max(0, finished - canaries)
+    canary = canary_load(observations, first_obs.at_s, last_obs.at_s)
+    requests = None if finished is None else max(0, finished - canary.requests)
     generated = _delta(first.generation_tokens_total, last.generation_tokens_total)
+    if generated is not None:
+        generated = max(0, generated - canary.generation_tokens)
     tokens_per_s_per_running = (
         generated / duration_s / mean_running
         if generated is not None and mean_running is not None and mean_running > 0
         else None
     )
     ttft = None if last.ttft_seconds is None else last.ttft_seconds.minus(first.ttft_seconds)
+    # Each canary completion is one TTFT observation too; the quantile cannot shed them (the
+    # canary is one token, so they sit at its fast end), but the count of real requests can.
+    ttft_count = 0 if ttft is None else max(0, ttft.count - canary.requests)
     queries = _delta(first.prefix_cache_queries_total, last.prefix_cache_queries_total)
     hits = _delta(first.prefix_cache_hits_total, last.prefix_cache_hits_total)
     return SpanStats(
@@ -85,7 +86,7 @@ def span_stats(observations: Sequence[Observation]) -> SpanStats | None:
         busy_ratio=busy_ratio,
         tokens_per_s_per_running=tokens_per_s_per_running,
         ttft_p95_s=window_quantile(last.ttft_seconds, first.ttft_seconds, 0.95),
-        ttft_count=0 if ttft is None else ttft.count,
+        ttft_count=ttft_count,
         prefix_queries=queries,
         prefix_hit_ratio=hits / queries if hits is not None and queries else None,
     )

@@ -5,9 +5,11 @@ nearly full) and PREEMPTION_STORM (requests evicted and recomputed, per minute).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Final
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
-from llmsupervisor.core.observe import ObservationWindow
+from llmsupervisor.core.observe import ObservationWindow, canary_load
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import metric_readings, new_finding, newest_first, upto
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
@@ -96,4 +98,49 @@ def detect_preemption_storm(window: ObservationWindow, now: float, cfg: Detector
     )
 
 
-__all__ = ["detect_kv_pressure", "detect_preemption_storm"]
+SERVED_SPAN_S: Final = 60.0  # the served rates are over the last minute
+
+
+@dataclass(frozen=True, slots=True)
+class ServedLoad:
+    """What an engine served its clients over ``span_s``, the supervisor's canaries taken out
+    (the engine's counters include them: at one canary every 3 s an idle engine would show
+    0.3 requests/s of "traffic")."""
+
+    span_s: float
+    requests_per_s: float | None
+    prompt_tokens_per_s: float | None
+    generation_tokens_per_s: float | None
+    canary_requests: int  # in the span, not counted above
+
+
+def served_load(window: ObservationWindow, now: float, span_s: float = SERVED_SPAN_S) -> ServedLoad | None:
+    """Requests and tokens per second between the first and last /metrics readings of the last
+    ``span_s``, less the canaries answered in between; None without two readings."""
+    observations = upto(window, now - span_s, now)
+    readings = metric_readings(observations)
+    if len(readings) < 2:
+        return None
+    (first_obs, first), (last_obs, last) = readings[0], readings[-1]
+    duration_s = last_obs.at_s - first_obs.at_s
+    if duration_s <= 0:
+        return None
+    canary = canary_load(observations, first_obs.at_s, last_obs.at_s)
+
+    def rate(older: int | None, newer: int | None, own: int) -> float | None:
+        if older is None or newer is None or newer < older:
+            return None  # not reported, or the counter went back (a restart)
+        return max(0, newer - older - own) / duration_s
+
+    return ServedLoad(
+        span_s=duration_s,
+        requests_per_s=rate(first.requests_finished_total, last.requests_finished_total, canary.requests),
+        prompt_tokens_per_s=rate(first.prompt_tokens_total, last.prompt_tokens_total, canary.prompt_tokens),
+        generation_tokens_per_s=rate(
+            first.generation_tokens_total, last.generation_tokens_total, canary.generation_tokens
+        ),
+        canary_requests=canary.requests,
+    )
+
+
+__all__ = ["SERVED_SPAN_S", "ServedLoad", "detect_kv_pressure", "detect_preemption_storm", "served_load"]

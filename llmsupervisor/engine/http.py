@@ -50,24 +50,42 @@ class VllmHttp:
     def __init__(self, client: httpx.AsyncClient, spec: EngineSpec) -> None:
         self._client = client
         self._spec = spec
+        # An engine with an API key guards /v1/*; the key goes with every request (it is never
+        # logged: the log filter masks it, and httpx logs no headers).
+        self._headers = health.auth_headers(spec.bearer_key)
+        self._canary_kind = spec.canary_kind
 
     async def health(self, *, timeout_s: float) -> HttpCheck:
-        return await health.check_health(self._client, self._spec.base_url, timeout_s=timeout_s)
+        return await health.check_health(
+            self._client, self._spec.base_url, timeout_s=timeout_s, headers=self._headers
+        )
 
     async def models(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
-        return await health.check_models(self._client, spec.base_url, spec.model_id, timeout_s=timeout_s)
+        return await health.check_models(
+            self._client, spec.base_url, spec.model_id, timeout_s=timeout_s, headers=self._headers
+        )
 
     async def canary(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
         return await health.canary(
-            self._client, spec.base_url, spec.model_id, prompt=spec.canary_prompt, timeout_s=timeout_s
+            self._client,
+            spec.base_url,
+            spec.model_id,
+            prompt=spec.canary_prompt,
+            timeout_s=timeout_s,
+            kind=self._canary_kind,
+            headers=self._headers,
         )
 
     async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
         spec = self._spec
         return await fetch_metrics(
-            self._client, spec.base_url, timeout_s=timeout_s, max_body_bytes=spec.metrics_max_body_bytes
+            self._client,
+            spec.base_url,
+            timeout_s=timeout_s,
+            max_body_bytes=spec.metrics_max_body_bytes,
+            headers=self._headers,
         )
 
     async def reset_prefix_cache(self) -> PrefixReset:
@@ -78,7 +96,9 @@ class VllmHttp:
         for _attempt in range(PREFIX_RESET_ATTEMPTS):
             try:
                 async with asyncio.timeout(spec.health_timeout_s):
-                    response = await self._client.post(url, timeout=spec.health_timeout_s)
+                    response = await self._client.post(
+                        url, timeout=spec.health_timeout_s, headers=self._headers
+                    )
             except (httpx.HTTPError, TimeoutError) as exc:
                 log.warning("reset_prefix_cache: %s", exc or "timed out", extra={"engine": spec.name})
                 return PrefixReset.FAILED

@@ -19,7 +19,9 @@ from typing import Protocol
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.engine.access_log import probe_access_flags
 from llmsupervisor.errors import PortHeld
+from llmsupervisor.redact import redact_argv
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -155,21 +157,33 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return Launched(None, f"cannot create {cache_dir}: {exc.strerror or exc}")
+    extra_env = dict(spec.env)
+    # The key goes to vLLM in its environment, which `ps` does not show (a --api-key would be
+    # on every process listing); a VLLM_API_KEY the daemon inherited would make vLLM demand a
+    # key the probes do not know.
+    extra_env.pop("VLLM_API_KEY", None)
+    if spec.bearer_key and "api-key" not in spec.args:
+        extra_env["VLLM_API_KEY"] = spec.bearer_key
     env = process.engine_environment(
         base=os.environ,
         engine=spec.name,
         gpus=spec.gpus,
         state_dir=procs.state_dir,
         cache_dir=cache_dir,
-        extra=spec.env,
+        extra=extra_env,
         daemon_pid=os.getpid(),
     )
+    if "VLLM_API_KEY" not in extra_env:
+        env.pop("VLLM_API_KEY", None)
     argv = spec.argv(step)
+    # In the loop, not a thread: a few stats and one small file read per vLLM installation,
+    # cached for the daemon's life (engine/access_log.py).
+    argv += probe_access_flags(spec.command, spec.args, log_probe_requests=spec.log_probe_requests)
     try:
         proc = procs.spawn(argv, env)
     except OSError as exc:
         return Launched(None, f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
-    log.info("spawned pid %d: %s", proc.pid, " ".join(argv), extra={"engine": spec.name})
+    log.info("spawned pid %d: %s", proc.pid, " ".join(redact_argv(argv)), extra={"engine": spec.name})
     try:
         procs.record_group(spec.name, proc.pid)
     except OSError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final, Protocol, TypeVar
 
 from llmsupervisor import aio
@@ -24,6 +24,7 @@ from llmsupervisor.detectors import (
     detect_all,
     new_window,
 )
+from llmsupervisor.detectors.load import ServedLoad, served_load
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
@@ -92,8 +93,10 @@ class Observer:
         http: EngineHttp,
         gpus: GpuSource,
         sweeper: GroupSampler,
+        on_canary: Callable[[], None] = lambda: None,
     ) -> None:
         self._spec = spec
+        self._on_canary = on_canary
         self._since_s = incarnation_started_s
         self._http = http
         self._gpus = gpus
@@ -104,6 +107,7 @@ class Observer:
         self.findings: tuple[Finding, ...] = ()
         self.engine_pids: frozenset[int] = frozenset()
         self.canary_latency_s: float | None = None
+        self.served: ServedLoad | None = None  # the last minute's traffic, canaries taken out
         self._last_metrics: EngineMetrics | None = None
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
@@ -123,7 +127,11 @@ class Observer:
         now = aio.now()
         # While step counters move the engine is alive: a canary would only queue behind real
         # work and read busy as dead (docs/vllm-notes.md §7).
-        run_canary = not progressing and now - self._last_canary_s >= spec.canary_interval_s
+        run_canary = (
+            spec.canary_kind != "none"
+            and not progressing
+            and now - self._last_canary_s >= spec.canary_interval_s
+        )
 
         async def no_canary() -> HttpCheck | None:
             return None
@@ -145,6 +153,7 @@ class Observer:
             self._last_canary_s = aio.now()
             if canary_r.ok:
                 self.canary_latency_s = canary_r.latency_s
+                self._on_canary()
         if isinstance(metrics_r, EngineMetrics):
             self._previous_metrics, self._last_metrics = self._last_metrics, metrics_r
         if isinstance(proc_r, host.ProcSample):
@@ -162,6 +171,7 @@ class Observer:
         )
         self.window.append(obs)
         self._detect(obs.at_s)
+        self.served = served_load(self.window, obs.at_s)
         return obs
 
     def _detect(self, now: float) -> None:

@@ -2,7 +2,8 @@
 
 vLLM prefixes its lines with a level word (after an optional ``(EngineCore pid=12)``); the line
 is logged at that level, and continuation lines (tracebacks) keep the level of the line that
-began them. Out-of-memory lines are reported to ``on_oom``: the policy starts the next spawn a
+began them. Access lines for the supervisor's own probes are dropped (``log_probe_requests``
+keeps them). Out-of-memory lines are reported to ``on_oom``: the policy starts the next spawn a
 batch step down when a start ran out of memory.
 
 vLLM's start-up milestones (docs/vllm-notes.md §5) are reported to ``on_phase`` as a start
@@ -79,8 +80,19 @@ _LEVELS: Final = {
     "ERROR": logging.ERROR,
     "CRITICAL": logging.CRITICAL,
 }
+# The paths the supervisor itself polls every tick: their uvicorn access lines were 85 % of the
+# journal. Where vLLM has --disable-access-log-for-endpoints (engine/access_log.py) it drops them
+# itself; this catches them from versions without the flag. Every other access line stays.
+PROBE_PATHS: Final = ("/health", "/metrics", "/v1/models")
+_PROBE_PATHS_RE: Final = "|".join(re.escape(p) for p in PROBE_PATHS)
+_PROBE_ACCESS_RE: Final = re.compile(rf'"(?:GET|HEAD) (?:{_PROBE_PATHS_RE})/?(?:\?[^ "]*)? HTTP/[\d.]+"')
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
+
+
+def is_probe_access_line(line: str) -> bool:
+    """A uvicorn access line for one of the supervisor's probe paths (``GET /health``, ...)."""
+    return '"' in line and _PROBE_ACCESS_RE.search(line) is not None
 
 
 def engine_log_level(line: str, previous: int) -> int:
@@ -98,11 +110,15 @@ class OutputForwarder:
         fds: tuple[int, int],
         on_oom: Callable[[], None],
         on_phase: Callable[[str], None] = lambda phase: None,
+        *,
+        drop_probe_access: bool = True,
     ) -> None:
         self._engine = engine
         self._pid = pid
         self._on_oom = on_oom
         self._on_phase = on_phase
+        self._drop_probe_access = drop_probe_access
+        self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
         self._tasks = [
             asyncio.create_task(self._forward(stdout_fd, logging.INFO), name=f"stdout:{engine}"),
@@ -136,6 +152,9 @@ class OutputForwarder:
                     return
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 if not line:
+                    continue
+                if self._drop_probe_access and is_probe_access_line(line):
+                    self.dropped_probe_lines += 1
                     continue
                 level = engine_log_level(
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level

@@ -1,6 +1,7 @@
 """When a spawned engine is ready: /health 200, then /v1/models lists the model, then one canary
-completion answers; all before ``start_timeout_s``, while the process lives. vLLM answers
-/health before the model serves (docs/vllm-notes.md §3), hence the canary."""
+answers (a completion, a chat reply or an embedding: ``EngineSpec.canary_kind``; none for
+``canary: none``); all before ``start_timeout_s``, while the process lives. vLLM answers /health
+before the model serves (docs/vllm-notes.md §3), hence the canary."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ async def await_ready(
             models = await http.models(timeout_s=timeout_s)
             if not models.ok:
                 return Readiness.FAILED, f"/v1/models: {models.detail}", None
-            stage = "canary completion"
+            if spec.canary_kind == "none":
+                return Readiness.READY, "/health 200, model listed (canary: none)", None
+            stage = f"canary {spec.canary_kind}"
             on_canary()
             canary = await http.canary(timeout_s=min(spec.canary_timeout_s, max(remaining, 0.1)))
             if canary.ok:

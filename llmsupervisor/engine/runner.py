@@ -57,6 +57,7 @@ from llmsupervisor.engine.readiness import Readiness, await_ready
 from llmsupervisor.engine.repair import PrefixRepair
 from llmsupervisor.engine.status import EngineStatus, Incarnation
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
+from llmsupervisor.redact import redact
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -114,9 +115,12 @@ class EngineRunner:
         self._start_phase: str | None = None  # how far the current start has come (STARTING only)
         self._repair = PrefixRepair(spec.name, on_done=self._publish)
         self._canary_latency_s: float | None = None
+        self._canaries_total = 0  # canaries answered, readiness ones included: not traffic
         self._commands_taken = 0
         self._rounds_total = 0
         self._last_round_s = 0.0
+        self._down_since_s: float | None = None
+        self._track_down()
         self._status = self._build_status()
 
     # ---- the contract ----
@@ -134,7 +138,22 @@ class EngineRunner:
         """Counters and the failure budget, for a successor if this runner's task dies."""
         return self._life.history
 
+    def _count_canary(self) -> None:
+        self._canaries_total += 1
+
+    def _track_down(self) -> None:
+        """Since when the engine is meant to serve and does not: None while it serves (READY,
+        SHEDDING) or an operator holds it (drained, stopped, disabled). A hold's end starts the
+        clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
+        d = self._desired
+        meant = d.run and not d.final and not d.held
+        if not meant or self._life.state in (S.READY, S.SHEDDING):
+            self._down_since_s = None
+        elif self._down_since_s is None:
+            self._down_since_s = aio.now()
+
     def _publish(self) -> None:
+        self._track_down()
         self._status = self._build_status()
         self._changed.set()
 
@@ -147,7 +166,8 @@ class EngineRunner:
             name=self.name,
             spec=spec,
             state=self._life.state,
-            state_reason=self._life.reason,
+            # Reasons quote errors and command lines: what others read is redacted (redact.py).
+            state_reason=redact(self._life.reason),
             state_since_s=self._life.since_s,
             state_changes_total=h.state_changes_total,
             incarnation=self._inc,
@@ -165,10 +185,13 @@ class EngineRunner:
             restarts_total=h.restarts_total,
             restarts_by_reason=dict(h.restarts_by_reason),
             failures=h.failures.count(aio.now(), spec.restart_policy),
-            last_exit=h.last_exit,
+            last_exit=redact(h.last_exit) if h.last_exit else h.last_exit,
             last_exit_at_s=h.last_exit_at_s,
-            last_failure=h.last_failure,
+            last_failure=redact(h.last_failure) if h.last_failure else h.last_failure,
             canary_latency_s=self._canary_latency_s,
+            canary_requests_total=self._canaries_total,
+            down_since_s=self._down_since_s,
+            served=self._observer.served if self._observer is not None else None,
             commands_taken=self._commands_taken,
             rounds_total=self._rounds_total,
             last_round_s=self._last_round_s,
@@ -283,7 +306,12 @@ class EngineRunner:
             )
             self._start_phase = "spawned"
             self._output = OutputForwarder(
-                self.name, proc.pid, (proc.stdout_fd, proc.stderr_fd), self._on_oom, self._on_phase
+                self.name,
+                proc.pid,
+                (proc.stdout_fd, proc.stderr_fd),
+                self._on_oom,
+                self._on_phase,
+                drop_probe_access=not spec.log_probe_requests,
             )
             self._publish()
         if launched.failure:
@@ -299,6 +327,8 @@ class EngineRunner:
         )
         if result is Readiness.READY:
             self._canary_latency_s = latency_s
+            if latency_s is not None:
+                self._count_canary()
             return Outcome.READY, why
         if result is Readiness.FAILED:
             if self._proc.returned:
@@ -325,7 +355,12 @@ class EngineRunner:
         # The incarnation is complete before READY is published, with no await in between: the
         # policy can never see a READY engine with the previous incarnation's due time (D2).
         self._observer = Observer(
-            spec, incarnation_started_s=inc.started_s, http=self._http, gpus=self._gpus, sweeper=self._sweeper
+            spec,
+            incarnation_started_s=inc.started_s,
+            http=self._http,
+            gpus=self._gpus,
+            sweeper=self._sweeper,
+            on_canary=self._count_canary,
         )
         self._observer.note_canary(self._canary_latency_s)
         self._inc = inc = Incarnation(

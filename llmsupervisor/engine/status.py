@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors import Finding
+from llmsupervisor.detectors.load import ServedLoad
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +74,13 @@ class EngineStatus:
     last_exit_at_s: float | None = None  # when (loop clock) the engine last exited unasked
     last_failure: str | None = None
     canary_latency_s: float | None = None
+    # Canaries that answered since the runner began (readiness ones too): the engine's own
+    # request counters include them, so whoever reads those counters can take them out.
+    canary_requests_total: int = 0
+    # Since when (loop clock) the engine is meant to serve and does not; None while it serves or
+    # an operator holds it out (drained, stopped, disabled).
+    down_since_s: float | None = None
+    served: ServedLoad | None = None  # what clients got over the last minute, canaries excluded
     commands_taken: int = 0  # how many commands the runner has folded in so far
     rounds_total: int = 0  # observation rounds so far, and how long the last one took
     last_round_s: float = 0.0

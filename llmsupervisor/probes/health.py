@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,10 @@ class HttpCheck:
     latency_s: float
     status_code: int | None = None  # None when no status line was read in time
     failure: ProbeFailureKind | None = None
+    # A canary's own load on the engine, from its answer's `usage` (0 when not reported), so
+    # the detectors can take it out of the engine's counters: it is not traffic.
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.ok != (self.failure is None):
@@ -63,8 +68,35 @@ def _failed(
     )
 
 
-def _passed(detail: str, started: float) -> HttpCheck:
-    return HttpCheck(ok=True, detail=detail, latency_s=time.monotonic() - started, status_code=200)
+def _passed(detail: str, started: float, usage: Any = None) -> HttpCheck:
+    prompt_tokens, generation_tokens = _usage(usage)
+    return HttpCheck(
+        ok=True,
+        detail=detail,
+        latency_s=time.monotonic() - started,
+        status_code=200,
+        prompt_tokens=prompt_tokens,
+        generation_tokens=generation_tokens,
+    )
+
+
+def _usage(usage: Any) -> tuple[int, int]:
+    if not isinstance(usage, dict):
+        return 0, 0
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    return count("prompt_tokens"), count("completion_tokens")
+
+
+Headers = Mapping[str, str] | None
+
+
+def auth_headers(api_key: str | None) -> dict[str, str] | None:
+    """What every request to an engine with an API key carries."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
 
 
 def _from_exception(exc: Exception, started: float, timeout_s: float) -> HttpCheck:
@@ -81,11 +113,13 @@ def _from_exception(exc: Exception, started: float, timeout_s: float) -> HttpChe
     return _failed("parse", f"unreadable body: {type(exc).__name__}: {exc}", started, 200)
 
 
-async def check_health(client: httpx.AsyncClient, base_url: str, *, timeout_s: float) -> HttpCheck:
+async def check_health(
+    client: httpx.AsyncClient, base_url: str, *, timeout_s: float, headers: Headers = None
+) -> HttpCheck:
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(f"{base_url}/health", timeout=timeout_s)
+            resp = await client.get(f"{base_url}/health", timeout=timeout_s, headers=headers)
     except (TimeoutError, httpx.HTTPError) as exc:
         return _from_exception(exc, started, timeout_s)
     if resp.status_code != 200:
@@ -94,12 +128,12 @@ async def check_health(client: httpx.AsyncClient, base_url: str, *, timeout_s: f
 
 
 async def check_models(
-    client: httpx.AsyncClient, base_url: str, model_id: str, *, timeout_s: float
+    client: httpx.AsyncClient, base_url: str, model_id: str, *, timeout_s: float, headers: Headers = None
 ) -> HttpCheck:
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(f"{base_url}/v1/models", timeout=timeout_s)
+            resp = await client.get(f"{base_url}/v1/models", timeout=timeout_s, headers=headers)
         if resp.status_code != 200:
             return _failed("http", f"HTTP {resp.status_code}", started, resp.status_code)
         ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
@@ -110,23 +144,47 @@ async def check_models(
     return _passed("listed", started)
 
 
+# The canary's request per kind: path, body, and the field a good answer must hold.
+def _canary_request(kind: str, model_id: str, prompt: str) -> tuple[str, dict[str, Any], str]:
+    if kind == "chat":
+        messages = [{"role": "user", "content": prompt}]
+        return "/v1/chat/completions", {"model": model_id, "messages": messages, "max_tokens": 1}, "choices"
+    if kind == "embedding":
+        return "/v1/embeddings", {"model": model_id, "input": prompt}, "data"
+    body = {"model": model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    return "/v1/completions", body, "choices"
+
+
 async def canary(
-    client: httpx.AsyncClient, base_url: str, model_id: str, *, prompt: str, timeout_s: float
+    client: httpx.AsyncClient,
+    base_url: str,
+    model_id: str,
+    *,
+    prompt: str,
+    timeout_s: float,
+    kind: str = "completion",
+    headers: Headers = None,
 ) -> HttpCheck:
-    """One completion of one token: it exercises tokenizer, scheduler, model and detokenizer."""
+    """One request that runs the model: a one-token completion (``completion``) or chat reply
+    (``chat``), or one embedding (``embedding``). Each exercises tokenizer, scheduler and model;
+    ``none`` sends nothing and passes."""
     started = time.monotonic()
-    body: dict[str, Any] = {"model": model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    if kind == "none":
+        return _passed("no canary (canary: none)", started)
+    path, body, field_name = _canary_request(kind, model_id, prompt)
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.post(f"{base_url}/v1/completions", json=body, timeout=timeout_s)
+            resp = await client.post(f"{base_url}{path}", json=body, timeout=timeout_s, headers=headers)
         if resp.status_code != 200:
             return _failed("http", f"HTTP {resp.status_code}: {resp.text[:200]}", started, resp.status_code)
-        choices = resp.json().get("choices")
+        answer = resp.json()
+        items = answer.get(field_name)
     except (TimeoutError, httpx.HTTPError, ValueError, AttributeError) as exc:
         return _from_exception(exc, started, timeout_s)
-    if not choices:
-        return _failed("parse", "completion had no choices", started, 200)
-    return _passed("completed", started)
+    if not items:
+        what = "embedding had no data" if kind == "embedding" else f"{kind} had no choices"
+        return _failed("parse", what, started, 200)
+    return _passed("embedded" if kind == "embedding" else "completed", started, answer.get("usage"))
 
 
-__all__ = ["HttpCheck", "canary", "check_health", "check_models"]
+__all__ = ["HttpCheck", "auth_headers", "canary", "check_health", "check_models"]

@@ -521,6 +521,7 @@ async def fetch_metrics(
     *,
     timeout_s: float,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    headers: Mapping[str, str] | None = None,
 ) -> EngineMetrics | ProbeFailure:
     """GET ``{base_url}/metrics`` and parse it, all under one overall deadline of ``timeout_s``.
 
@@ -534,7 +535,7 @@ async def fetch_metrics(
         return ProbeFailure("timeout", f"GET {url}: the previous body is still being parsed")
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("GET", url, timeout=timeout_s) as resp:
+            async with client.stream("GET", url, timeout=timeout_s, headers=headers) as resp:
                 if resp.status_code != 200:
                     head = (await resp.aread())[:200].decode("utf-8", "replace")
                     return ProbeFailure("http", f"GET {url}: HTTP {resp.status_code}: {head}")
