@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     # Also accepted after the subcommand (`llm-supervisor doctor --config PATH`).
     doctor.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="config file")
+    sub.add_parser("schema", help="print the config's JSON Schema (for editors; docs/configuration.md)")
     return parser
 
 
@@ -228,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         return doctor(args.config)
     if args.command == "check-config":
         return check_config(args.path or args.config)
+    if args.command == "schema":
+        from llmsupervisor.config.schema import schema_text
+
+        sys.stdout.write(schema_text())
+        return 0
     if args.command in control.COMMANDS:
         return control_command(args)
     return run(args.config, getattr(args, "fake_gpu", None))

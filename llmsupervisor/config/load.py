@@ -13,7 +13,6 @@ from llmsupervisor.config.fields import (
     ENGINE_FIELDS,
     PER_ENGINE_ONLY,
     SUPERVISOR_FIELDS,
-    _check_listen,
     _check_section,
     _suggest,
     _type_name,
@@ -50,8 +49,6 @@ def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> Su
     )
     settings = None
     if sup is not None:
-        if "http_listen" in sup:
-            _check_listen(sup["http_listen"], ("supervisor", "http_listen"), out)
         if "state_dir" in sup:
             sup["state_dir"] = Path(sup["state_dir"])
         settings = SupervisorSettings(**sup)
