@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import yaml
 
 from llmsupervisor import __version__, control, logs
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
+from llmsupervisor.config.checks import hub_offline_problem
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
@@ -158,7 +160,8 @@ def format_status(status: dict[str, Any]) -> str:
 
 def check_config(path: Path) -> int:
     try:
-        config = load_config(path)
+        # This process's environment stands for the daemon's when judging hub ids offline.
+        config = load_config(path, hub_env=os.environ)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -199,6 +202,13 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
         return 1
     with held:
         from llmsupervisor.daemon.supervisor import Supervisor
+
+        for spec in config.engines:
+            # check-config and doctor refuse this; the daemon runs the other engines and lets
+            # this one fail into FATAL, which is visible in status and the metrics.
+            offline = hub_offline_problem(spec, os.environ) if spec.enabled else None
+            if offline is not None:
+                log.warning("engine %s will not load: %s", spec.name, offline)
 
         reader = None
         if fake_gpu is not None:
