@@ -456,30 +456,20 @@ DETECTOR_DOCS: Final[Mapping[str, str]] = {
     "preemptions_per_min_threshold": "preemption storm: preemptions per minute over preemption_window_s",
     "preemption_window_s": "preemption storm: the window the rate is taken over",
     "preemption_min_span_s": "preemption storm: readings must span at least this to make a rate",
-    "degradation_baseline_s": (
-        "degradation: the baseline is the first this-many seconds of real traffic after a start "
-    ),
+    "degradation_baseline_s": "degradation: the baseline is the first this-many seconds of traffic",
     "degradation_eval_s": "degradation: compared over the last this-many seconds",
     "degradation_ttft_factor": "degradation: TTFT p95 at or above this x the baseline",
-    "degradation_throughput_factor": (
-        "degradation: tokens/s per running request at or below this x the baseline "
-    ),
+    "degradation_throughput_factor": "degradation: tokens/s per running request at or below this x baseline",
     "degradation_prefix_hit_factor": "degradation: prefix-cache hit rate at or below this x the baseline",
     "degradation_min_requests": "degradation: finished requests (canaries excluded) needed in each span",
     "degradation_min_running": "degradation: mean running requests needed in each span",
     "degradation_min_busy_ratio": "degradation: share of a baseline span's readings with requests running",
-    "degradation_max_load_ratio": (
-        "degradation: compare only when the load is within this factor of the baseline's "
-    ),
-    "degradation_min_prefix_queries": (
-        "degradation: prompt tokens looked up in each span before hit rates count "
-    ),
+    "degradation_max_load_ratio": "degradation: compare only at a load within this factor of the baseline's",
+    "degradation_min_prefix_queries": "degradation: prompt tokens looked up per span for hit rates to count",
     "degradation_min_prefix_hit_ratio": "degradation: a baseline hit rate below this is not compared",
     "thermal_temperature_c": "thermal: this GPU temperature or above (or a thermal clock-event reason)",
     "gpu_fault_lookback_s": "GPU fault/lost: an XID or ECC event stays evidence this long",
-    "xid_engine_level": (
-        "application-level XIDs (the engine's fault, not the GPU's): an INFO finding, no action "
-    ),
+    "xid_engine_level": "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
     "xid_info_only": "XIDs only logged and counted (an INFO finding)",
     "gpu_lost_min_samples": "GPU lost: consecutive 'GPU lost' probe failures needed",
     "memory_window_s": "memory growth: the RSS slope is fitted over this window",

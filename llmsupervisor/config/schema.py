@@ -167,7 +167,8 @@ def _table(table: Mapping[str, Field], defaults: Mapping[str, Any], *, required:
 def fields_markdown() -> str:
     """The field reference of docs/configuration.md (between its generated-section markers)."""
     engine_defaults = _defaults(EngineSpec)
-    engine_defaults.pop("detectors", None)
+    for name in ("detectors", "command"):  # detectors get their own table; command's () is "not set"
+        engine_defaults.pop(name, None)
     detector_defaults = _detector_defaults()
     detector_rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for spec in fields(DetectorConfig):
