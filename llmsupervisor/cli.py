@@ -18,6 +18,7 @@ import yaml
 
 from llmsupervisor import __version__, cli_control, cli_render, control, logs
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
+from llmsupervisor.config.checks import hub_offline_problem
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
@@ -117,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", help="check this machine before the first start: one line per check, exit 1 on any FAIL"
     )
     _common(doctor, top=False, socket=False)
+    sub.add_parser("schema", help="print the config's JSON Schema (for editors; docs/configuration.md)")
     return parser
 
 
@@ -184,7 +186,8 @@ def control_command(args: argparse.Namespace) -> int:
 
 def check_config(path: Path) -> int:
     try:
-        config = load_config(path)
+        # This process's environment stands for the daemon's when judging hub ids offline.
+        config = load_config(path, hub_env=os.environ)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -226,6 +229,13 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
     with held:
         from llmsupervisor.daemon.supervisor import Supervisor
 
+        for spec in config.engines:
+            # check-config and doctor refuse this; the daemon runs the other engines and lets
+            # this one fail into FATAL, which is visible in status and the metrics.
+            offline = hub_offline_problem(spec, os.environ) if spec.enabled else None
+            if offline is not None:
+                log.warning("engine %s will not load: %s", spec.name, offline)
+
         reader = None
         if fake_gpu is not None:
             from llmsupervisor.probes.fake_gpu import FileGpu
@@ -257,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         return doctor(args.config)
     if args.command == "check-config":
         return check_config(args.path or args.config)
+    if args.command == "schema":
+        from llmsupervisor.config.schema import schema_text
+
+        sys.stdout.write(schema_text())
+        return 0
     if args.command in control.COMMANDS:
         try:
             return control_command(args)

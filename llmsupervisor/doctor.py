@@ -34,13 +34,14 @@ import grp
 import json
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -190,14 +191,18 @@ def _owner(st: os.stat_result) -> str:
     return f"{stat.filemode(st.st_mode)} {user}:{group}"
 
 
-def check_config(path: Path) -> tuple[list[DoctorCheck], SupervisorConfig | None]:
+def check_config(
+    path: Path, *, hub_env: Mapping[str, str] | None = None
+) -> tuple[list[DoctorCheck], SupervisorConfig | None]:
     """The config through the daemon's own loader: one FAIL per problem, with its line.
 
-    Returns the config for the other checks. When only paths are wrong (a missing model or
-    command), the config loaded without path checks is returned, so the other checks still run.
+    With ``hub_env`` (the engines' environment), a Hugging Face hub id that offline mode keeps
+    from loading is one of the problems. Returns the config for the other checks. When only
+    paths are wrong (a missing model or command), the config loaded without path checks is
+    returned, so the other checks still run.
     """
     try:
-        config = load_config(path)
+        config = load_config(path, hub_env=hub_env)
     except ConfigError as exc:
         results = [DoctorCheck("config", Level.FAIL, str(problem)) for problem in exc.problems]
         try:
@@ -408,6 +413,49 @@ def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> DoctorChe
     return DoctorCheck(name, Level.OK, f"{path} writable by {who.name}")
 
 
+def _assignments(text: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for word in shlex.split(text, comments=True):
+        name, sep, value = word.partition("=")
+        if sep and name:
+            result[name] = value
+    return result
+
+
+def unit_environment(unit_paths: Sequence[Path], home: str) -> dict[str, str]:
+    """The environment the installed unit gives the daemon, and so its engines: HOME of User=,
+    then every ``Environment=`` of the first unit file found and its drop-ins, then its
+    ``EnvironmentFile=`` files (later ones win, as in systemd). Specifiers (%h) are not expanded."""
+    env = {"HOME": home}
+    unit = next((p for p in unit_paths if p.exists()), None)
+    if unit is None:
+        return env
+    files = [unit, *sorted(Path(f"{unit}.d").glob("*.conf"))]
+    drop_in_dir = Path("/etc/systemd/system") / f"{unit.name}.d"
+    if drop_in_dir != Path(f"{unit}.d"):
+        files += sorted(drop_in_dir.glob("*.conf"))
+    env_files: list[str] = []
+    for file in files:
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            key, sep, value = line.strip().partition("=")
+            if not sep:
+                continue
+            if key.strip() == "Environment":
+                env.update(_assignments(value))
+            elif key.strip() == "EnvironmentFile":
+                env_files.append(value.strip().removeprefix("-"))
+    for name in env_files:
+        try:
+            env.update(_assignments(Path(name).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # a missing optional file ("-/etc/default/...") is the usual case
+    return env
+
+
 def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
     return [] if config is None else [e.name for e in config.engines if e.enabled and e.gpus]
 
@@ -533,15 +581,25 @@ def run_checks(
     who: Identity | None = None,
     under_unit: bool | None = None,
     command_timeout_s: float = COMMAND_TIMEOUT_S,
+    hub_env: Mapping[str, str] | None = None,
 ) -> list[DoctorCheck]:
-    """Every check, in the order an operator would fix them."""
+    """Every check, in the order an operator would fix them.
+
+    ``hub_env`` is the engines' environment for the Hugging Face offline check: by default the
+    installed unit's (Environment=, EnvironmentFile=) when checking for the service user, else
+    this process's."""
     results: list[DoctorCheck] = []
     if who is None:
         user_result, who = check_identity()
         results.append(user_result)
     if under_unit is None:
         under_unit = any(p.exists() for p in UNIT_PATHS)
-    config_results, config = check_config(config_path)
+    if hub_env is None:
+        if under_unit and who.name == SERVICE_USER:
+            hub_env = unit_environment(UNIT_PATHS, pwd.getpwnam(SERVICE_USER).pw_dir)
+        else:
+            hub_env = dict(os.environ)
+    config_results, config = check_config(config_path, hub_env=hub_env)
     results += config_results
     if config is not None:
         state_dir = config.supervisor.state_dir
@@ -590,5 +648,6 @@ __all__ = [
     "current_identity",
     "failed",
     "run_checks",
+    "unit_environment",
     "user_identity",
 ]

@@ -57,6 +57,7 @@ SYSTEM_FILES = {
     "/usr/lib/systemd/system/llm-supervisor.service": "-rw-r--r--",
     "/usr/lib/sysusers.d/llm-supervisor.conf": "-rw-r--r--",
     "/usr/lib/tmpfiles.d/llm-supervisor.conf": "-rw-r--r--",
+    "/usr/share/llm-supervisor/config.schema.json": "-rw-r--r--",
     "/etc/llm-supervisor/config.yaml": "-rw-r-----",
 }
 
@@ -179,6 +180,8 @@ def test_deb_files_and_modes(packages: Packages) -> None:
         "/usr/lib/systemd/system",
         "/usr/lib/sysusers.d",
         "/usr/lib/tmpfiles.d",
+        "/usr/share",
+        "/usr/share/llm-supervisor",
     }, outside
     site = f"{PREFIX}/lib/python{py}/site-packages"
     for module in (

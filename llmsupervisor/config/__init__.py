@@ -3,8 +3,8 @@
 The file has three top-level sections::
 
     supervisor:   # the daemon's own settings (state dir, log level, tick, HTTP listener)
-    defaults:     # any engine key; applied to every engine (``env``, ``args`` and
-                  # ``detectors`` are merged key by key)
+    defaults:     # any engine key but name, model, gpus, port and served_model_name; applied
+                  # to every engine (``env``, ``args`` and ``detectors`` merged key by key)
     engines:      # a list of engines; a minimal one is four lines (name, model, gpus, port)
 
 ``load_config`` never raises on bad *content*: it collects every problem it can find into a
@@ -20,6 +20,7 @@ The modules, each importing only the ones above it:
 - ``fields``: one check per kind of value, and the key -> check tables.
 - ``checks``: one engine's entry to an ``EngineSpec``, and the checks between engines.
 - ``load``: ``load_config`` and the top-level sections.
+- ``schema``: the JSON Schema and the field reference, generated from the ``fields`` tables.
 """
 
 from llmsupervisor.config.checks import VLLM_API_SERVER_MODULE

@@ -6,6 +6,7 @@ own args), and the checks between engines (names, ports, GPUs).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,14 @@ VLLM_API_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 
 
 def _engine(
-    raw: Any, path: Path_, defaults: Mapping[str, Any], file: Path, out: _Collector, *, check_paths: bool
+    raw: Any,
+    path: Path_,
+    defaults: Mapping[str, Any],
+    file: Path,
+    out: _Collector,
+    *,
+    check_paths: bool,
+    hub_env: Mapping[str, str] | None = None,
 ) -> EngineSpec | None:
     before = len(out.problems)
     checked = _check_section(raw, path, ENGINE_FIELDS, out, what="one engine")
@@ -76,6 +84,10 @@ def _engine(
     if check_paths:
         _check_executable(spec.command[0], cmd_path, out)
         _check_model(spec.model, file, path + ("model",), out)
+        if hub_env is not None:
+            problem = hub_offline_problem(spec, hub_env)
+            if problem is not None:
+                out.add(path + ("model",), problem)
     _check_parallelism(spec, path, out)
     for flag, value in spec.ladder[0].items() if spec.ladder else ():
         top = spec.args.get(flag)
@@ -139,6 +151,89 @@ def _check_model(model: str, file: Path, path: Path_, out: _Collector) -> None:
         out.add(path, f"model path {model!r} does not exist")
     elif local.is_dir() and not (local / "config.json").exists() and not any(local.glob("*.gguf")):
         out.add(path, f"model directory {model!r} has no config.json")
+
+
+# huggingface_hub's own rules (constants.py, the version vLLM 0.32 pulls in): which values switch
+# offline mode on, and where the hub cache is.
+_HF_TRUE: Final = frozenset({"1", "ON", "YES", "TRUE"})
+_ENV_VAR: Final = re.compile(r"\$(\w+|\{[^}]*\})")
+_COMMIT_HASH: Final = re.compile(r"[0-9a-f]{40}")
+
+
+def hub_offline(env: Mapping[str, str]) -> str | None:
+    """The variable that puts huggingface_hub offline in ``env`` (it reads HF_HUB_OFFLINE, and
+    only when that is unset or empty, TRANSFORMERS_OFFLINE), or None."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        value = env.get(name)
+        if value:
+            return name if value.upper() in _HF_TRUE else None
+    return None
+
+
+def _expand(value: str, env: Mapping[str, str]) -> str:
+    """``os.path.expandvars(os.path.expanduser(value))`` against ``env`` instead of os.environ."""
+    if value.startswith("~"):
+        home = env.get("HOME") or os.path.expanduser("~")
+        value = home + value[1:] if value == "~" or value.startswith("~/") else os.path.expanduser(value)
+
+    def var(match: re.Match[str]) -> str:
+        name = match.group(1).strip("{}")
+        return env.get(name, match.group(0))
+
+    return _ENV_VAR.sub(var, value)
+
+
+def hub_cache_dir(env: Mapping[str, str]) -> Path:
+    """Where huggingface_hub looks for models with ``env``: $HF_HUB_CACHE, else the legacy
+    $HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub."""
+    cache_home = env.get("XDG_CACHE_HOME") or "~/.cache"
+    hf_home = _expand(env.get("HF_HOME") or f"{cache_home}/huggingface", env)
+    legacy = env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(hf_home, "hub")
+    return Path(_expand(env.get("HF_HUB_CACHE") or legacy, env))
+
+
+def hub_snapshot(model: str, revision: str, cache: Path) -> Path | None:
+    """The cached snapshot huggingface_hub would use offline for ``model`` at ``revision`` (a
+    branch or tag resolved through refs/, or a commit hash), or None."""
+    repo = cache / ("models--" + model.replace("/", "--"))
+    commit = revision
+    if not _COMMIT_HASH.fullmatch(revision):
+        try:
+            commit = (repo / "refs" / revision).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+    snapshot = repo / "snapshots" / commit
+    try:
+        return snapshot if commit and snapshot.is_dir() and any(snapshot.iterdir()) else None
+    except OSError:
+        return None
+
+
+def hub_offline_problem(spec: EngineSpec, environ: Mapping[str, str]) -> str | None:
+    """Why ``spec`` cannot start offline, or None: its model is a hub id, huggingface_hub is
+    offline in the engine's environment (``environ``, the daemon's, under the engine's ``env``),
+    and the hub cache that environment points at holds no snapshot of it. vLLM then fails at
+    start with a LocalEntryNotFoundError after loading nothing (docs/operations.md,
+    troubleshooting)."""
+    model = spec.model
+    if _is_local_model(model) or "://" in model or os.path.exists(model):
+        return None  # a path (vLLM checks os.path.exists first) or cloud storage
+    env = {**environ, **spec.env}
+    switch = hub_offline(env)
+    if switch is None or env.get("VLLM_USE_MODELSCOPE", "").lower() in ("1", "true"):
+        return None
+    revision = str(spec.args.get("revision") or "main")
+    cache = hub_cache_dir(env)
+    if hub_snapshot(model, revision, cache) is not None:
+        return None
+    where = "the engine's env" if switch in spec.env else "the daemon's environment"
+    return (
+        f"{model!r} is a Hugging Face hub id, {switch}={env[switch]} (from {where}) forbids "
+        f"downloading it, and the hub cache {cache} has no snapshot of it at revision {revision!r} "
+        f"(models--{model.replace('/', '--')}/snapshots/): download it first "
+        f"(HF_HUB_CACHE={cache} hf download {model}, as the engine's user), or give a local path"
+    )
 
 
 def _parallel_size(value: Any) -> int | None:

@@ -1,13 +1,17 @@
-"""Value checks: one function per kind of field, each taking (value, path, collector) and
-returning the checked value or ``_MISSING`` after reporting why; and the tables that map every
-key of an engine and of the ``supervisor:`` section to its check.
+"""Value checks: one ``Kind`` per kind of field, a check taking (value, path, collector) and
+returning the checked value or ``_MISSING`` after reporting why, made together with the JSON
+Schema of the values it accepts; and the tables that map every key of an engine and of the
+``supervisor:`` section to its ``Field`` (kind and one-line meaning). ``schema.py`` publishes
+these tables as a JSON Schema and docs/configuration.md lists them, so neither can drift from
+what the validator accepts.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from llmsupervisor.config.problems import Path_, _Collector
@@ -22,6 +26,38 @@ FORBIDDEN_ARGS: Final = {"disable-log-stats": "removes every vllm: metric the su
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 _Check = Callable[[Any, Path_, _Collector], Any]
+JsonSchema = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """A check and the JSON Schema of the values it accepts, built by one factory from the same
+    bounds. The schema may be looser than the check where JSON Schema cannot say it (ladder
+    steps that must go down), never stricter except where noted at the factory."""
+
+    check: _Check
+    schema: JsonSchema
+
+    def __call__(self, value: Any, path: Path_, out: _Collector) -> Any:
+        return self.check(value, path, out)
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One key of a section: what it accepts, and what it means (for the schema and the docs)."""
+
+    kind: Kind
+    doc: str
+
+    def __call__(self, value: Any, path: Path_, out: _Collector) -> Any:
+        return self.kind.check(value, path, out)
+
+
+def _flag_pattern(flags: Any) -> str:
+    """A regex matching the spellings ``_args`` and ``_ladder`` accept for these flags: leading
+    dashes, and ``_`` for ``-``."""
+    alternatives = "|".join(re.escape(f).replace("\\-", "[-_]") for f in sorted(flags))
+    return f"^-*({alternatives})$"
 
 
 def _suggest(key: str, known: list[str]) -> str:
@@ -45,7 +81,13 @@ _MISSING: Final = object()
 
 def _number(
     *, lo: float | None = None, hi: float | None = None, integer: bool = False, lo_open: bool = False
-) -> _Check:
+) -> Kind:
+    schema: dict[str, Any] = {"type": "integer" if integer else "number"}
+    if lo is not None:
+        schema["exclusiveMinimum" if lo_open else "minimum"] = int(lo) if integer else lo
+    if hi is not None:
+        schema["maximum"] = int(hi) if integer else hi
+
     def check(value: Any, path: Path_, out: _Collector) -> Any:
         if (
             isinstance(value, bool)
@@ -65,10 +107,20 @@ def _number(
             return _MISSING
         return int(value) if integer else number
 
-    return check
+    return Kind(check, schema)
 
 
-def _string(*, choices: tuple[str, ...] = (), nonempty: bool = True) -> _Check:
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+def _string(*, choices: tuple[str, ...] = (), nonempty: bool = True) -> Kind:
+    schema: dict[str, Any] = {"type": "string"}
+    if choices:  # the check lower-cases the value first
+        schema["pattern"] = f"^({'|'.join(_any_case(c) for c in choices)})$"
+    elif nonempty:
+        schema["pattern"] = "\\S"  # not empty, not only blanks
+
     def check(value: Any, path: Path_, out: _Collector) -> Any:
         if not isinstance(value, str):
             out.add(path, f"must be a string, got {_type_name(value)} {value!r}")
@@ -81,17 +133,20 @@ def _string(*, choices: tuple[str, ...] = (), nonempty: bool = True) -> _Check:
             return _MISSING
         return value.lower() if choices else value
 
-    return check
+    return Kind(check, schema)
 
 
-def _boolean(value: Any, path: Path_, out: _Collector) -> Any:
+def _check_boolean(value: Any, path: Path_, out: _Collector) -> Any:
     if not isinstance(value, bool):
         out.add(path, f"must be true or false, got {_type_name(value)} {value!r}")
         return _MISSING
     return value
 
 
-def _name(value: Any, path: Path_, out: _Collector) -> Any:
+_boolean: Final = Kind(_check_boolean, {"type": "boolean"})
+
+
+def _check_name(value: Any, path: Path_, out: _Collector) -> Any:
     value = _string()(value, path, out)
     if value is _MISSING:
         return value
@@ -101,7 +156,25 @@ def _name(value: Any, path: Path_, out: _Collector) -> Any:
     return value
 
 
-def _gpus(value: Any, path: Path_, out: _Collector) -> Any:
+# The schema is ASCII only; the check also takes non-ASCII letters (str.isalnum).
+_name: Final = Kind(_check_name, {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"})
+
+
+def _check_listen(value: Any, path: Path_, out: _Collector) -> Any:
+    value = _string()(value, path, out)
+    if value is _MISSING:
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        out.add(path, f"must be HOST:PORT, got {value!r}")
+        return _MISSING
+    return value
+
+
+_listen: Final = Kind(_check_listen, {"type": "string", "pattern": "^.+:[0-9]{1,5}$"})
+
+
+def _check_gpus(value: Any, path: Path_, out: _Collector) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list):
@@ -119,7 +192,14 @@ def _gpus(value: Any, path: Path_, out: _Collector) -> Any:
     return tuple(result)
 
 
-def _command(value: Any, path: Path_, out: _Collector) -> Any:
+_GPU_INDEX: Final = {"type": "integer", "minimum": 0}
+_gpus: Final = Kind(
+    _check_gpus,
+    {"anyOf": [_GPU_INDEX, {"type": "array", "items": _GPU_INDEX, "uniqueItems": True}]},
+)
+
+
+def _check_command(value: Any, path: Path_, out: _Collector) -> Any:
     if isinstance(value, str):
         import shlex
 
@@ -130,6 +210,17 @@ def _command(value: Any, path: Path_, out: _Collector) -> Any:
     return tuple(value)
 
 
+_command: Final = Kind(
+    _check_command,
+    {
+        "anyOf": [
+            {"type": "string", "pattern": "\\S"},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        ]
+    },
+)
+
+
 # Set by the supervisor from engine fields; an env override would defeat the GPU-claim checks
 # or hide the engine from the sweeps.
 RESERVED_ENV: Final = {
@@ -138,7 +229,7 @@ RESERVED_ENV: Final = {
 }
 
 
-def _env(value: Any, path: Path_, out: _Collector) -> Any:
+def _check_env(value: Any, path: Path_, out: _Collector) -> Any:
     if not isinstance(value, dict):
         out.add(path, f"must be a mapping of NAME: value, got {_type_name(value)}")
         return _MISSING
@@ -157,7 +248,17 @@ def _env(value: Any, path: Path_, out: _Collector) -> Any:
     return result
 
 
-def _args(value: Any, path: Path_, out: _Collector) -> Any:
+_env: Final = Kind(
+    _check_env,
+    {
+        "type": "object",
+        "propertyNames": {"not": {"anyOf": [{"enum": sorted(RESERVED_ENV)}, {"pattern": "^LLMSUPERVISOR_"}]}},
+        "additionalProperties": {"type": ["string", "number"]},
+    },
+)
+
+
+def _check_args(value: Any, path: Path_, out: _Collector) -> Any:
     if not isinstance(value, dict):
         out.add(path, f"must be a mapping of vLLM flag: value, got {_type_name(value)}")
         return _MISSING
@@ -182,7 +283,22 @@ def _args(value: Any, path: Path_, out: _Collector) -> Any:
     return result
 
 
-def _ladder(value: Any, path: Path_, out: _Collector) -> Any:
+_args: Final = Kind(
+    _check_args,
+    {
+        "type": "object",
+        "propertyNames": {"not": {"pattern": _flag_pattern(RESERVED_ARGS | set(FORBIDDEN_ARGS))}},
+        "additionalProperties": {
+            "anyOf": [
+                {"type": ["null", "string", "number", "boolean", "object"]},
+                {"type": "array", "items": {"type": ["string", "number"]}},
+            ]
+        },
+    },
+)
+
+
+def _check_ladder(value: Any, path: Path_, out: _Collector) -> Any:
     """A list of steps down; each sets some of LADDER_FLAGS, and no value rises from one step to
     the next (a flag a step leaves out keeps the previous step's value)."""
     if not isinstance(value, list):
@@ -223,7 +339,29 @@ def _ladder(value: Any, path: Path_, out: _Collector) -> Any:
     return tuple(steps) if ok else _MISSING
 
 
-def _time_window(value: Any, path: Path_, out: _Collector) -> Any:
+# The schema cannot say "steps go down"; the check does.
+_ladder: Final = Kind(
+    _check_ladder,
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "minProperties": 1,
+            "patternProperties": {
+                _flag_pattern([flag]): (
+                    {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+                    if flag == "gpu-memory-utilization"
+                    else {"type": "integer", "exclusiveMinimum": 0}
+                )
+                for flag in LADDER_FLAGS
+            },
+            "additionalProperties": False,
+        },
+    },
+)
+
+
+def _check_time_window(value: Any, path: Path_, out: _Collector) -> Any:
     """``"02:00-05:00"`` (local time; may wrap past midnight) -> minutes of the day."""
     text = value if isinstance(value, str) else ""
     parts = text.replace(" ", "").split("-")
@@ -245,7 +383,11 @@ def _time_window(value: Any, path: Path_, out: _Collector) -> Any:
     return (start % 1440, end % 1440 if end != 1440 else 1440)
 
 
-def _detectors(value: Any, path: Path_, out: _Collector) -> Any:
+_HH_MM: Final = " *[0-9]{1,2} *: *[0-9]{1,2} *"
+_time_window: Final = Kind(_check_time_window, {"type": "string", "pattern": f"^{_HH_MM}-{_HH_MM}$"})
+
+
+def _check_detectors(value: Any, path: Path_, out: _Collector) -> Any:
     """Overrides of DetectorConfig fields, checked by building one. The overrides, not that
     DetectorConfig, are the result: an engine's own keys go over the defaults' before
     ``_engine`` builds the engine's DetectorConfig."""
@@ -294,71 +436,240 @@ def _detectors(value: Any, path: Path_, out: _Collector) -> Any:
     return result
 
 
-ENGINE_FIELDS: Final[dict[str, _Check]] = {
-    "name": _name,
-    "model": _string(),
-    "gpus": _gpus,
-    "port": _number(lo=1, hi=65535, integer=True),
-    "host": _string(),
-    "served_model_name": _string(),
-    "venv": _string(),
-    "command": _command,
-    "args": _args,
-    "env": _env,
-    "enabled": _boolean,
-    "start_timeout_s": _number(lo=0, lo_open=True),
-    "drain_grace_s": _number(lo=0),
-    "drain_timeout_s": _number(lo=0),
-    "stop_timeout_s": _number(lo=0),
-    "group_term_timeout_s": _number(lo=0),
-    "kill_timeout_s": _number(lo=0, lo_open=True),
-    "canary_timeout_s": _number(lo=0, lo_open=True),
-    "canary_interval_s": _number(lo=0, lo_open=True),
-    "live_canary_timeout_s": _number(lo=0, lo_open=True),
-    "canary_prompt": _string(),
-    "canary": _string(choices=CANARY_KINDS),
-    "api_key_file": _string(),
-    "log_probe_requests": _boolean,
-    "health_timeout_s": _number(lo=0, lo_open=True),
+# One line per DetectorConfig field (llmsupervisor/detectors/config.py has the reasoning).
+DETECTOR_DOCS: Final[Mapping[str, str]] = {
+    "stale_after_s": (
+        "a reading older than this is unknown (one failed probe neither raises nor clears a finding)"
+    ),
+    "hang_after_s": (
+        "hang: no sign of life (canary, moving step/token counters) this long while work was queued"
+    ),
+    "hang_idle_after_s": "hang: the same while the last reading showed no running or waiting request",
+    "hang_min_misses": (
+        "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life"
+    ),
+    "stall_after_s": (
+        "stall: requests running or waiting in every reading while the counters stood still this long"
+    ),
+    "kv_usage_threshold_ratio": "KV-cache pressure opens at or above this KV-cache usage (0..1]",
+    "kv_usage_clear_ratio": "... and clears only below this x the threshold (0..1]",
+    "preemptions_per_min_threshold": "preemption storm: preemptions per minute over preemption_window_s",
+    "preemption_window_s": "preemption storm: the window the rate is taken over",
+    "preemption_min_span_s": "preemption storm: readings must span at least this to make a rate",
+    "degradation_baseline_s": "degradation: the baseline is the first this-many seconds of traffic",
+    "degradation_eval_s": "degradation: compared over the last this-many seconds",
+    "degradation_ttft_factor": "degradation: TTFT p95 at or above this x the baseline",
+    "degradation_throughput_factor": "degradation: tokens/s per running request at or below this x baseline",
+    "degradation_prefix_hit_factor": "degradation: prefix-cache hit rate at or below this x the baseline",
+    "degradation_min_requests": "degradation: finished requests (canaries excluded) needed in each span",
+    "degradation_min_running": "degradation: mean running requests needed in each span",
+    "degradation_min_busy_ratio": "degradation: share of a baseline span's readings with requests running",
+    "degradation_max_load_ratio": "degradation: compare only at a load within this factor of the baseline's",
+    "degradation_min_prefix_queries": "degradation: prompt tokens looked up per span for hit rates to count",
+    "degradation_min_prefix_hit_ratio": "degradation: a baseline hit rate below this is not compared",
+    "thermal_temperature_c": "thermal: this GPU temperature or above (or a thermal clock-event reason)",
+    "gpu_fault_lookback_s": "GPU fault/lost: an XID or ECC event stays evidence this long",
+    "xid_engine_level": "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
+    "xid_info_only": "XIDs only logged and counted (an INFO finding)",
+    "gpu_lost_min_samples": "GPU lost: consecutive 'GPU lost' probe failures needed",
+    "memory_window_s": "memory growth: the RSS slope is fitted over this window",
+    "memory_min_span_s": "memory growth: readings must span at least this",
+    "memory_min_samples": "memory growth: readings needed (>= 3)",
+    "memory_growth_mib_per_h": "memory growth: the engine's RSS growing at least this fast",
+    "memory_min_r2": "memory growth: the fitted line must explain this share of the variance",
+    "foreign_min_mib": "foreign GPU memory: a process outside the engine holding this much on its GPU",
+    "sustain_s": (
+        "per finding kind: how long a finding must hold before it opens (the kinds not named "
+        "keep their defaults)"
+    ),
+    "clear_s": "per finding kind: how long a finding must be absent before it closes",
+}
+
+
+def _detector_schema() -> JsonSchema:
+    kinds = [k.value for k in FindingKind]
+    properties: dict[str, Any] = {}
+    for spec in fields(DetectorConfig):
+        if spec.name in ("sustain_s", "clear_s"):
+            schema: dict[str, Any] = {
+                "type": "object",
+                "propertyNames": {"enum": kinds},
+                "additionalProperties": {"type": "number", "minimum": 0},
+            }
+        elif spec.name.startswith("xid_"):
+            schema = {"type": "array", "items": {"type": "integer"}}
+        else:
+            schema = {"type": "integer" if spec.type in ("int", int) else "number", "minimum": 0}
+        properties[spec.name] = schema
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+_detectors: Final = Kind(_check_detectors, _detector_schema())
+
+
+ENGINE_FIELDS: Final[dict[str, Field]] = {
+    # ---- what to run
+    "name": Field(_name, "the engine's name in logs, status and /engines/NAME/ready; unique"),
+    "model": Field(
+        _string(),
+        "a local directory (starts with /, ./, ../ or ~; relative to the config file; must hold "
+        "config.json or a *.gguf file) or a Hugging Face hub id such as org/name",
+    ),
+    "gpus": Field(
+        _gpus,
+        "GPU indices in PCI bus order (as nvidia-smi shows them), or one index; no GPU in two "
+        "engines; none: no GPU (the vLLM CPU build)",
+    ),
+    "port": Field(
+        _number(lo=1, hi=65535, integer=True), "the port vLLM listens on; unique among the engines"
+    ),
+    "host": Field(_string(), "the address vLLM binds to (0.0.0.0 or :: serves other hosts directly)"),
+    "served_model_name": Field(
+        _string(), 'the id clients send as "model"; /v1/models lists it and the canary asks for it'
+    ),
+    "venv": Field(
+        _string(),
+        "the virtualenv vLLM is installed in: runs VENV/bin/python -m vllm.entrypoints.openai.api_server",
+    ),
+    "command": Field(
+        _command,
+        "instead of venv: the program and its first arguments (a list, or one string split like a "
+        "shell); the supervisor appends --model, --host, --port, --served-model-name, then args",
+    ),
+    "args": Field(
+        _args,
+        "vLLM flags without the leading --: true a bare flag, false or null left out, a list "
+        "repeated values after one flag, a mapping compact JSON; merged key by key with defaults",
+    ),
+    "env": Field(_env, "extra environment for the engine, NAME: value; merged key by key with defaults"),
+    "enabled": Field(_boolean, "false: keep the engine configured but do not start it"),
+    # ---- starting and readiness
+    "start_timeout_s": Field(
+        _number(lo=0, lo_open=True),
+        "from spawn to READY: /health 200, the model in /v1/models, one canary completion",
+    ),
+    "canary_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of the canary completion at start"),
+    "canary_interval_s": Field(
+        _number(lo=0, lo_open=True),
+        "while READY and vLLM's counters stand still, a canary this often (never while they move)",
+    ),
+    "live_canary_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of a canary while READY"),
+    "canary_prompt": Field(_string(), "the prompt of the one-token canary completion"),
+    "canary": Field(
+        _string(choices=CANARY_KINDS),
+        "which canary proves the engine serves: auto (from args: embedding for --task/--convert "
+        "embed, none for other pooling models, else completion), completion, chat, embedding, none",
+    ),
+    "api_key_file": Field(
+        _string(),
+        "a file whose first line is the engine's API key: given to vLLM as VLLM_API_KEY and sent "
+        "by every probe; never logged",
+    ),
+    "log_probe_requests": Field(
+        _boolean, "true: keep vLLM's access lines for the supervisor's own probes in the journal"
+    ),
+    "health_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of each /health probe"),
     # 64 KiB to 1 GiB: below, a real vLLM body would not fit; above, parsing it takes minutes.
-    "metrics_max_body_bytes": _number(lo=64 * 1024, hi=1024**3, integer=True),
-    "backoff_initial_s": _number(lo=0),
-    "backoff_max_s": _number(lo=0),
-    "backoff_jitter_ratio": _number(lo=0, hi=1),
-    "max_failures": _number(lo=1, integer=True),
-    "failure_window_s": _number(lo=0, lo_open=True),
-    "stable_after_s": _number(lo=0),
-    "automatic_actions": _boolean,
-    "max_actions_per_hour": _number(lo=1, integer=True),
-    "action_cooldown_s": _number(lo=0),
-    "ladder": _ladder,
-    "ladder_calm_s": _number(lo=0),
-    "repair_verify_s": _number(lo=0),
-    "restart_every_h": _number(lo=0, lo_open=True),
-    "restart_jitter_s": _number(lo=0),
-    "restart_window": _time_window,
-    "gpu_release_timeout_s": _number(lo=0),
-    "agent_port": _number(lo=1, hi=65535, integer=True),
-    "detectors": _detectors,
+    "metrics_max_body_bytes": Field(
+        _number(lo=64 * 1024, hi=1024**3, integer=True),
+        "a /metrics body larger than this is a probe failure (read as a stream, abandoned at the cap)",
+    ),
+    "agent_port": Field(
+        _number(lo=1, hi=65535, integer=True),
+        "serve HAProxy's agent-check protocol for this engine on this port (docs/fleet.md)",
+    ),
+    # ---- draining and stopping
+    "drain_grace_s": Field(
+        _number(lo=0),
+        "after leaving rotation, wait this long for load balancers to notice before stopping; "
+        "also how long an engine READY again still counts as out of rotation",
+    ),
+    "drain_timeout_s": Field(
+        _number(lo=0), "then wait at most this long for vLLM to report no running or waiting request"
+    ),
+    "stop_timeout_s": Field(
+        _number(lo=0),
+        "stop ladder 1: SIGTERM to the API server, wait this long for the process group (keep it "
+        "about 15 s above args.shutdown-timeout)",
+    ),
+    "group_term_timeout_s": Field(_number(lo=0), "stop ladder 2: SIGTERM to the whole process group, wait"),
+    "kill_timeout_s": Field(
+        _number(lo=0, lo_open=True), "stop ladder 3: SIGKILL to the process group, wait for it to be gone"
+    ),
+    "gpu_release_timeout_s": Field(
+        _number(lo=0), "after a stop, wait up to this long for NVML to show the GPU memory released"
+    ),
+    # ---- crashes
+    "backoff_initial_s": Field(
+        _number(lo=0), "failure n >= 2 within failure_window_s waits backoff_initial_s x 2^(n-2)"
+    ),
+    "backoff_max_s": Field(_number(lo=0), "... capped at this"),
+    "backoff_jitter_ratio": Field(_number(lo=0, hi=1), "... times a random 1 +- this"),
+    "max_failures": Field(
+        _number(lo=1, integer=True), "this many failures within failure_window_s: FATAL, left stopped"
+    ),
+    "failure_window_s": Field(_number(lo=0, lo_open=True), "the window failures are counted in"),
+    "stable_after_s": Field(_number(lo=0), "READY this long clears the failure count"),
+    # ---- actions
+    "automatic_actions": Field(_boolean, "false: report findings (log, status, metrics), never act on them"),
+    "max_actions_per_hour": Field(
+        _number(lo=1, integer=True),
+        "automatic actions per engine per hour (shedding and crash restarts aside)",
+    ),
+    "action_cooldown_s": Field(_number(lo=0), "at least this long between two automatic actions"),
+    "repair_verify_s": Field(
+        _number(lo=0), "after a repair short of a restart, wait this long before judging it failed"
+    ),
+    "ladder": Field(
+        _ladder,
+        "batch-size steps below the engine's own args, each setting some of max-num-batched-tokens, "
+        "max-num-seqs, gpu-memory-utilization; values never rise going down",
+    ),
+    "ladder_calm_s": Field(
+        _number(lo=0), "this long without throttling or a preemption storm: one ladder step back up"
+    ),
+    "restart_every_h": Field(_number(lo=0, lo_open=True), "scheduled restart after this many hours READY"),
+    "restart_jitter_s": Field(_number(lo=0), "... plus a random 0 to this many seconds"),
+    "restart_window": Field(
+        _time_window, 'scheduled restarts only inside this local time window, "02:00-05:00" (may wrap)'
+    ),
+    "detectors": Field(
+        _detectors, "detector thresholds (DetectorConfig fields); merged key by key with defaults"
+    ),
 }
 REQUIRED_ENGINE_FIELDS: Final = ("name", "model", "port")
 # Fields that make no sense shared by every engine.
 PER_ENGINE_ONLY: Final = frozenset({"name", "model", "gpus", "port", "served_model_name", "agent_port"})
 
-SUPERVISOR_FIELDS: Final[dict[str, _Check]] = {
-    "state_dir": _string(),
-    "log_level": _string(choices=LOG_LEVELS),
-    "tick_interval_s": _number(lo=0.05, hi=60),
-    "http_listen": _string(),
-    "shutdown_timeout_s": _number(lo=0, lo_open=True),
-    "max_unavailable": _number(lo=1, integer=True),
-    "min_in_rotation": _number(lo=0, integer=True),
-    "readyz_requires": _string(choices=("all", "any")),
+SUPERVISOR_FIELDS: Final[dict[str, Field]] = {
+    "state_dir": Field(
+        _string(),
+        "status.json, the control socket outside systemd, the lock, and per engine its vLLM "
+        "compile cache and ladder step",
+    ),
+    "log_level": Field(_string(choices=LOG_LEVELS), "debug, info, warning or error"),
+    "tick_interval_s": Field(_number(lo=0.05, hi=60), "how often the daemon looks at every engine"),
+    "http_listen": Field(_listen, "HOST:PORT of the daemon's HTTP listener (readiness, /metrics)"),
+    "shutdown_timeout_s": Field(
+        _number(lo=0, lo_open=True),
+        "on SIGTERM, how long every engine's stop may take (cover stop + group_term + kill timeouts)",
+    ),
+    "max_unavailable": Field(
+        _number(lo=1, integer=True),
+        "planned actions never take more engines out of rotation at once (engines already out count)",
+    ),
+    "min_in_rotation": Field(
+        _number(lo=0, integer=True), "load shedding keeps at least this many engines in rotation"
+    ),
+    "readyz_requires": Field(
+        _string(choices=("all", "any")),
+        "/readyz is 200 when all engines meant to serve are in rotation, or any one (docs/fleet.md)",
+    ),
 }
 
 
 def _check_section(
-    raw: Any, path: Path_, fields: Mapping[str, _Check], out: _Collector, *, what: str
+    raw: Any, path: Path_, fields: Mapping[str, Field], out: _Collector, *, what: str
 ) -> dict[str, Any] | None:
     if raw is None:
         return {}
@@ -375,9 +686,3 @@ def _check_section(
         if checked is not _MISSING:
             result[key] = checked
     return result
-
-
-def _check_listen(value: str, path: Path_, out: _Collector) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        out.add(path, f"must be HOST:PORT, got {value!r}")

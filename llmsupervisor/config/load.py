@@ -5,6 +5,7 @@ keep the config it has.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -13,7 +14,6 @@ from llmsupervisor.config.fields import (
     ENGINE_FIELDS,
     PER_ENGINE_ONLY,
     SUPERVISOR_FIELDS,
-    _check_listen,
     _check_section,
     _suggest,
     _type_name,
@@ -27,17 +27,27 @@ DEFAULT_CONFIG_PATH: Final = Path("/etc/llm-supervisor/config.yaml")
 TOP_LEVEL: Final = ("supervisor", "defaults", "engines")
 
 
-def load_config(path: Path | str, *, check_paths: bool = True) -> SupervisorConfig:
-    """Parse and validate ``path``; raise ``ConfigError`` listing every problem found."""
+def load_config(
+    path: Path | str, *, check_paths: bool = True, hub_env: Mapping[str, str] | None = None
+) -> SupervisorConfig:
+    """Parse and validate ``path``; raise ``ConfigError`` listing every problem found.
+
+    With ``hub_env`` (the environment the daemon runs its engines with; ``check-config`` and
+    ``doctor`` pass one, the daemon does not), a Hugging Face hub id that cannot be loaded
+    offline is a problem too (``checks.hub_offline_problem``). The daemon itself does not refuse
+    to start on it: its own environment decides, and the cache may be filled after the check.
+    """
     file = Path(path)
     raw, out = _parse(file)
-    config = _validate(raw, file, out, check_paths=check_paths)
+    config = _validate(raw, file, out, check_paths=check_paths, hub_env=hub_env)
     if out.problems or config is None:
         raise ConfigError(out.problems)
     return config
 
 
-def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> SupervisorConfig | None:
+def _validate(
+    raw: Any, file: Path, out: _Collector, *, check_paths: bool, hub_env: Mapping[str, str] | None
+) -> SupervisorConfig | None:
     if not isinstance(raw, dict):
         out.add((), f"the config must be a mapping with {', '.join(TOP_LEVEL)}, got {_type_name(raw)}")
         return None
@@ -50,8 +60,6 @@ def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> Su
     )
     settings = None
     if sup is not None:
-        if "http_listen" in sup:
-            _check_listen(sup["http_listen"], ("supervisor", "http_listen"), out)
         if "state_dir" in sup:
             sup["state_dir"] = Path(sup["state_dir"])
         settings = SupervisorSettings(**sup)
@@ -79,7 +87,9 @@ def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> Su
 
     engines: list[EngineSpec] = []
     for i, engine_raw in enumerate(engines_raw):
-        spec = _engine(engine_raw, ("engines", i), defaults or {}, file, out, check_paths=check_paths)
+        spec = _engine(
+            engine_raw, ("engines", i), defaults or {}, file, out, check_paths=check_paths, hub_env=hub_env
+        )
         if spec is not None:
             engines.append(spec)
     _cross_checks(engines_raw, engines, out)
