@@ -47,6 +47,7 @@ from typing import Final
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
+from llmsupervisor.config.launcher import vllm_cli_problem
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.nvml import GpuReader, NvmlReader
 
@@ -233,12 +234,16 @@ def check_engine_command(
         where = f"directory {blocked}" if blocked is not None else str(path)
         return DoctorCheck(name, Level.FAIL, f"{program}: {who.name} cannot reach {where}")
     module = _module_of(spec.command)
+    python_of = resolved
+    if spec.launcher == "serve" and (Path(resolved).parent / "python").exists():
+        # `VENV/bin/vllm serve`: the console script's own interpreter must find vLLM's CLI.
+        module, python_of = "vllm.entrypoints.cli.serve", str(Path(resolved).parent / "python")
     if module is None:
         return DoctorCheck(name, Level.OK, f"{shown}: executable (not a python -m command: version unknown)")
     env = {**os.environ, **spec.env}
     try:
         done = subprocess.run(
-            [resolved, "-c", _MODULE_PROBE, module],
+            [python_of, "-c", _MODULE_PROBE, module],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -271,6 +276,21 @@ def check_engine_command(
             f"{shown}: module {module} not found in {versions}: wrong module for this version?",
         )
     return DoctorCheck(name, Level.OK, f"{shown}: {versions} ({python})")
+
+
+def check_launcher(spec: EngineSpec) -> DoctorCheck:
+    """Which entry point the engine starts with (config/launcher.py) and why."""
+    name = f"engine {spec.name} launcher"
+    if spec.launcher == "command":
+        return DoctorCheck(name, Level.OK, f"command: the engine's own ({' '.join(spec.command[:3])})")
+    if spec.launcher == "serve" and "/" in spec.command[0]:
+        problem = vllm_cli_problem(Path(spec.command[0]).parent.parent)
+        if problem is not None:
+            return DoctorCheck(name, Level.FAIL, f"serve: {problem} (set launcher: module)")
+    level = Level.OK
+    if spec.launcher == "module" and "auto" in spec.launcher_reason:
+        level = Level.WARN  # deprecated since vLLM 0.32; works, but vLLM may remove it
+    return DoctorCheck(name, level, f"{spec.launcher}: {spec.launcher_reason}")
 
 
 def _which(program: str, spec: EngineSpec) -> str | None:
@@ -522,6 +542,7 @@ def run_checks(
     if config is not None:
         state_dir = config.supervisor.state_dir
         for spec in config.engines:
+            results.append(check_launcher(spec))
             results.append(check_engine_command(spec, who, timeout_s=command_timeout_s))
         host, _, port = config.supervisor.http_listen.rpartition(":")
         results.append(
@@ -557,6 +578,7 @@ __all__ = [
     "check_engine_command",
     "check_gpu_devices",
     "check_identity",
+    "check_launcher",
     "check_nvml",
     "check_port",
     "check_state_dir",

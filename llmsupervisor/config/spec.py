@@ -31,6 +31,10 @@ class EngineSpec:
     host: str = "127.0.0.1"
     served_model_name: str | None = None
     command: tuple[str, ...] = ()
+    # How `command` was chosen (config/launcher.py): "serve" (`vllm serve MODEL`), "module"
+    # (`python -m ...api_server --model MODEL`) or "command" (the engine's own), and why.
+    launcher: str = "command"
+    launcher_reason: str = ""
     args: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     enabled: bool = True
@@ -119,7 +123,9 @@ class EngineSpec:
     def argv(self, step: int = 0) -> list[str]:
         """The full command line: command, then the flags the supervisor owns, then `args`
         (with the ladder step's overrides)."""
-        argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
+        # `vllm serve` takes the model as its positional argument (--model is deprecated there).
+        model = [self.model] if self.launcher == "serve" else ["--model", self.model]
+        argv = [*self.command, *model, "--host", self.host, "--port", str(self.port)]
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
         args = {**self.args, **self.step_args(step)}
