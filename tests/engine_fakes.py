@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,7 @@ class FakeProcess:
         self.exit_status: ExitStatus | None = None
         self._exited: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
         self.signals: list[tuple[str, int]] = []
+        self.cpus: tuple[int, ...] = ()
         self._term_exit_s = term_exit_s
         self._ignores_term = ignores_term
 
@@ -91,10 +92,11 @@ class FakeProcesses:
     held_ports: dict[int, int | None] = field(default_factory=dict)  # port -> foreign holder pid
     spawned: list[FakeProcess] = field(default_factory=list)
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> FakeProcess:
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> FakeProcess:
         if self.exec_error is not None:
             raise self.exec_error
         proc = FakeProcess(argv, env, term_exit_s=self.term_exit_s, ignores_term=self.ignores_term)
+        proc.cpus = tuple(cpus)
         self.spawned.append(proc)
         return proc
 

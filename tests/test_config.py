@@ -998,8 +998,10 @@ def test_field_tables_cover_the_settings() -> None:
     # Every key of an engine is a field of EngineSpec and the other way round, except `venv`,
     # which the loader turns into `command` (and `launcher_reason`, why it chose that command);
     # the same for the supervisor section.
+    # `placement` is where `cpus` put the engine.
     assert set(ENGINE_FIELDS) - {"venv"} == {f.name for f in dataclasses.fields(EngineSpec)} - {
-        "launcher_reason"
+        "launcher_reason",
+        "placement",
     }
     assert set(SUPERVISOR_FIELDS) == {f.name for f in dataclasses.fields(SupervisorSettings)}
 

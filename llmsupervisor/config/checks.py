@@ -15,6 +15,8 @@ from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _
 from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import EngineSpec
+from llmsupervisor.core.placement import AUTO, format_cpu_list
+from llmsupervisor.probes.cpus import host_cpus
 from llmsupervisor.detectors import DetectorConfig
 
 
@@ -60,6 +62,15 @@ def _engine(
         # Like model paths: relative to the config file, not to the daemon's working directory.
         merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
     merged.setdefault("gpus", ())
+    if isinstance(merged.get("cpus"), tuple):
+        merged["placement"] = merged["cpus"]
+        if check_paths:
+            _check_cpus_exist(merged["cpus"], path + ("cpus",), out)
+    if merged.get("cpus") and "VLLM_CPU_OMP_THREADS_BIND" in merged["env"]:
+        out.add(
+            path + ("env", "VLLM_CPU_OMP_THREADS_BIND"),
+            "set by the supervisor from the engine's 'cpus'; leave one of them out",
+        )
     if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
         # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
         merged["model"] = os.path.abspath(file.parent / Path(merged["model"]).expanduser())
@@ -76,6 +87,43 @@ def _engine(
         if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
             out.add(path + ("ladder", 0, flag), f"steps go down: {value} is above the engine's own {top}")
     return spec if len(out.problems) == before else None
+
+
+def _check_cpus_exist(cpus: tuple[int, ...], path: Path_, out: _Collector) -> None:
+    online = host_cpus()
+    missing = [c for c in cpus if c not in online]
+    if missing:
+        out.add(
+            path,
+            f"CPU(s) {format_cpu_list(missing)} do not exist on this host "
+            f"(the daemon may use {format_cpu_list(online)})",
+        )
+
+
+def check_placement(engines: list[tuple[int, EngineSpec]], out: _Collector, *, check_host: bool) -> None:
+    """Explicit CPU lists must not overlap; auto engines need a CPU each (on this host)."""
+    claimed: dict[int, int] = {}
+    for i, spec in engines:
+        if not isinstance(spec.cpus, tuple):
+            continue
+        shared = sorted(c for c in spec.cpus if c in claimed)
+        if shared:
+            other = claimed[shared[0]]
+            out.add(
+                ("engines", i, "cpus"),
+                f"CPU(s) {format_cpu_list(shared)} are already placed with engines[{other}]",
+            )
+        for c in spec.cpus:
+            claimed.setdefault(c, i)
+    auto = [i for i, spec in engines if spec.cpus == AUTO]
+    if check_host and auto:
+        free = host_cpus() - set(claimed)
+        if len(auto) > len(free):
+            out.add(
+                ("engines", auto[len(free)], "cpus"),
+                f"auto: {len(auto)} engines but {len(free)} CPU(s) left for them "
+                f"({format_cpu_list(free) or 'none'}): they cannot have disjoint sets",
+            )
 
 
 def _check_executable(program: str, path: Path_, out: _Collector) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Final
 from llmsupervisor.config.launcher import LAUNCHER_CHOICES
 from llmsupervisor.config.problems import Path_, _Collector
 from llmsupervisor.config.spec import LADDER_FLAGS
+from llmsupervisor.core.placement import AUTO, parse_cpu_list
 from llmsupervisor.detectors import DetectorConfig, FindingKind
 
 # Flags the supervisor renders itself from engine fields; setting them in `args` would fight it.
@@ -118,6 +119,29 @@ def _gpus(value: Any, path: Path_, out: _Collector) -> Any:
             return _MISSING
         result.append(item)
     return tuple(result)
+
+
+def _cpus(value: Any, path: Path_, out: _Collector) -> Any:
+    """``auto``, a cpulist string ``"0-3,8"``, or a list of CPU ids and cpulist strings."""
+    if value == AUTO:
+        return AUTO
+    items = value if isinstance(value, list) else [value]
+    cpus: set[int] = set()
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            cpus.add(item)
+            continue
+        try:
+            if not isinstance(item, str):
+                raise ValueError
+            cpus.update(parse_cpu_list(item))
+        except ValueError:
+            out.add(path, f"must be 'auto', or CPU ids and ranges like [0, 1] or \"0-3,8\", got {item!r}")
+            return _MISSING
+    if not cpus:
+        out.add(path, "must name at least one CPU (leave it out to not place the engine)")
+        return _MISSING
+    return tuple(sorted(cpus))
 
 
 def _command(value: Any, path: Path_, out: _Collector) -> Any:
@@ -299,6 +323,7 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "name": _name,
     "model": _string(),
     "gpus": _gpus,
+    "cpus": _cpus,
     "port": _number(lo=1, hi=65535, integer=True),
     "host": _string(),
     "served_model_name": _string(),

@@ -28,6 +28,10 @@ class EngineSpec:
     model: str
     gpus: tuple[int, ...]
     port: int
+    # CPU placement (core/placement.py): the configured list, "auto", or () for none; and the
+    # CPUs the engine is bound to (the list itself, or auto's share once the daemon placed it).
+    cpus: tuple[int, ...] | str = ()
+    placement: tuple[int, ...] = ()
     host: str = "127.0.0.1"
     served_model_name: str | None = None
     command: tuple[str, ...] = ()
@@ -75,6 +79,19 @@ class EngineSpec:
     def model_id(self) -> str:
         """The id `/v1/models` lists and the canary asks for."""
         return self.served_model_name or self.model
+
+    @property
+    def ranks(self) -> int:
+        """vLLM worker processes of the engine (tensor x pipeline parallel)."""
+        args = self.args
+        try:
+            tp = int(args.get("tensor-parallel-size", len(self.gpus) or 1))
+            pp = int(args.get("pipeline-parallel-size", 1))
+        except (TypeError, ValueError):
+            return 1
+        if self.gpus and "tensor-parallel-size" not in args and "pipeline-parallel-size" in args:
+            tp = 1
+        return max(1, tp * pp)
 
     @property
     def base_url(self) -> str:

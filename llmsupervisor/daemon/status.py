@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from llmsupervisor.core.policy_memory import PolicyMemory
+from llmsupervisor.core.placement import format_cpu_list
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.files import write_json_atomic
@@ -38,6 +39,7 @@ class EngineSnapshot:
     gpus: tuple[int, ...]
     port: int
     pid: int | None
+    cpus: tuple[int, ...] = ()  # the CPUs the engine is bound to (none: not placed)
     restarts_total: int
     # Restarts by cause: "crash", "health", "start_failed", "operator", "config_change", ...
     restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
@@ -114,6 +116,7 @@ def snapshot(
                 state_reason=s.state_reason,
                 state_age_s=now - s.state_since_s,
                 gpus=s.spec.gpus,
+                cpus=s.spec.placement,
                 port=s.spec.port,
                 pid=s.pid,
                 restarts_total=s.restarts_total,
@@ -156,6 +159,7 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "pid": e.pid,
                 "port": e.port,
                 "gpus": list(e.gpus),
+                "cpus": format_cpu_list(e.cpus) if e.cpus else None,
                 "in_rotation": e.in_rotation,
                 "restarts": e.restarts_total,
                 "restarts_by_reason": dict(e.restarts_by_reason),

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.placement import format_cpu_list, omp_threads_bind
 from llmsupervisor.errors import PortHeld
+from llmsupervisor.probes.cpus import host_cpus
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -48,7 +50,7 @@ class Processes(Protocol):
 
     state_dir: Path
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> EngineProcess: ...
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess: ...
 
     def group_members(self, pgid: int) -> list[int]: ...
 
@@ -77,8 +79,8 @@ class HostProcesses:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> EngineProcess:
-        return process.spawn(argv, env)
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess:
+        return process.spawn(argv, env, cpus=cpus)
 
     def group_members(self, pgid: int) -> list[int]:
         return process.group_members(pgid)
@@ -164,12 +166,25 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
         extra=spec.env,
         daemon_pid=os.getpid(),
     )
+    cpus = spec.placement
+    if cpus:
+        # vLLM's CPU build binds its OpenMP threads itself, by default to the same cores for
+        # every engine of the host: tell it the engine's CPUs (one list per worker rank).
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(cpus, spec.ranks)
+        unavailable = sorted(set(cpus) - host_cpus())
+        if unavailable:
+            return Launched(
+                None,
+                f"cannot bind to CPU(s) {format_cpu_list(unavailable)}: the daemon may use only "
+                f"{format_cpu_list(host_cpus())}",
+            )
     argv = spec.argv(step)
     try:
-        proc = procs.spawn(argv, env)
+        proc = procs.spawn(argv, env, cpus)
     except OSError as exc:
         return Launched(None, f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
-    log.info("spawned pid %d: %s", proc.pid, " ".join(argv), extra={"engine": spec.name})
+    on = f" on CPU(s) {format_cpu_list(cpus)}" if cpus else ""
+    log.info("spawned pid %d%s: %s", proc.pid, on, " ".join(argv), extra={"engine": spec.name})
     try:
         procs.record_group(spec.name, proc.pid)
     except OSError as exc:
