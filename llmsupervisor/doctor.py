@@ -48,6 +48,8 @@ from typing import Final
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.config.launcher import vllm_cli_problem
+from llmsupervisor.core.placement import AUTO, format_cpu_list, omp_threads_bind, overlaps
+from llmsupervisor.daemon.placement import place_config, topology
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.nvml import GpuReader, NvmlReader
 
@@ -409,10 +411,15 @@ def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
 
 
 def check_nvml(
-    reader: GpuReader, config: SupervisorConfig | None, *, timeout_s: float = NVML_TIMEOUT_S
+    reader: GpuReader,
+    config: SupervisorConfig | None,
+    *,
+    timeout_s: float = NVML_TIMEOUT_S,
+    gpu_cpus: dict[int, frozenset[int]] | None = None,
 ) -> list[DoctorCheck]:
     """NVML answers and lists GPUs, and every GPU an engine names exists. A missing driver is a
-    FAIL only when an enabled engine has gpus configured."""
+    FAIL only when an enabled engine has gpus configured. Each GPU's CPU affinity goes into
+    ``gpu_cpus`` (for the placement check)."""
     needing = _gpu_engines(config)
     missing_level = Level.FAIL if needing else Level.WARN
     why = (
@@ -426,7 +433,13 @@ def check_nvml(
         # A faulted GPU can stall NVML calls: run them off the main thread, under a deadline.
         try:
             uuids = reader.open()
-            outcome.append([reader.sample(uuid) for uuid in uuids])
+            samples = [reader.sample(uuid) for uuid in uuids]
+            for uuid, index in uuids.items():
+                with contextlib.suppress(Exception):
+                    cpus = reader.cpu_affinity(uuid)
+                    if cpus and gpu_cpus is not None:
+                        gpu_cpus[index] = cpus
+            outcome.append(samples)
         except Exception as exc:
             outcome.append(exc)
 
@@ -458,6 +471,35 @@ def check_nvml(
                     f"GPU(s) {absent} not present (NVML lists {sorted(present)})",
                 )
             )
+    return results
+
+
+def check_placement(config: SupervisorConfig, gpu_cpus: dict[int, frozenset[int]]) -> list[DoctorCheck]:
+    """Where each placed engine will run (``cpus``), as the daemon would place it on this host."""
+    placed = place_config(config, topology(gpu_cpus))
+    results = []
+    for spec in placed.engines:
+        if not spec.cpus:
+            continue
+        name = f"engine {spec.name} cpus"
+        if not spec.placement:
+            results.append(DoctorCheck(name, Level.FAIL, "auto: no CPU left for the engine"))
+            continue
+        if spec.cpus != AUTO:
+            how = "as configured"
+        elif spec.gpus and any(g in gpu_cpus for g in spec.gpus):
+            how = f"auto: on the NUMA node of GPU(s) {','.join(str(g) for g in spec.gpus)}"
+        else:
+            how = "auto: an even share of the CPUs"
+        detail = f"{format_cpu_list(spec.placement)} ({how}; VLLM_CPU_OMP_THREADS_BIND="
+        detail += f"{omp_threads_bind(spec.placement, spec.ranks)})"
+        results.append(DoctorCheck(name, Level.OK, detail))
+    for name, other, shared in overlaps({s.name: s.placement for s in placed.engines if s.placement}):
+        results.append(
+            DoctorCheck(
+                f"engine {name} cpus", Level.FAIL, f"shares CPU(s) {format_cpu_list(shared)} with {other}"
+            )
+        )
     return results
 
 
@@ -561,7 +603,10 @@ def run_checks(
                 )
             )
         results.append(check_state_dir(state_dir, who, under_unit=under_unit))
-    results += check_nvml(reader_factory(), config)
+    gpu_cpus: dict[int, frozenset[int]] = {}
+    results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus)
+    if config is not None:
+        results += check_placement(config, gpu_cpus)
     results.append(check_gpu_devices(dev_dir, who, needed=bool(_gpu_engines(config))))
     return results
 
@@ -580,6 +625,7 @@ __all__ = [
     "check_identity",
     "check_launcher",
     "check_nvml",
+    "check_placement",
     "check_port",
     "check_state_dir",
     "current_identity",

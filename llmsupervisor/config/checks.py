@@ -16,8 +16,8 @@ from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import EngineSpec
 from llmsupervisor.core.placement import AUTO, format_cpu_list
-from llmsupervisor.probes.cpus import host_cpus
 from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.probes.cpus import host_cpus
 
 
 def _engine(

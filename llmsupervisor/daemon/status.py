@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.placement import format_cpu_list
+from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.files import write_json_atomic

@@ -35,7 +35,6 @@ from typing import Any, Final
 from llmsupervisor import aio, control, logs, process
 from llmsupervisor.config import SupervisorConfig
 from llmsupervisor.core.placement import AUTO
-from llmsupervisor.daemon.placement import describe, place_config, topology
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
@@ -43,6 +42,7 @@ from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
+from llmsupervisor.daemon.placement import describe, place_config, topology
 from llmsupervisor.daemon.reconcile import Reconciler
 from llmsupervisor.daemon.reload import Reloader
 from llmsupervisor.daemon.requests import (

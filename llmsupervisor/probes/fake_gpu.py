@@ -160,8 +160,9 @@ class FileGpu:
                    "lost": false, ...any GpuSample field...}],
          "events": [{"id": 1, "gpu": 0, "kind": "xid", "xid": 48}]}
 
-    Missing fields take ``nominal_sample`` values; ``"cpus": "0-3"`` is the GPU's CPU affinity; ``clock_event_reasons`` may be a list of
-    names; ``"lost": true`` makes the GPU raise ``GpuLost``; each event is delivered once (by id).
+    Missing fields take ``nominal_sample`` values; ``clock_event_reasons`` may be a list of
+    names; ``"lost": true`` makes the GPU raise ``GpuLost``; each event is delivered once (by id);
+    ``"cpus": "0-3"`` is the GPU's CPU affinity (its NUMA node's CPUs).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

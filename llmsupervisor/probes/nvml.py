@@ -406,7 +406,9 @@ class NvmlReader:
         mask = self._read(("nvmlDeviceGetCpuAffinity",), uuid, self._devices[uuid].handle, words)
         if mask is None:
             return None
-        cpus = frozenset(w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1)
+        cpus = frozenset(
+            w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1
+        )
         return cpus or None
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
