@@ -29,6 +29,7 @@ engine_info                            gauge      engine, port, gpus (always 1)
 engine_actions_total                   counter    engine, kind, reason (policy actions)
 engine_last_action_timestamp_seconds   gauge      engine, kind
 engine_batch_step                      gauge      engine (0: the engine's own flags; n: n steps down)
+engine_incidents_total                 counter    engine (hang/stall stacks kept before a kill)
 finding_active                         gauge      engine, finding, severity
 marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
 ticks_total                            counter
@@ -278,7 +279,14 @@ class _SnapshotCollector:
             "Batch-size ladder step the engine runs at: 0 is its own flags, n is n steps down.",
             labels=["engine"],
         )
+        incidents = CounterMetricFamily(
+            _name("engine_incidents"),
+            "Hang or stall incidents whose process stacks were kept before the kill "
+            "(STATE_DIR/engines/NAME/incidents).",
+            labels=["engine"],
+        )
         for e in engines:
+            incidents.add_metric([e.name], float(e.incidents_total))
             for (kind, reason), count in sorted(e.actions_total.items()):
                 actions.add_metric([e.name, kind, reason], float(count))
             for kind, at in sorted(e.last_action_at.items()):
@@ -300,7 +308,7 @@ class _SnapshotCollector:
             for kind, severity, _summary in e.findings:
                 finding.add_metric([e.name, kind, severity], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
-        yield from (actions, last_action, step)
+        yield from (actions, last_action, step, incidents)
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(

@@ -40,6 +40,9 @@ class EngineSnapshot:
     port: int
     pid: int | None
     cpus: tuple[int, ...] = ()  # the CPUs the engine is bound to (none: not placed)
+    # Hang/stall evidence kept before a kill (engine/evidence.py), and the newest file.
+    incidents_total: int = 0
+    last_incident: str | None = None
     restarts_total: int
     # Restarts by cause: "crash", "health", "start_failed", "operator", "config_change", ...
     restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
@@ -117,6 +120,8 @@ def snapshot(
                 state_age_s=now - s.state_since_s,
                 gpus=s.spec.gpus,
                 cpus=s.spec.placement,
+                incidents_total=s.incidents_total,
+                last_incident=s.last_incident,
                 port=s.spec.port,
                 pid=s.pid,
                 restarts_total=s.restarts_total,
@@ -172,6 +177,8 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "actions": {f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())},
                 "gpu_temperature_c": e.gpu_temperature_c,
                 "gpu_power_w": e.gpu_power_w,
+                "incidents": e.incidents_total,
+                "last_incident": e.last_incident,
             }
             for e in snap.engines
         },

@@ -20,6 +20,7 @@ from typing import Protocol
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.placement import format_cpu_list, omp_threads_bind
+from llmsupervisor.engine.evidence import StackDump, dump_stacks
 from llmsupervisor.errors import PortHeld
 from llmsupervisor.probes.cpus import host_cpus
 
@@ -72,6 +73,10 @@ class Processes(Protocol):
 
     def describe(self, pid: int) -> str: ...
 
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        """Each process's Python stacks (engine/evidence.py); None when py-spy is missing."""
+        ...
+
 
 class HostProcesses:
     """The real processes of this host (llmsupervisor.process)."""
@@ -119,6 +124,9 @@ class HostProcesses:
 
     def describe(self, pid: int) -> str:
         return process.describe_pid(pid)
+
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        return await dump_stacks(pids, timeout_s=timeout_s)
 
 
 @dataclass(frozen=True, slots=True)

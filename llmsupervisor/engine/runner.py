@@ -47,6 +47,7 @@ from llmsupervisor.engine.commands import (
     restart_taken,
     spec_taken,
 )
+from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, EVIDENCE_TIMEOUT_S, incident_dir, write_incident
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import EngineProcess, Processes, launch
@@ -169,6 +170,8 @@ class EngineRunner:
             commands_taken=self._commands_taken,
             rounds_total=self._rounds_total,
             last_round_s=self._last_round_s,
+            incidents_total=h.incidents_total,
+            last_incident=h.last_incident,
         )
 
     # ---- commands ----
@@ -242,6 +245,8 @@ class EngineRunner:
                 planned = self._desired.restart
                 if planned is not None and outcome in (Outcome.RESTART, Outcome.BROKEN):
                     self._desired = restart_taken(self._desired)
+                    if planned.cause in EVIDENCE_CAUSES:
+                        await self._take_evidence(planned.cause, planned.reason)
                     if outcome is Outcome.RESTART:
                         await self._stop(why, drain_first=planned.drain)
                         self._life.count_restart(planned.cause)
@@ -404,6 +409,50 @@ class EngineRunner:
             self._to(target, why)
 
     # ---- stopping and failing ----
+
+    async def _take_evidence(self, cause: str, reason: str) -> None:
+        """The stacks of every process of the hung engine, before the stop destroys them;
+        bounded by EVIDENCE_TIMEOUT_S, and never in the way of the restart."""
+        proc = self._proc
+        if proc is None or self._procs.group_gone(proc):
+            return
+        pids = self._procs.group_members(proc.pgid)  # the API server, EngineCore, workers
+        started_s = aio.now()
+        dumps = await self._procs.dump_stacks(pids, timeout_s=EVIDENCE_TIMEOUT_S)
+        if dumps is None:
+            log.warning(
+                "%s: py-spy not found (next to the daemon's python or on PATH): no stacks of the engine",
+                reason,
+                extra={"engine": self.name},
+            )
+            return
+        directory = incident_dir(self._procs.state_dir, self.name)
+        try:
+            # A small local file written at once, like ladder.json and status.json.
+            path = write_incident(directory, engine=self.name, cause=cause, reason=reason, dumps=dumps)
+        except OSError as exc:
+            log.warning(
+                "%s: cannot keep the engine's stacks in %s: %s",
+                reason,
+                directory,
+                exc.strerror or exc,
+                extra={"engine": self.name},
+            )
+            return
+        history = self._life.history
+        history.incidents_total += 1
+        history.last_incident = str(path)
+        taken = sum(1 for d in dumps if d.ok)
+        log.warning(
+            "%s: stacks of %d/%d engine process(es) before the kill, in %.1f s: %s",
+            reason,
+            taken,
+            len(dumps),
+            aio.now() - started_s,
+            path,
+            extra={"engine": self.name},
+        )
+        self._publish()
 
     async def _drain(self, why: str) -> None:
         proc = self._proc
