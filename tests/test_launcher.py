@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -104,3 +105,22 @@ def test_doctor_says_which_launcher_and_why(tmp_path: Path) -> None:
     assert b.level is Level.WARN and b.detail.startswith("module: launcher: auto: no 'vllm' package metadata")
     assert c.level is Level.FAIL and "set launcher: module" in c.detail
     assert (d.level, d.detail) == (Level.OK, "command: the engine's own (/bin/true)")
+
+
+def test_a_ladder_that_changes_the_compile_key_is_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "engines:\n"
+        "  - name: e\n    model: org/m\n    port: 8000\n    command: /bin/true\n"
+        "    args: {max-num-seqs: 64, gpu-memory-utilization: 0.9}\n"
+        "    ladder:\n"
+        "      - {gpu-memory-utilization: 0.85}\n"
+        "      - {max-num-seqs: 32}\n"
+    )
+    config = load_config(path)
+    (warning,) = config.warnings
+    assert str(warning).startswith(f"{path}:9: engines[0].ladder[1]: sets max-num-seqs, part of vLLM's")
+    done = subprocess.run(
+        [sys.executable, "-m", "llmsupervisor", "check-config", str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "warning: " in done.stderr and "compile cache" in done.stderr

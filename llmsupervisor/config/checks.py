@@ -14,7 +14,7 @@ from typing import Any
 from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _check_section
 from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
-from llmsupervisor.config.spec import EngineSpec
+from llmsupervisor.config.spec import COMPILE_KEY_FLAGS, EngineSpec
 from llmsupervisor.core.placement import AUTO, format_cpu_list
 from llmsupervisor.detectors import DetectorConfig
 from llmsupervisor.probes.cpus import host_cpus
@@ -82,6 +82,15 @@ def _engine(
         _check_executable(spec.command[0], cmd_path, out)
         _check_model(spec.model, file, path + ("model",), out)
     _check_parallelism(spec, path, out)
+    for i, step in enumerate(spec.ladder):
+        changed = [f for f in COMPILE_KEY_FLAGS if f in step]
+        if changed:
+            out.warn(
+                path + ("ladder", i),
+                f"sets {', '.join(changed)}, part of vLLM's torch.compile cache key: the first start at "
+                "this step compiles from scratch (minutes on a big model) instead of loading the "
+                "compile cache; a step of gpu-memory-utilization only keeps the cache",
+            )
     for flag, value in spec.ladder[0].items() if spec.ladder else ():
         top = spec.args.get(flag)
         if isinstance(top, int | float) and not isinstance(top, bool) and value > top:

@@ -88,4 +88,6 @@ def _validate(raw: Any, file: Path, out: _Collector, *, check_paths: bool) -> Su
     check_placement(indexed, out, check_host=check_paths)
     if settings is None or defaults is None:
         return None
-    return SupervisorConfig(path=file, supervisor=settings, engines=tuple(engines))
+    return SupervisorConfig(
+        path=file, supervisor=settings, engines=tuple(engines), warnings=tuple(out.warnings)
+    )

@@ -15,9 +15,13 @@ from typing import Any, Final
 from llmsupervisor.core.policy import EngineRules
 from llmsupervisor.core.restarts import RestartPolicy, StopLadder
 from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.errors import ConfigProblem
 
 # The flags a ladder step may change: the ones that trade throughput for memory and heat.
 LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
+# Of those, the ones in vLLM's torch.compile cache key (vllm 0.32 config/scheduler.py
+# SchedulerConfig.compute_hash): a step that changes them compiles from scratch at its first start.
+COMPILE_KEY_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +172,8 @@ class SupervisorConfig:
     path: Path
     supervisor: SupervisorSettings
     engines: tuple[EngineSpec, ...]
+    # Valid but costly choices (check-config prints them, the daemon logs them at load).
+    warnings: tuple[ConfigProblem, ...] = ()
 
     def engine(self, name: str) -> EngineSpec:
         for spec in self.engines:
