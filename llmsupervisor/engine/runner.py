@@ -245,8 +245,6 @@ class EngineRunner:
                 planned = self._desired.restart
                 if planned is not None and outcome in (Outcome.RESTART, Outcome.BROKEN):
                     self._desired = restart_taken(self._desired)
-                    if planned.cause in EVIDENCE_CAUSES:
-                        await self._take_evidence(planned.cause, planned.reason)
                     if outcome is Outcome.RESTART:
                         await self._stop(why, drain_first=planned.drain)
                         self._life.count_restart(planned.cause)
@@ -509,6 +507,10 @@ class EngineRunner:
             if not self._procs.group_gone(self._proc):
                 # The engine is failing; there is nothing to drain.
                 self._to(S.STOPPING, f"cleaning up after failure: {reason}")
+                if cause in EVIDENCE_CAUSES:
+                    # Out of rotation already (STOPPING), not yet signalled: the stacks show
+                    # the hang itself, and recovery waits for them at most EVIDENCE_TIMEOUT_S.
+                    await self._take_evidence(cause, reason)
             await self._terminate(quick=True)
         if give_up:
             self._gave_up = True
