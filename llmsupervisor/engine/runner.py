@@ -442,7 +442,7 @@ class EngineRunner:
         history.last_incident = str(path)
         taken = sum(1 for d in dumps if d.ok)
         log.warning(
-            "%s: stacks of %d/%d engine process(es) before the kill, in %.1f s: %s",
+            "%s: stacks of %d/%d engine process(es) before the kill, in %.2f s: %s",
             reason,
             taken,
             len(dumps),
