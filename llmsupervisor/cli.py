@@ -192,6 +192,8 @@ def check_config(path: Path) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return EX_CONFIG
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{path}: OK, {len(config.engines)} engine(s): {', '.join(e.name for e in config.engines)}")
     return 0
 
@@ -209,6 +211,8 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
     gpus_of = {e.name: ",".join(str(g) for g in e.gpus) for e in config.engines}
     logs.setup(config.supervisor.log_level, gpus_of=gpus_of)
     log = logging.getLogger("llmsupervisor")
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
     # One daemon per state dir, decided before anything touches it: a second one would kill the
     # running daemon's engines as leftovers and take over (then remove) its control socket.
     state_dir = config.supervisor.state_dir.resolve()

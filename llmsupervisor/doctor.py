@@ -48,6 +48,9 @@ from typing import Final
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
+from llmsupervisor.config.launcher import vllm_cli_problem
+from llmsupervisor.core.placement import AUTO, format_cpu_list, omp_threads_bind, overlaps
+from llmsupervisor.daemon.placement import place_config, topology
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.nvml import GpuReader, NvmlReader
 from llmsupervisor.redact import redact
@@ -243,12 +246,16 @@ def check_engine_command(
         where = f"directory {blocked}" if blocked is not None else str(path)
         return DoctorCheck(name, Level.FAIL, f"{program}: {who.name} cannot reach {where}")
     module = _module_of(spec.command)
+    python_of = resolved
+    if spec.launcher == "serve" and (Path(resolved).parent / "python").exists():
+        # `VENV/bin/vllm serve`: the console script's own interpreter must find vLLM's CLI.
+        module, python_of = "vllm.entrypoints.cli.serve", str(Path(resolved).parent / "python")
     if module is None:
         return DoctorCheck(name, Level.OK, f"{shown}: executable (not a python -m command: version unknown)")
     env = {**os.environ, **spec.env}
     try:
         done = subprocess.run(
-            [resolved, "-c", _MODULE_PROBE, module],
+            [python_of, "-c", _MODULE_PROBE, module],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -300,6 +307,21 @@ def check_api_key_file(spec: EngineSpec, who: Identity) -> DoctorCheck:
     if st.st_mode & 0o004:
         return DoctorCheck(name, Level.WARN, f"{path} is readable by every user ({_owner(st)}): chmod o-r")
     return DoctorCheck(name, Level.OK, f"{path}: readable by {who.name} ({_owner(st)})")
+
+
+def check_launcher(spec: EngineSpec) -> DoctorCheck:
+    """Which entry point the engine starts with (config/launcher.py) and why."""
+    name = f"engine {spec.name} launcher"
+    if spec.launcher == "command":
+        return DoctorCheck(name, Level.OK, f"command: the engine's own ({' '.join(spec.command[:3])})")
+    if spec.launcher == "serve" and "/" in spec.command[0]:
+        problem = vllm_cli_problem(Path(spec.command[0]).parent.parent)
+        if problem is not None:
+            return DoctorCheck(name, Level.FAIL, f"serve: {problem} (set launcher: module)")
+    level = Level.OK
+    if spec.launcher == "module" and "auto" in spec.launcher_reason:
+        level = Level.WARN  # deprecated since vLLM 0.32; works, but vLLM may remove it
+    return DoctorCheck(name, level, f"{spec.launcher}: {spec.launcher_reason}")
 
 
 def _which(program: str, spec: EngineSpec) -> str | None:
@@ -461,10 +483,15 @@ def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
 
 
 def check_nvml(
-    reader: GpuReader, config: SupervisorConfig | None, *, timeout_s: float = NVML_TIMEOUT_S
+    reader: GpuReader,
+    config: SupervisorConfig | None,
+    *,
+    timeout_s: float = NVML_TIMEOUT_S,
+    gpu_cpus: dict[int, frozenset[int]] | None = None,
 ) -> list[DoctorCheck]:
     """NVML answers and lists GPUs, and every GPU an engine names exists. A missing driver is a
-    FAIL only when an enabled engine has gpus configured."""
+    FAIL only when an enabled engine has gpus configured. Each GPU's CPU affinity goes into
+    ``gpu_cpus`` (for the placement check)."""
     needing = _gpu_engines(config)
     missing_level = Level.FAIL if needing else Level.WARN
     why = (
@@ -478,7 +505,13 @@ def check_nvml(
         # A faulted GPU can stall NVML calls: run them off the main thread, under a deadline.
         try:
             uuids = reader.open()
-            outcome.append([reader.sample(uuid) for uuid in uuids])
+            samples = [reader.sample(uuid) for uuid in uuids]
+            for uuid, index in uuids.items():
+                with contextlib.suppress(Exception):
+                    cpus = reader.cpu_affinity(uuid)
+                    if cpus and gpu_cpus is not None:
+                        gpu_cpus[index] = cpus
+            outcome.append(samples)
         except Exception as exc:
             outcome.append(exc)
 
@@ -510,6 +543,35 @@ def check_nvml(
                     f"GPU(s) {absent} not present (NVML lists {sorted(present)})",
                 )
             )
+    return results
+
+
+def check_placement(config: SupervisorConfig, gpu_cpus: dict[int, frozenset[int]]) -> list[DoctorCheck]:
+    """Where each placed engine will run (``cpus``), as the daemon would place it on this host."""
+    placed = place_config(config, topology(gpu_cpus))
+    results = []
+    for spec in placed.engines:
+        if not spec.cpus:
+            continue
+        name = f"engine {spec.name} cpus"
+        if not spec.placement:
+            results.append(DoctorCheck(name, Level.FAIL, "auto: no CPU left for the engine"))
+            continue
+        if spec.cpus != AUTO:
+            how = "as configured"
+        elif spec.gpus and any(g in gpu_cpus for g in spec.gpus):
+            how = f"auto: on the NUMA node of GPU(s) {','.join(str(g) for g in spec.gpus)}"
+        else:
+            how = "auto: an even share of the CPUs"
+        detail = f"{format_cpu_list(spec.placement)} ({how}; VLLM_CPU_OMP_THREADS_BIND="
+        detail += f"{omp_threads_bind(spec.placement, spec.ranks)})"
+        results.append(DoctorCheck(name, Level.OK, detail))
+    for name, other, shared in overlaps({s.name: s.placement for s in placed.engines if s.placement}):
+        results.append(
+            DoctorCheck(
+                f"engine {name} cpus", Level.FAIL, f"shares CPU(s) {format_cpu_list(shared)} with {other}"
+            )
+        )
     return results
 
 
@@ -604,6 +666,7 @@ def run_checks(
     if config is not None:
         state_dir = config.supervisor.state_dir
         for spec in config.engines:
+            results.append(check_launcher(spec))
             results.append(check_engine_command(spec, who, timeout_s=command_timeout_s))
             if spec.api_key_file:
                 results.append(check_api_key_file(spec, who))
@@ -624,7 +687,10 @@ def run_checks(
                 )
             )
         results.append(check_state_dir(state_dir, who, under_unit=under_unit))
-    results += check_nvml(reader_factory(), config)
+    gpu_cpus: dict[int, frozenset[int]] = {}
+    results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus)
+    if config is not None:
+        results += check_placement(config, gpu_cpus)
     results.append(check_gpu_devices(dev_dir, who, needed=bool(_gpu_engines(config))))
     return results
 
@@ -642,7 +708,9 @@ __all__ = [
     "check_engine_command",
     "check_gpu_devices",
     "check_identity",
+    "check_launcher",
     "check_nvml",
+    "check_placement",
     "check_port",
     "check_state_dir",
     "current_identity",

@@ -41,6 +41,7 @@ engine_canary_requests_total           counter    engine (the supervisor's canar
 engine_served_requests_per_second      gauge      engine (last minute, canaries excluded; absent
                                                   until two /metrics readings)
 engine_served_generation_tokens_per_second  gauge  engine (likewise)
+engine_incidents_total                 counter    engine (hang/stall stacks kept before a kill)
 finding_active                         gauge      engine, finding, severity
 marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
 ticks_total                            counter
@@ -369,6 +370,14 @@ class _SnapshotCollector:
                 served_requests.add_metric([e.name], e.served.requests_per_s)
             if e.served is not None and e.served.generation_tokens_per_s is not None:
                 served_tokens.add_metric([e.name], e.served.generation_tokens_per_s)
+        incidents = CounterMetricFamily(
+            _name("engine_incidents"),
+            "Hang or stall incidents whose process stacks were kept before the kill "
+            "(STATE_DIR/engines/NAME/incidents).",
+            labels=["engine"],
+        )
+        for e in engines:
+            incidents.add_metric([e.name], float(e.incidents_total))
             for (kind, reason), count in sorted(e.actions_total.items()):
                 actions.add_metric([e.name, kind, reason], float(count))
             for kind, at in sorted(e.last_action_at.items()):
@@ -401,6 +410,7 @@ class _SnapshotCollector:
             canaries,
             served_requests,
             served_tokens,
+            incidents,
         )
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:

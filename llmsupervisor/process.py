@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -223,8 +223,30 @@ class EngineProcess:
         signal_group(self.pgid, sig)
 
 
-def spawn(argv: list[str], env: Mapping[str, str], *, cwd_fallback: Path | None = None) -> EngineProcess:
-    """Start ``argv`` in a new session with stdout/stderr on pipes; raises OSError if exec fails."""
+@contextlib.contextmanager
+def _this_thread_on(cpus: Sequence[int]) -> Iterator[None]:
+    """Run the calling thread (only it: affinity is per thread) on ``cpus`` for the block.
+
+    posix_spawn has no affinity attribute and we run no preexec_fn, but a child inherits the
+    affinity of the thread that spawns it, across exec: so the engine is bound before its first
+    instruction, and every process and thread it starts inherits the binding (no race with
+    threads it might start before a later sched_setaffinity from outside)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def spawn(
+    argv: list[str], env: Mapping[str, str], *, cpus: Sequence[int] = (), cwd_fallback: Path | None = None
+) -> EngineProcess:
+    """Start ``argv`` in a new session with stdout/stderr on pipes, bound to ``cpus`` (none: the
+    daemon's own); raises OSError if exec (or the binding) fails."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -234,7 +256,8 @@ def spawn(argv: list[str], env: Mapping[str, str], *, cwd_fallback: Path | None 
             (os.POSIX_SPAWN_DUP2, out_w, 1),
             (os.POSIX_SPAWN_DUP2, err_w, 2),
         ]
-        pid = os.posix_spawnp(argv[0], argv, dict(env), file_actions=file_actions, setsid=True)
+        with _this_thread_on(cpus):
+            pid = os.posix_spawnp(argv[0], argv, dict(env), file_actions=file_actions, setsid=True)
     except BaseException:
         for fd in (out_r, err_r):
             os.close(fd)

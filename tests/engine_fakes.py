@@ -12,12 +12,13 @@ import asyncio
 import itertools
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.engine.evidence import StackDump
 from llmsupervisor.engine.http import PrefixReset
 from llmsupervisor.engine.launch import EngineProcess
 from llmsupervisor.probes import ProbeFailure
@@ -41,6 +42,7 @@ class FakeProcess:
         self.exit_status: ExitStatus | None = None
         self._exited: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
         self.signals: list[tuple[str, int]] = []
+        self.cpus: tuple[int, ...] = ()
         self._term_exit_s = term_exit_s
         self._ignores_term = ignores_term
 
@@ -90,11 +92,15 @@ class FakeProcesses:
     record_error: OSError | None = None
     held_ports: dict[int, int | None] = field(default_factory=dict)  # port -> foreign holder pid
     spawned: list[FakeProcess] = field(default_factory=list)
+    py_spy: bool = True
+    dumped: list[list[int]] = field(default_factory=list)  # each dump_stacks call's pids
+    signals_at_dump: list[list[tuple[str, int]]] = field(default_factory=list)  # to live processes
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> FakeProcess:
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> FakeProcess:
         if self.exec_error is not None:
             raise self.exec_error
         proc = FakeProcess(argv, env, term_exit_s=self.term_exit_s, ignores_term=self.ignores_term)
+        proc.cpus = tuple(cpus)
         self.spawned.append(proc)
         return proc
 
@@ -116,6 +122,15 @@ class FakeProcesses:
 
     def forget_group(self, engine: str) -> None:
         pass
+
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        self.dumped.append(list(pids))
+        self.signals_at_dump.append(
+            [sig for proc in self.spawned for sig in proc.signals if not proc.returned]
+        )
+        if not self.py_spy:
+            return None
+        return [StackDump(pid, "fake", "S (sleeping)", True, f"Thread {pid}: fake stack\n") for pid in pids]
 
     def port_holders(self, port: int) -> list[int | None]:
         return [self.held_ports[port]] if port in self.held_ports else []

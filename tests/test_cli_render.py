@@ -68,7 +68,7 @@ def test_status_table_columns_phase_memory_last_exit_and_whole_fatal_reason() ->
     )
     text = cli_render.format_status(snap)
     header, row0, row1, row2 = text.splitlines()
-    assert header.split()[:5] == ["ENGINE", "STATE", "MODEL", "GPU", "PORT"]
+    assert header.split()[:6] == ["ENGINE", "STATE", "MODEL", "GPU", "CPUS", "PORT"]
     assert "GPU MEM" in header and "LAST EXIT" in header
     assert "crashed (SIGKILL) 2m05s ago" in row0
     assert "70.0/160G" in row0 and "llama-70b" in row0 and "0,1" in row0

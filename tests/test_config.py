@@ -996,9 +996,14 @@ def test_example_config_documents_every_field() -> None:
 
 def test_field_tables_cover_the_settings() -> None:
     # Every key of an engine is a field of EngineSpec and the other way round, except `venv`,
-    # which the loader turns into `command`, and `api_key`, which it reads from `api_key_file`;
+    # which the loader turns into `command` (and `launcher_reason`, why it chose that command);
     # the same for the supervisor section.
-    assert set(ENGINE_FIELDS) - {"venv"} == {f.name for f in dataclasses.fields(EngineSpec)} - {"api_key"}
+    # `placement` is where `cpus` put the engine.
+    assert set(ENGINE_FIELDS) - {"venv"} == {f.name for f in dataclasses.fields(EngineSpec)} - {
+        "launcher_reason",
+        "placement",
+        "api_key",  # read from api_key_file
+    }
     assert set(SUPERVISOR_FIELDS) == {f.name for f in dataclasses.fields(SupervisorSettings)}
 
 

@@ -23,10 +23,10 @@ class BuggyProcesses(FakeProcesses):
 
     bug = True
 
-    def spawn(self, argv: list[str], env: Any) -> Any:
+    def spawn(self, argv: list[str], env: Any, cpus: Any = ()) -> Any:
         if self.bug:
             raise RuntimeError("a bug in the runner")
-        return super().spawn(argv, env)
+        return super().spawn(argv, env, cpus)
 
 
 def fleet_of(tmp_path: Path, **procs: Any) -> tuple[Fleet, BuggyProcesses]:

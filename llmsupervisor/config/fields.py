@@ -14,8 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
+from llmsupervisor.config.launcher import LAUNCHER_CHOICES
 from llmsupervisor.config.problems import Path_, _Collector
 from llmsupervisor.config.spec import CANARY_KINDS, LADDER_FLAGS
+from llmsupervisor.core.placement import AUTO, parse_cpu_list
 from llmsupervisor.detectors import DetectorConfig, FindingKind
 
 # Flags the supervisor renders itself from engine fields; setting them in `args` would fight it.
@@ -196,6 +198,42 @@ _GPU_INDEX: Final = {"type": "integer", "minimum": 0}
 _gpus: Final = Kind(
     _check_gpus,
     {"anyOf": [_GPU_INDEX, {"type": "array", "items": _GPU_INDEX, "uniqueItems": True}]},
+)
+
+
+def _check_cpus(value: Any, path: Path_, out: _Collector) -> Any:
+    """``auto``, a cpulist string ``"0-3,8"``, or a list of CPU ids and cpulist strings."""
+    if value == AUTO:
+        return AUTO
+    items = value if isinstance(value, list) else [value]
+    cpus: set[int] = set()
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            cpus.add(item)
+            continue
+        try:
+            if not isinstance(item, str):
+                raise ValueError
+            cpus.update(parse_cpu_list(item))
+        except ValueError:
+            out.add(path, f"must be 'auto', or CPU ids and ranges like [0, 1] or \"0-3,8\", got {item!r}")
+            return _MISSING
+    if not cpus:
+        out.add(path, "must name at least one CPU (leave it out to not place the engine)")
+        return _MISSING
+    return tuple(sorted(cpus))
+
+
+_CPU_LIST: Final = {"type": "string", "pattern": r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"}
+_cpus: Final = Kind(
+    _check_cpus,
+    {
+        "anyOf": [
+            {"const": AUTO},
+            _CPU_LIST,
+            {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 0}, _CPU_LIST]}},
+        ]
+    },
 )
 
 
@@ -520,6 +558,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         "GPU indices in PCI bus order (as nvidia-smi shows them), or one index; no GPU in two "
         "engines; none: no GPU (the vLLM CPU build)",
     ),
+    "cpus": Field(
+        _cpus,
+        "CPU placement: auto (disjoint sets: the CPUs of the GPUs' NUMA node, or an even split "
+        'without GPUs), or CPU ids and ranges like [0, 1] or "0-3,8"; no CPU in two engines',
+    ),
     "port": Field(
         _number(lo=1, hi=65535, integer=True), "the port vLLM listens on; unique among the engines"
     ),
@@ -529,7 +572,12 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     ),
     "venv": Field(
         _string(),
-        "the virtualenv vLLM is installed in: runs VENV/bin/python -m vllm.entrypoints.openai.api_server",
+        "the virtualenv vLLM is installed in: runs VENV/bin/vllm serve MODEL (see launcher)",
+    ),
+    "launcher": Field(
+        _string(choices=LAUNCHER_CHOICES),
+        "with venv: serve (VENV/bin/vllm serve), module (python -m vllm.entrypoints.openai."
+        "api_server, deprecated since vLLM 0.32) or auto (serve where the venv's vllm works)",
     ),
     "command": Field(
         _command,

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from llmsupervisor.config.checks import _cross_checks, _engine
+from llmsupervisor.config.checks import _cross_checks, _engine, check_placement
 from llmsupervisor.config.fields import (
     ENGINE_FIELDS,
     PER_ENGINE_ONLY,
@@ -86,13 +86,18 @@ def _validate(
         out.add(("engines",), "no engines configured: the list is empty")
 
     engines: list[EngineSpec] = []
+    indexed: list[tuple[int, EngineSpec]] = []
     for i, engine_raw in enumerate(engines_raw):
         spec = _engine(
             engine_raw, ("engines", i), defaults or {}, file, out, check_paths=check_paths, hub_env=hub_env
         )
         if spec is not None:
             engines.append(spec)
+            indexed.append((i, spec))
     _cross_checks(engines_raw, engines, out)
+    check_placement(indexed, out, check_host=check_paths)
     if settings is None or defaults is None:
         return None
-    return SupervisorConfig(path=file, supervisor=settings, engines=tuple(engines))
+    return SupervisorConfig(
+        path=file, supervisor=settings, engines=tuple(engines), warnings=tuple(out.warnings)
+    )

@@ -46,15 +46,20 @@ class _Collector:
         self.file = file
         self.lines = lines
         self.problems: list[ConfigProblem] = []
+        self.warnings: list[ConfigProblem] = []  # valid, but probably not what was meant
 
     def add(self, path: Path_, message: str, *, line: int | None = None) -> None:
-        self.problems.append(
-            ConfigProblem(
-                file=str(self.file),
-                line=line if line is not None else self.lines.of(path),
-                field=_field_name(path),
-                message=message,
-            )
+        self.problems.append(self._at(path, message, line))
+
+    def warn(self, path: Path_, message: str) -> None:
+        self.warnings.append(self._at(path, message, None))
+
+    def _at(self, path: Path_, message: str, line: int | None) -> ConfigProblem:
+        return ConfigProblem(
+            file=str(self.file),
+            line=line if line is not None else self.lines.of(path),
+            field=_field_name(path),
+            message=message,
         )
 
 

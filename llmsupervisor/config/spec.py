@@ -15,9 +15,13 @@ from typing import Any, Final
 from llmsupervisor.core.policy import EngineRules
 from llmsupervisor.core.restarts import RestartPolicy, StopLadder
 from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.errors import ConfigProblem
 
 # The flags a ladder step may change: the ones that trade throughput for memory and heat.
 LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
+# Of those, the ones in vLLM's torch.compile cache key (vllm 0.32 config/scheduler.py
+# SchedulerConfig.compute_hash): a step that changes them compiles from scratch at its first start.
+COMPILE_KEY_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs")
 
 # What the canary asks of an engine: a one-token completion or chat reply, one embedding, or
 # nothing (readiness is then /health and /v1/models alone).
@@ -48,9 +52,17 @@ class EngineSpec:
     model: str
     gpus: tuple[int, ...]
     port: int
+    # CPU placement (core/placement.py): the configured list, "auto", or () for none; and the
+    # CPUs the engine is bound to (the list itself, or auto's share once the daemon placed it).
+    cpus: tuple[int, ...] | str = ()
+    placement: tuple[int, ...] = ()
     host: str = "127.0.0.1"
     served_model_name: str | None = None
     command: tuple[str, ...] = ()
+    # How `command` was chosen (config/launcher.py): "serve" (`vllm serve MODEL`), "module"
+    # (`python -m ...api_server --model MODEL`) or "command" (the engine's own), and why.
+    launcher: str = "command"
+    launcher_reason: str = ""
     args: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     enabled: bool = True
@@ -123,6 +135,19 @@ class EngineSpec:
         return str(value) if value not in (None, False, True, "") else None
 
     @property
+    def ranks(self) -> int:
+        """vLLM worker processes of the engine (tensor x pipeline parallel)."""
+        args = self.args
+        try:
+            tp = int(args.get("tensor-parallel-size", len(self.gpus) or 1))
+            pp = int(args.get("pipeline-parallel-size", 1))
+        except (TypeError, ValueError):
+            return 1
+        if self.gpus and "tensor-parallel-size" not in args and "pipeline-parallel-size" in args:
+            tp = 1
+        return max(1, tp * pp)
+
+    @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
@@ -169,7 +194,9 @@ class EngineSpec:
     def argv(self, step: int = 0) -> list[str]:
         """The full command line: command, then the flags the supervisor owns, then `args`
         (with the ladder step's overrides)."""
-        argv = [*self.command, "--model", self.model, "--host", self.host, "--port", str(self.port)]
+        # `vllm serve` takes the model as its positional argument (--model is deprecated there).
+        model = [self.model] if self.launcher == "serve" else ["--model", self.model]
+        argv = [*self.command, *model, "--host", self.host, "--port", str(self.port)]
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
         args = {**self.args, **self.step_args(step)}
@@ -197,6 +224,8 @@ class SupervisorConfig:
     path: Path
     supervisor: SupervisorSettings
     engines: tuple[EngineSpec, ...]
+    # Valid but costly choices (check-config prints them, the daemon logs them at load).
+    warnings: tuple[ConfigProblem, ...] = ()
 
     def engine(self, name: str) -> EngineSpec:
         for spec in self.engines:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from llmsupervisor import aio
@@ -117,7 +117,9 @@ class Reloader:
         *,
         summary: Callable[[], str],
         stopping: Callable[[], bool],
+        place: Callable[[SupervisorConfig], Awaitable[SupervisorConfig]] | None = None,
     ) -> None:
+        self._place = place
         self._fleet = fleet
         self._memory = memory
         self._notifier = notifier
@@ -146,6 +148,8 @@ class Reloader:
                 self.problem = f"reload failed ({len(exc.problems)} problems), old config kept"
                 self._notifier.ready(self._summary())
                 return None, {"reloaded": False, "problems": [str(p) for p in exc.problems]}
+            if self._place is not None:  # placed like the running config, or every auto engine differs
+                new = await self._place(new)
             if self._stopping():  # a shutdown began while the file was read: change nothing
                 return None, {"reloaded": False, "problems": ["the daemon is shutting down"]}
             fleet = self._fleet

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from llmsupervisor.core.placement import format_cpu_list
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors.load import ServedLoad
@@ -39,6 +40,10 @@ class EngineSnapshot:
     gpus: tuple[int, ...]
     port: int
     pid: int | None
+    cpus: tuple[int, ...] = ()  # the CPUs the engine is bound to (none: not placed)
+    # Hang/stall evidence kept before a kill (engine/evidence.py), and the newest file.
+    incidents_total: int = 0
+    last_incident: str | None = None
     restarts_total: int
     # Restarts by cause: "crash", "health", "start_failed", "operator", "config_change", ...
     restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
@@ -168,6 +173,9 @@ def snapshot(
                 state_reason=s.state_reason,
                 state_age_s=now - s.state_since_s,
                 gpus=s.spec.gpus,
+                cpus=s.spec.placement,
+                incidents_total=s.incidents_total,
+                last_incident=s.last_incident,
                 port=s.spec.port,
                 pid=s.pid,
                 restarts_total=s.restarts_total,
@@ -235,6 +243,7 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "model": e.model,
                 "port": e.port,
                 "gpus": list(e.gpus),
+                "cpus": format_cpu_list(e.cpus) if e.cpus else None,
                 "in_rotation": e.in_rotation,
                 "restarts": e.restarts_total,
                 "restarts_by_reason": dict(e.restarts_by_reason),
@@ -261,6 +270,8 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
                 "held_by_operator": e.held_by_operator,
                 "canary_requests": e.canary_requests_total,
                 "served": _served_json(e.served),
+                "incidents": e.incidents_total,
+                "last_incident": e.last_incident,
             }
             for e in snap.engines
         },

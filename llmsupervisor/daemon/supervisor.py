@@ -35,6 +35,7 @@ from typing import Any, Final
 from llmsupervisor import aio, control, logs, process
 from llmsupervisor.agent import AgentServers
 from llmsupervisor.config import SupervisorConfig
+from llmsupervisor.core.placement import AUTO
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
@@ -43,6 +44,7 @@ from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
+from llmsupervisor.daemon.placement import describe, place_config, topology
 from llmsupervisor.daemon.reconcile import Reconciler
 from llmsupervisor.daemon.reload import Reloader
 from llmsupervisor.daemon.requests import (
@@ -138,7 +140,12 @@ class Supervisor:
             self.memory, ActionExecutor(self.fleet.send, self._gpus_of_engine, self.marks)
         )
         self.reloader = Reloader(
-            self.fleet, self.memory, self.notifier, summary=self.summary, stopping=lambda: self._stopping
+            self.fleet,
+            self.memory,
+            self.notifier,
+            summary=self.summary,
+            stopping=lambda: self._stopping,
+            place=self.place,
         )
         self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
         self._rounds_seen: dict[str, int] = {}
@@ -260,6 +267,14 @@ class Supervisor:
     def summary(self) -> str:
         return summary(self.fleet.statuses(), now=aio.now(), reload_problem=self.reloader.problem)
 
+    async def place(self, config: SupervisorConfig) -> SupervisorConfig:
+        """``cpus: auto`` engines get their share of this host's CPUs (daemon/placement.py)."""
+        if not any(s.cpus == AUTO for s in config.engines):
+            return config
+        placed = place_config(config, topology(await self.gpu_monitor.gpu_cpus()))
+        log.info("CPU placement: %s", describe(placed))
+        return placed
+
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
         return status.spec.gpus if status is not None else ()
@@ -288,6 +303,7 @@ class Supervisor:
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)
         await self.gpu_monitor.start()
+        self.config = await self.place(self.config)
         for spec in self.config.engines:
             self.fleet.add(spec)
         self._write_status()

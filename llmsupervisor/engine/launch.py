@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.placement import format_cpu_list, omp_threads_bind
 from llmsupervisor.engine.access_log import probe_access_flags
+from llmsupervisor.engine.evidence import StackDump, dump_stacks
 from llmsupervisor.errors import PortHeld
+from llmsupervisor.probes.cpus import host_cpus
 from llmsupervisor.redact import redact_argv
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -50,7 +53,7 @@ class Processes(Protocol):
 
     state_dir: Path
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> EngineProcess: ...
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess: ...
 
     def group_members(self, pgid: int) -> list[int]: ...
 
@@ -72,6 +75,10 @@ class Processes(Protocol):
 
     def describe(self, pid: int) -> str: ...
 
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        """Each process's Python stacks (engine/evidence.py); None when py-spy is missing."""
+        ...
+
 
 class HostProcesses:
     """The real processes of this host (llmsupervisor.process)."""
@@ -79,8 +86,8 @@ class HostProcesses:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> EngineProcess:
-        return process.spawn(argv, env)
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess:
+        return process.spawn(argv, env, cpus=cpus)
 
     def group_members(self, pgid: int) -> list[int]:
         return process.group_members(pgid)
@@ -119,6 +126,9 @@ class HostProcesses:
 
     def describe(self, pid: int) -> str:
         return process.describe_pid(pid)
+
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        return await dump_stacks(pids, timeout_s=timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,15 +185,28 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     )
     if "VLLM_API_KEY" not in extra_env:
         env.pop("VLLM_API_KEY", None)
+    cpus = spec.placement
+    if cpus:
+        # vLLM's CPU build binds its OpenMP threads itself, by default to the same cores for
+        # every engine of the host: tell it the engine's CPUs (one list per worker rank).
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(cpus, spec.ranks)
+        unavailable = sorted(set(cpus) - host_cpus())
+        if unavailable:
+            return Launched(
+                None,
+                f"cannot bind to CPU(s) {format_cpu_list(unavailable)}: the daemon may use only "
+                f"{format_cpu_list(host_cpus())}",
+            )
     argv = spec.argv(step)
     # In the loop, not a thread: a few stats and one small file read per vLLM installation,
     # cached for the daemon's life (engine/access_log.py).
     argv += probe_access_flags(spec.command, spec.args, log_probe_requests=spec.log_probe_requests)
     try:
-        proc = procs.spawn(argv, env)
+        proc = procs.spawn(argv, env, cpus)
     except OSError as exc:
         return Launched(None, f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
-    log.info("spawned pid %d: %s", proc.pid, " ".join(redact_argv(argv)), extra={"engine": spec.name})
+    on = f" on CPU(s) {format_cpu_list(cpus)}" if cpus else ""
+    log.info("spawned pid %d%s: %s", proc.pid, on, " ".join(redact_argv(argv)), extra={"engine": spec.name})
     try:
         procs.record_group(spec.name, proc.pid)
     except OSError as exc:

@@ -31,6 +31,8 @@ class History:
     last_exit_at_s: float | None = None  # loop clock
     last_failure: str | None = None
     incarnations: int = 0
+    incidents_total: int = 0  # hang/stall evidence files written (engine/evidence.py)
+    last_incident: str | None = None  # the newest one's path
 
 
 class Lifecycle:

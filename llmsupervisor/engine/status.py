@@ -84,6 +84,8 @@ class EngineStatus:
     commands_taken: int = 0  # how many commands the runner has folded in so far
     rounds_total: int = 0  # observation rounds so far, and how long the last one took
     last_round_s: float = 0.0
+    incidents_total: int = 0  # hang/stall evidence kept (engine/evidence.py)
+    last_incident: str | None = None
     task_failed: str | None = None  # set by the fleet when the runner's task died of a bug
     load: EngineLoad | None = None  # while observed (READY and the states after it)
 

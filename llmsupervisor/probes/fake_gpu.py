@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from llmsupervisor.core.placement import parse_cpu_list
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuLost, GpuProcess, GpuSample
 
@@ -59,7 +60,9 @@ class FakeGpu:
         events: Iterable[GpuEvent] = (),
         unavailable: NvmlUnavailable | None = None,
         max_hang_s: float = 30.0,
+        cpus: Mapping[str, frozenset[int]] | None = None,
     ) -> None:
+        self._cpus = dict(cpus or {})  # UUID -> the GPU's CPU affinity (its NUMA node's CPUs)
         self._scripts: dict[str, deque[GpuSample | Exception]] = {
             uuid: deque(items) for uuid, items in (script or {}).items()
         }
@@ -127,6 +130,10 @@ class FakeGpu:
             raise item
         return item
 
+    def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
+        self.calls["cpu_affinity"] += 1
+        return self._cpus.get(uuid)
+
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         self.calls["wait_event"] += 1
         with self._cond:
@@ -154,7 +161,8 @@ class FileGpu:
          "events": [{"id": 1, "gpu": 0, "kind": "xid", "xid": 48}]}
 
     Missing fields take ``nominal_sample`` values; ``clock_event_reasons`` may be a list of
-    names; ``"lost": true`` makes the GPU raise ``GpuLost``; each event is delivered once (by id).
+    names; ``"lost": true`` makes the GPU raise ``GpuLost``; each event is delivered once (by id);
+    ``"cpus": "0-3"`` is the GPU's CPU affinity (its NUMA node's CPUs).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -181,7 +189,7 @@ class FileGpu:
             index = int(raw.get("index", i))
             if f"GPU-fake-{index:04d}" != uuid:
                 continue
-            fields = {k: v for k, v in raw.items() if k not in ("index", "lost")}
+            fields = {k: v for k, v in raw.items() if k not in ("index", "lost", "cpus")}
             if raw.get("lost"):
                 raise GpuLost(uuid, "fake GPU marked lost")
             reasons = fields.get("clock_event_reasons")
@@ -192,6 +200,13 @@ class FileGpu:
                 fields["processes"] = tuple(GpuProcess(int(p[0]), p[1]) for p in fields["processes"])
             return nominal_sample(index, uuid, **fields)
         raise GpuLost(uuid, "fake GPU no longer in the file")
+
+    def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
+        """The entry's ``"cpus": "0-3"`` (a cpulist), None without one."""
+        for i, raw in enumerate(self._gpus()):
+            if f"GPU-fake-{int(raw.get('index', i)):04d}" == uuid and isinstance(raw.get("cpus"), str):
+                return frozenset(parse_cpu_list(raw["cpus"]))
+        return None
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         deadline = time.monotonic() + timeout_ms / 1000

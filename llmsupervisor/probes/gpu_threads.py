@@ -172,6 +172,16 @@ class ThreadedGpuReader:
         except Exception as exc:
             return self._failure(f"GPU {uuid}", exc, self._call_timeout_s)
 
+    async def cpu_affinity(self, uuid: str) -> frozenset[int] | ProbeFailure | None:
+        if self._unavailable is not None:
+            return ProbeFailure("nvml", str(self._unavailable))
+        try:
+            return await self._run(
+                f"{uuid}/affinity", partial(self._reader.cpu_affinity, uuid), self._call_timeout_s
+            )
+        except Exception as exc:
+            return self._failure(f"GPU {uuid} CPU affinity", exc, self._call_timeout_s)
+
     async def sample_all(self) -> dict[str, GpuSample | ProbeFailure]:
         """Every opened GPU at once; one stuck GPU costs the others nothing."""
         uuids = self.uuids

@@ -78,6 +78,17 @@ class GpuMonitor:
                 backlog.append(dataclasses.replace(event, at_s=loop.time()))
                 del backlog[:-EVENT_BACKLOG]
 
+    async def gpu_cpus(self) -> dict[int, frozenset[int]]:
+        """Each GPU's CPU affinity (its NUMA node's CPUs), by NVML index; GPUs NVML says nothing
+        about (or no NVML) are left out."""
+        uuids = list(self._index_of)
+        found = await asyncio.gather(*(self.reader.cpu_affinity(uuid) for uuid in uuids))
+        return {
+            self._index_of[uuid]: cpus
+            for uuid, cpus in zip(uuids, found, strict=True)
+            if isinstance(cpus, frozenset)
+        }
+
     def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]:
         return {g: self.latest[g] for g in gpus if g in self.latest}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -173,6 +174,11 @@ class GpuReader(Protocol):
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         """Block up to ``timeout_ms`` for an event; None when nothing happened."""
+        ...
+
+    def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
+        """The CPUs close to the GPU (its NUMA node's; nvmlDeviceGetCpuAffinity); None when the
+        driver does not say."""
         ...
 
     def close(self) -> None: ...
@@ -393,6 +399,17 @@ class NvmlReader:
                 for p in procs
             ),
         )
+
+    def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
+        # A bitmask in unsigned longs (64 bits here), CPU n at bit n % 64 of word n // 64.
+        words = (max(os.cpu_count() or 1, 1) + 63) // 64
+        mask = self._read(("nvmlDeviceGetCpuAffinity",), uuid, self._devices[uuid].handle, words)
+        if mask is None:
+            return None
+        cpus = frozenset(
+            w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1
+        )
+        return cpus or None
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         with self._event_lock:

@@ -1,0 +1,169 @@
+"""Evidence before the kill: the Python stacks of every process of a hung or stalled engine.
+
+A restart fixes a hang and destroys the only evidence of why it happened. So before the stop
+ladder of a restart whose cause is a hang or a stall, the runner has ``py-spy dump`` take the
+stacks of each process of the engine (API server, EngineCore, workers), all at once and under
+one short deadline (``EVIDENCE_TIMEOUT_S``): evidence may delay recovery by a few seconds, never
+more. The result goes to ``STATE_DIR/engines/NAME/incidents/`` as one text file per incident,
+bounded in count and size (the oldest are removed), and the finding's log line names the file.
+
+py-spy reads the target's memory (process_vm_readv, ptrace), so it works on a process frozen
+by SIGSTOP as well (measured: py-spy 0.4.3 dumps a stopped CPython 3.11; stopped processes are
+dumped with ``--nonblocking``, which does not pause and resume them). It needs the right to
+ptrace the engine: root, the engines' own user where Yama's ptrace_scope is 0, or
+CAP_SYS_PTRACE (docs/launch.md). Whatever fails is recorded per process in the incident; no py-spy
+at all is a log line and no evidence, never a failure of the restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+log = logging.getLogger("llmsupervisor.engine")
+
+EVIDENCE_CAUSES: Final = frozenset({"hang", "stall"})
+EVIDENCE_TIMEOUT_S: Final = 5.0  # all processes together, dumped concurrently
+MAX_INCIDENTS: Final = 20  # per engine; the oldest files go first
+MAX_INCIDENT_BYTES: Final = 512 * 1024  # per file; each process's stacks get an equal share
+INCIDENTS_DIR: Final = "incidents"
+
+
+@dataclass(frozen=True, slots=True)
+class StackDump:
+    pid: int
+    title: str  # the command line (VLLM::EngineCore, ...)
+    state: str  # from /proc/PID/status: "S (sleeping)", "T (stopped)", ...
+    ok: bool
+    text: str  # the stacks, or why there are none
+
+
+def find_py_spy() -> str | None:
+    """py-spy next to the daemon's python (its venv, where the package installs it), else PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def _proc_facts(pid: int) -> tuple[str, str]:
+    title, state = "?", "?"
+    with contextlib.suppress(OSError):
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        title = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300] or "?"
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                state = line.split(":", 1)[1].strip()
+                break
+    return title, state
+
+
+def _dump_one(py_spy: str, pid: int, timeout_s: float) -> StackDump:
+    title, state = _proc_facts(pid)
+    argv = [py_spy, "dump", "--pid", str(pid)]
+    if state.startswith(("T", "t")):
+        argv.append("--nonblocking")  # it is frozen already: do not pause and resume it
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return StackDump(pid, title, state, False, f"py-spy did not finish within {timeout_s:g} s")
+    except OSError as exc:
+        return StackDump(pid, title, state, False, f"cannot run py-spy: {exc.strerror or exc}")
+    if done.returncode != 0:
+        first = next((ln for ln in done.stderr.splitlines() if ln.strip()), f"exit {done.returncode}")
+        return StackDump(pid, title, state, False, f"py-spy failed: {first.strip()}")
+    return StackDump(pid, title, state, True, done.stdout)
+
+
+async def dump_stacks(
+    pids: Sequence[int], *, timeout_s: float = EVIDENCE_TIMEOUT_S, py_spy: str | None = None
+) -> list[StackDump] | None:
+    """Every process's stacks, concurrently, within ``timeout_s`` in all; None without py-spy."""
+    py_spy = py_spy or find_py_spy()
+    if py_spy is None:
+        return None
+    if not pids:
+        return []
+    # A thread per process (blocking subprocess.run: the daemon starts no asyncio child watcher),
+    # all under one deadline.
+    loop = asyncio.get_running_loop()
+    results: list[StackDump | None] = [None] * len(pids)
+
+    async def one(i: int, pid: int) -> None:
+        results[i] = await asyncio.to_thread(_dump_one, py_spy, pid, timeout_s)
+
+    tasks = [loop.create_task(one(i, pid)) for i, pid in enumerate(pids)]
+    # subprocess.run kills py-spy at timeout_s; the margin covers starting the threads.
+    await asyncio.wait(tasks, timeout=timeout_s + 1.0)
+    out = []
+    for pid, result in zip(pids, results, strict=True):
+        if result is None:
+            title, state = _proc_facts(pid)
+            result = StackDump(pid, title, state, False, f"no answer within {timeout_s:g} s")
+        out.append(result)
+    return out
+
+
+def incident_dir(state_dir: Path, engine: str) -> Path:
+    return state_dir / "engines" / engine / INCIDENTS_DIR
+
+
+def write_incident(
+    directory: Path,
+    *,
+    engine: str,
+    cause: str,
+    reason: str,
+    dumps: Sequence[StackDump],
+    wall_time_s: float | None = None,
+    max_files: int = MAX_INCIDENTS,
+    max_bytes: int = MAX_INCIDENT_BYTES,
+) -> Path:
+    """One text file for the incident; older files beyond ``max_files`` are removed. Raises
+    OSError (a full or read-only state dir): the caller logs it and restarts anyway."""
+    now = time.time() if wall_time_s is None else wall_time_s
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{stamp}-{cause}.txt"
+    share = max(1024, (max_bytes - 2048) // max(1, len(dumps)))
+    dumped = sum(1 for d in dumps if d.ok)
+    lines = [
+        f"engine: {engine}",
+        f"cause: {cause}",
+        f"reason: {reason}",
+        f"time: {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}Z",
+        f"processes: {len(dumps)}, stacks taken: {dumped}",
+        "",
+    ]
+    for d in dumps:
+        lines.append(f"==== pid {d.pid} [{d.state}] {d.title}")
+        body = d.text if d.ok else f"NO STACKS: {d.text}"
+        encoded = body.encode()
+        if len(encoded) > share:
+            body = encoded[:share].decode(errors="ignore") + f"\n[... cut at {share} bytes]"
+        lines += [body.rstrip("\n"), ""]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)
+    prune(directory, max_files)
+    return path
+
+
+def prune(directory: Path, max_files: int) -> None:
+    files = sorted(directory.glob("*.txt"))
+    for old in files[: max(0, len(files) - max_files)]:
+        with contextlib.suppress(OSError):
+            old.unlink()
