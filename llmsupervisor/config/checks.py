@@ -45,17 +45,20 @@ def _engine(
     if "venv" in checked and "command" in checked:
         out.add(path + ("command",), "set either 'venv' or 'command', not both")
     venv = merged.pop("venv", None)
+    if venv is not None:
+        venv = _home_expanded(venv, path + ("venv",), out)
     if "command" not in merged or ("venv" in checked and "command" not in checked):
         python = str(Path(venv) / "bin" / "python") if venv else "python3"
         merged["command"] = (python, "-m", VLLM_API_SERVER_MODULE)
-    program = merged["command"][0]
-    if "/" in program and not os.path.isabs(os.path.expanduser(program)):
+    program = _home_expanded(merged["command"][0], path + ("command",), out) or merged["command"][0]
+    if "/" in program:
         # Like model paths: relative to the config file, not to the daemon's working directory.
         merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
     merged.setdefault("gpus", ())
     if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
         # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
-        merged["model"] = os.path.abspath(file.parent / Path(merged["model"]).expanduser())
+        model = _home_expanded(merged["model"], path + ("model",), out)
+        merged["model"] = os.path.abspath(file.parent / model) if model is not None else merged["model"]
     if len(out.problems) > before:
         return None
     spec = EngineSpec(**merged)
@@ -81,6 +84,19 @@ def _check_executable(program: str, path: Path_, out: _Collector) -> None:
         out.add(path, f"command {program!r} is not on PATH")
 
 
+def _home_expanded(text: str, path: Path_, out: _Collector) -> str | None:
+    """``text`` with a leading ``~`` or ``~user`` expanded; None, reported, when there is no
+    such user (``Path.expanduser`` raises RuntimeError there, ``os.path`` returns it as is)."""
+    if not text.startswith("~"):
+        return text
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        user = text[1:].split("/", 1)[0]
+        out.add(path, f"no user {user!r} for {text!r}" if user else f"no home directory for {text!r}")
+        return None
+    return expanded
+
+
 def _is_local_model(model: str) -> bool:
     # Hub ids look like "org/name"; local models are written as paths.
     return model.startswith(("/", "./", "../", "~"))
@@ -89,7 +105,7 @@ def _is_local_model(model: str) -> bool:
 def _check_model(model: str, file: Path, path: Path_, out: _Collector) -> None:
     if not _is_local_model(model):
         return
-    local = Path(model).expanduser()
+    local = Path(model)
     if not local.is_absolute():
         local = file.parent / local
     if not local.exists():
@@ -101,7 +117,7 @@ def _check_model(model: str, file: Path, path: Path_, out: _Collector) -> None:
 def _parallel_size(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

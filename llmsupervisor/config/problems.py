@@ -8,13 +8,20 @@ content until ``load_config`` has looked at the whole file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from llmsupervisor.errors import ConfigError, ConfigProblem
 
 Path_ = tuple[str | int, ...]
+
+# Bounds on what a config file may make the loader do (issue 17: a 400-byte file of nested
+# aliases expanded for 140 s while holding the reload lock; 500 nested brackets overflowed the
+# stack). A real config is a few KiB, 5 levels deep, a few thousand values; these are far above.
+MAX_CONFIG_BYTES: Final = 256 * 1024
+MAX_DEPTH: Final = 32  # nested mappings and lists, counting through aliases
+MAX_NODES: Final = 50_000  # values in the document once every alias is expanded
 
 
 class _Lines:
@@ -59,6 +66,8 @@ class _Collector:
 
 
 def _from_node(node: yaml.Node, path: Path_, lines: _Lines, out: _Collector) -> Any:
+    """Plain data from a composed node. ``_check_shape`` has already bounded the depth and the
+    expanded size of the document, so this recursion and the copies of aliased nodes are small."""
     lines.by_path[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
@@ -87,13 +96,64 @@ def _from_node(node: yaml.Node, path: Path_, lines: _Lines, out: _Collector) -> 
         loader.dispose()
 
 
+def _check_shape(text: str, file: Path) -> ConfigProblem | None:
+    """The first problem with the document's shape, read from the event stream (no recursion,
+    no expansion): nesting deeper than MAX_DEPTH, an alias inside the node it names (a cycle),
+    or more than MAX_NODES values once aliases are expanded. Sizes and depths of anchored nodes
+    are kept, so an alias costs what it would expand to without being expanded."""
+    # One frame per open collection: [values so far (expanded), deepest child depth, anchor]
+    open_frames: list[list[Any]] = [[0, 0, None]]
+    anchored: dict[str, tuple[int, int]] = {}  # anchor -> (expanded values, depth)
+
+    def problem(event: yaml.Event, message: str) -> ConfigProblem:
+        line = event.start_mark.line + 1 if event.start_mark is not None else 1
+        return ConfigProblem(file=str(file), line=line, field="yaml", message=message)
+
+    def add(size: int, depth: int, anchor: str | None) -> None:
+        if anchor is not None:
+            anchored[anchor] = (size, depth)
+        top = open_frames[-1]
+        top[0] += size
+        top[1] = max(top[1], depth)
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_frames.append([0, 0, event.anchor])
+            if len(open_frames) - 1 > MAX_DEPTH:
+                return problem(event, f"nested deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            size, depth, anchor = open_frames.pop()
+            add(size + 1, depth + 1, anchor)
+        elif isinstance(event, yaml.ScalarEvent):
+            add(1, 0, event.anchor)
+        elif isinstance(event, yaml.AliasEvent):
+            name = event.anchor or ""
+            if any(frame[2] == name for frame in open_frames):
+                return problem(event, f"alias *{name} refers to a node that contains it")
+            size, depth = anchored.get(name, (1, 0))  # an unknown anchor: compose reports it
+            add(size, depth, None)
+            if len(open_frames) - 1 + depth > MAX_DEPTH:
+                return problem(event, f"nested deeper than {MAX_DEPTH} levels through alias *{name}")
+        else:
+            continue
+        if sum(frame[0] for frame in open_frames) > MAX_NODES:
+            return problem(event, f"more than {MAX_NODES} values once aliases are expanded")
+    return None
+
+
 def _parse(file: Path) -> tuple[Any, _Collector]:
     """The document as plain data (``{}`` when empty) and the collector holding its lines and
-    the problems found so far; raise ``ConfigError`` when the file cannot be read as YAML."""
+    the problems found so far; raise ``ConfigError`` when the file cannot be read as YAML, is
+    larger than MAX_CONFIG_BYTES, or is shaped beyond MAX_DEPTH or MAX_NODES."""
     lines = _Lines()
     out = _Collector(file, lines)
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as stream:
+            data = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            out.add((), f"the file is larger than {MAX_CONFIG_BYTES} bytes", line=1)
+            raise ConfigError(out.problems)
+        text = data.decode("utf-8")
     except OSError as exc:
         out.add((), f"cannot read config file: {exc.strerror or exc}", line=1)
         raise ConfigError(out.problems) from None
@@ -101,6 +161,10 @@ def _parse(file: Path) -> tuple[Any, _Collector]:
         out.add((), f"not UTF-8 text: {exc.reason}", line=1)
         raise ConfigError(out.problems) from None
     try:
+        shape_problem = _check_shape(text, file)
+        if shape_problem is not None:
+            out.problems.append(shape_problem)
+            raise ConfigError(out.problems)
         root_node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
