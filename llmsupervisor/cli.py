@@ -12,10 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llmsupervisor import __version__, control, logs
-from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
+from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
@@ -66,12 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 def _socket_candidates(args: argparse.Namespace) -> list[Path]:
     if args.socket:
         return [args.socket]
-    state_dir = SupervisorSettings().state_dir
-    try:
-        raw = yaml.safe_load(Path(args.config).read_text())
-        state_dir = Path(raw["supervisor"]["state_dir"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        pass
+    state_dir = state_dir_named_in(Path(args.config)) or SupervisorSettings().state_dir
     return [SYSTEMD_SOCKET, control.default_socket_path(state_dir.resolve())]
 
 

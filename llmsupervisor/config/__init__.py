@@ -33,7 +33,7 @@ from llmsupervisor.config.fields import (
     RESERVED_ENV,
     SUPERVISOR_FIELDS,
 )
-from llmsupervisor.config.load import DEFAULT_CONFIG_PATH, TOP_LEVEL, load_config
+from llmsupervisor.config.load import DEFAULT_CONFIG_PATH, TOP_LEVEL, load_config, state_dir_named_in
 from llmsupervisor.config.spec import (
     LADDER_FLAGS,
     EngineSpec,
@@ -60,4 +60,5 @@ __all__ = [
     "SupervisorSettings",
     "load_config",
     "render_args",
+    "state_dir_named_in",
 ]
