@@ -7,6 +7,7 @@ content until ``load_config`` has looked at the whole file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,13 +39,20 @@ class _Lines:
         return self.by_path.get((), 1)
 
 
+# A key written as is in a field name; any other (empty, spaces, control characters, dots or
+# brackets, quotes) is written quoted in brackets, so the problem still reads FILE:LINE: field:
+_PLAIN_KEY: Final = re.compile(r"[^\s.\[\]'\":]+")
+
+
 def _field_name(path: Path_) -> str:
     out = ""
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
+        elif _PLAIN_KEY.fullmatch(part) and part.isprintable():
             out += ("." if out else "") + part
+        else:
+            out += f"[{part[:40]!r}]"
     return out or "(top level)"
 
 
