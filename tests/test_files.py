@@ -123,3 +123,26 @@ def test_an_unreadable_path_is_logged_and_left_alone(
         assert read_json(path, 7) == 7
     assert path.is_dir()
     assert any("cannot read" in r.getMessage() for r in caplog.records)
+
+
+def test_the_control_socket_is_0660_under_the_units_umask(tmp_path: Path, umask: None) -> None:
+    # The unit sets UMask=0077; the CLI's users in the daemon's group must still connect.
+    import asyncio
+
+    from llmsupervisor import control
+
+    async def scenario() -> int:
+        async def handler(request: dict[str, object]) -> object:
+            return None
+
+        server = control.ControlServer(tmp_path / "control.sock", handler)
+        await server.start()
+        try:
+            return stat.S_IMODE((tmp_path / "control.sock").stat().st_mode)
+        finally:
+            await server.close()
+
+    os.umask(0o077)
+    assert asyncio.run(scenario()) == 0o660
+    write_json_atomic(tmp_path / "status.json", {})
+    assert stat.S_IMODE((tmp_path / "status.json").stat().st_mode) == 0o640

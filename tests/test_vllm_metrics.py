@@ -204,6 +204,9 @@ def test_one_sleeping_engine_makes_the_server_not_awake() -> None:
         pytest.param('{"detail": "Not Found"}', id="json"),
         pytest.param('vllm:time_to_first_token_seconds_bucket{le="soon"} 1\n', id="bad-le"),
         pytest.param('vllm:e2e_request_latency_seconds_bucket{engine="0"} 1\n', id="missing-le"),
+        # Found by tests/test_properties.py: a NaN bound made every quantile NaN, which passes no
+        # threshold, so the latency detectors went blind without a word.
+        pytest.param('vllm:e2e_request_latency_seconds_bucket{le="NaN"} 1\n', id="nan-le"),
     ],
 )
 def test_garbage_is_a_parse_failure_not_an_exception(text: str) -> None:

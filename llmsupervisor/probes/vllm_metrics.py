@@ -378,7 +378,10 @@ def _histogram(store: Mapping[str, _Series], canonical: str, present: set[str]) 
         by_le: dict[float, float] = defaultdict(float)
         for labels, value in buckets or []:
             try:
-                by_le[float(labels["le"])] += value
+                le = float(labels["le"])
+                if math.isnan(le):  # every quantile would be NaN, which passes no threshold
+                    raise ValueError(le)
+                by_le[le] += value
             except (KeyError, ValueError) as exc:
                 raise _BadBody(f"{base}_bucket with a bad le label {labels!r}") from exc
         ordered = tuple((le, round(v)) for le, v in sorted(by_le.items()) if math.isfinite(v))
