@@ -18,7 +18,10 @@ is loaded with ``load_config(check_paths=False)`` under a per-input time limit a
 
 Usage::
 
-    python bench/fuzz_config.py --seconds 120 [--seed 1] [--limit-s 5] [--json OUT] [--keep DIR]
+    python bench/fuzz_config.py --seconds 120 [--inputs N] [--seed 1] [--limit-s 5] [--json OUT] [--keep DIR]
+
+The inputs depend only on the seed, so ``--inputs N --seed S`` tries the same N inputs on any
+version of the loader (the before/after figures in docs/reliability.md).
 
 Prints a Markdown table for docs/reliability.md; ``--keep`` writes one input per failure class.
 Run it under the heavy lock (``flock /tmp/llmsup-heavy.lock``): it keeps one core busy.
@@ -279,6 +282,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=60.0, help="total time to fuzz")
+    parser.add_argument("--inputs", type=int, help="stop after this many inputs (the same ones for a seed)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--limit-s", type=float, default=5.0, help="time limit per input")
     parser.add_argument("--json", type=Path, help="write the counts as JSON here")
@@ -298,7 +302,9 @@ def main() -> int:
     slowest_s = 0.0
     with tempfile.TemporaryDirectory(prefix="llmsup-fuzz-") as directory:
         path = Path(directory) / "config.yaml"
-        while time.monotonic() - started < args.seconds:
+        while time.monotonic() - started < args.seconds and (
+            args.inputs is None or counts.total() < args.inputs
+        ):
             source = rng.choices(["data", "text", "attack"], weights=[45, 45, 10])[0]
             candidate = (
                 data_mutation(rng, data)

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.property
 
 settings.register_profile(
     "ci",
-    max_examples=150,
+    max_examples=400,
     # A load of the example takes ~15 ms; a hang or an expansion takes seconds. Generous, so a
     # busy 2-core CI machine does not fail on noise.
     deadline=timedelta(seconds=2),

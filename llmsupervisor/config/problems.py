@@ -24,6 +24,13 @@ MAX_CONFIG_BYTES: Final = 256 * 1024
 MAX_DEPTH: Final = 32  # nested mappings and lists, counting through aliases
 MAX_NODES: Final = 50_000  # values in the document once every alias is expanded
 
+# libyaml's parser when PyYAML was built with it (Debian's python3-yaml and the wheels are): the
+# pure-Python scanner took 4 s for a 256 KiB file, read twice (shape, then nodes). Its composer
+# recurses in C, which is why the shape check, with its depth bound, comes first. Its syntax
+# errors are terser ("found character that cannot start any token", the tab not named), so a
+# file it refuses is read again by the pure-Python parser for the message.
+_FAST_LOADER: Final[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class _Lines:
     """Line of every node, keyed by its path in the document (1-based lines)."""
@@ -104,7 +111,7 @@ def _from_node(node: yaml.Node, path: Path_, lines: _Lines, out: _Collector) -> 
         loader.dispose()
 
 
-def _check_shape(text: str, file: Path) -> ConfigProblem | None:
+def _check_shape(text: str, file: Path, loader: Any) -> ConfigProblem | None:
     """The first problem with the document's shape, read from the event stream (no recursion,
     no expansion): nesting deeper than MAX_DEPTH, an alias inside the node it names (a cycle),
     or more than MAX_NODES values once aliases are expanded. Sizes and depths of anchored nodes
@@ -124,7 +131,7 @@ def _check_shape(text: str, file: Path) -> ConfigProblem | None:
         top[0] += size
         top[1] = max(top[1], depth)
 
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.CollectionStartEvent):
             open_frames.append([0, 0, event.anchor])
             if len(open_frames) - 1 > MAX_DEPTH:
@@ -149,6 +156,14 @@ def _check_shape(text: str, file: Path) -> ConfigProblem | None:
     return None
 
 
+def _shape_and_nodes(text: str, file: Path, loader: Any) -> tuple[ConfigProblem | None, yaml.Node | None]:
+    """(the shape's problem, None) or (None, the composed document; None when it is empty)."""
+    problem = _check_shape(text, file, loader)
+    if problem is not None:
+        return problem, None
+    return None, yaml.compose(text, Loader=loader)
+
+
 def _parse(file: Path) -> tuple[Any, _Collector]:
     """The document as plain data (``{}`` when empty) and the collector holding its lines and
     the problems found so far; raise ``ConfigError`` when the file cannot be read as YAML, is
@@ -169,11 +184,15 @@ def _parse(file: Path) -> tuple[Any, _Collector]:
         out.add((), f"not UTF-8 text: {exc.reason}", line=1)
         raise ConfigError(out.problems) from None
     try:
-        shape_problem = _check_shape(text, file)
+        try:
+            shape_problem, root_node = _shape_and_nodes(text, file, _FAST_LOADER)
+        except yaml.YAMLError:
+            if _FAST_LOADER is yaml.SafeLoader:
+                raise
+            shape_problem, root_node = _shape_and_nodes(text, file, yaml.SafeLoader)
         if shape_problem is not None:
             out.problems.append(shape_problem)
             raise ConfigError(out.problems)
-        root_node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
