@@ -63,7 +63,8 @@ def test_a_hung_engine_is_restarted_without_drain(daemon_factory: Any) -> None:
     first = d.wait_state("a", "ready")
     post(port, "/fake/hang")
     d.wait_log("action restart (hang)", timeout_s=30)
-    again = d.wait_state("a", "ready", timeout_s=30)
+    # restarts=1: status.json may still show the old READY process when the log line appears.
+    again = d.wait_state("a", "ready", restarts=1, timeout_s=30)
     assert again["pid"] != first["pid"]
     assert again["restarts_by_reason"] == {"hang": 1}
     log = d.log()
@@ -168,7 +169,8 @@ def test_xid_restarts_the_engine_and_marks_the_gpu(daemon_factory: Any, tmp_path
     d.wait_log("finding gpu_fault (info)", timeout_s=20)
     write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}, {"id": 2, "gpu": 0, "xid": 48}])
     d.wait_log("action restart (gpu_fault)", timeout_s=20)
-    again = d.wait_state("a", "ready", timeout_s=30)
+    # restarts=1: status.json may still show the old READY process when the log line appears.
+    again = d.wait_state("a", "ready", restarts=1, timeout_s=30)
     assert again["pid"] != first["pid"]
     assert again["restarts_by_reason"] == {"gpu_fault": 1}
     assert "GPU 0 marked: fault 1: GPU fault: xid 48 on GPU 0" in d.log()
