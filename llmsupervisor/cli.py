@@ -14,10 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llmsupervisor import __version__, cli_control, cli_render, control, logs
-from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config
+from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
 from llmsupervisor.config.checks import hub_offline_problem
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
@@ -132,12 +130,9 @@ def _config_state_dir(config_path: Path) -> tuple[Path | None, str | None]:
         return load_config(config_path, check_paths=False).supervisor.state_dir, None
     except ConfigError as exc:
         problem = str(exc.problems[0]) if exc.problems else f"{config_path}: does not load"
-    # The state dir may still be readable from a config broken elsewhere.
-    try:
-        raw = yaml.safe_load(config_path.read_text())
-        return Path(raw["supervisor"]["state_dir"]), problem
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return None, problem
+    # The state dir may still be readable from a config broken elsewhere (read with the
+    # loader's bounds: a billion-laughs file must not hang the CLI either).
+    return state_dir_named_in(config_path), problem
 
 
 def _client(args: argparse.Namespace) -> cli_control.Client:

@@ -6,6 +6,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +137,32 @@ def test_daemon_notifies_systemd(daemon_factory, receiver: Receiver) -> None:
     d.signal(signal.SIGTERM)
     assert d.wait_exit() == 0
     assert any(m.startswith("STOPPING=1") for m in receiver.drain())
+
+
+@pytest.mark.system
+def test_bad_reload_on_a_live_daemon_sends_ready_again(daemon_factory, receiver: Receiver) -> None:
+    """Issue 17: a reload of a file the loader choked on answered "internal error" after
+    RELOADING=1 and never sent READY=1, leaving systemd in "reloading"."""
+    d = daemon_factory({"engines": [fake_engine("a", free_port())]})
+    d.start({"NOTIFY_SOCKET": str(receiver.path)})
+    wait_for(lambda: any(m.startswith("READY=1") for m in receiver.drain()), timeout_s=30, what="READY=1")
+    good = d.config_path.read_text()
+    d.config_path.write_text("a: &a [*a]\n")
+    seen = len(receiver.drain())
+    out = subprocess.run(
+        # The file no longer names the state dir: the CLI is told where the socket is.
+        [sys.executable, "-m", "llmsupervisor", "--socket", str(d.state_dir / "control.sock"), "reload"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 78, out.stderr
+    assert f"{d.config_path}:1: yaml: alias *a refers to a node that contains it" in out.stderr
+    assert "internal error" not in out.stderr
+    after = [m.split("\n")[0] for m in receiver.drain()[seen:]]
+    assert after[:2] == ["RELOADING=1", "READY=1"], after
+    assert d.engine("a")["state"] == "ready"
+    d.config_path.write_text(good)
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit() == 0

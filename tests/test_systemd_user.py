@@ -68,7 +68,9 @@ def test_unit(tmp_path: Path) -> None:
         )
     )
     bad = tmp_path / "bad.yaml"
-    bad.write_text("engines:\n  - name: a\n    model: m\n    port: nope\n")
+    # A self-referencing alias: before issue 17 the loader recursed until RecursionError, the
+    # reload left systemd in "reloading" and startup exited 1 (restarted) instead of 78.
+    bad.write_text("engines:\n  - &e\n    name: a\n    model: m\n    port: [*e]\n")
     units = tmp_path / "config" / "systemd" / "user"
     units.mkdir(parents=True)
     service = "\n".join(shipped[k] for k in LIFECYCLE_KEYS)

@@ -34,7 +34,7 @@ from llmsupervisor.config.fields import (
     SUPERVISOR_FIELDS,
 )
 from llmsupervisor.config.launcher import VLLM_API_SERVER_MODULE
-from llmsupervisor.config.load import DEFAULT_CONFIG_PATH, TOP_LEVEL, load_config
+from llmsupervisor.config.load import DEFAULT_CONFIG_PATH, TOP_LEVEL, load_config, state_dir_named_in
 from llmsupervisor.config.spec import (
     LADDER_FLAGS,
     EngineSpec,
@@ -61,4 +61,5 @@ __all__ = [
     "SupervisorSettings",
     "load_config",
     "render_args",
+    "state_dir_named_in",
 ]

@@ -55,19 +55,19 @@ def _engine(
         out.add(path + ("launcher",), "applies to engines started from a venv; 'command' is run as written")
     venv = merged.pop("venv", None)
     launcher = merged.pop("launcher", "auto")
+    if venv is not None:
+        venv = _home_expanded(venv, path + ("venv",), out)
     if "command" not in merged or ("venv" in checked and "command" not in checked):
-        if venv is not None and not os.path.isabs(os.path.expanduser(venv)):
+        if venv is not None and not os.path.isabs(venv):
             venv = os.path.abspath(file.parent / venv)  # like model paths: relative to the config file
-        elif venv is not None:
-            venv = os.path.expanduser(venv)
         choice = choose(venv, launcher)
         merged["command"] = choice.command
         merged["launcher"] = choice.launcher
         merged["launcher_reason"] = choice.why
     else:
         merged["launcher"] = "command"
-    program = merged["command"][0]
-    if "/" in program and not os.path.isabs(os.path.expanduser(program)):
+    program = _home_expanded(merged["command"][0], path + ("command",), out) or merged["command"][0]
+    if "/" in program:
         # Like model paths: relative to the config file, not to the daemon's working directory.
         merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
     merged.setdefault("gpus", ())
@@ -82,15 +82,19 @@ def _engine(
         )
     if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
         # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
-        merged["model"] = os.path.abspath(file.parent / Path(merged["model"]).expanduser())
+        model = _home_expanded(merged["model"], path + ("model",), out)
+        merged["model"] = os.path.abspath(file.parent / model) if model is not None else merged["model"]
     if isinstance(merged.get("api_key_file"), str):
         # vLLM takes --api-key over VLLM_API_KEY: two keys would leave the probes with the wrong one.
         if "api-key" in merged["args"]:
             out.add(path + ("args", "api-key"), "set either 'api_key_file' or args 'api-key', not both")
         if "VLLM_API_KEY" in merged["env"]:
             out.add(path + ("env", "VLLM_API_KEY"), "set either 'api_key_file' or env VLLM_API_KEY, not both")
-        merged["api_key_file"] = os.path.abspath(file.parent / Path(merged["api_key_file"]).expanduser())
-        if check_paths:
+        key_file = _home_expanded(merged["api_key_file"], path + ("api_key_file",), out)
+        merged["api_key_file"] = (
+            os.path.abspath(file.parent / key_file) if key_file else merged["api_key_file"]
+        )
+        if check_paths and key_file:
             merged["api_key"] = _read_api_key(merged["api_key_file"], path + ("api_key_file",), out)
     if len(out.problems) > before:
         return None
@@ -200,6 +204,19 @@ def _check_executable(program: str, path: Path_, out: _Collector) -> None:
         out.add(path, f"command {program!r} is not on PATH")
 
 
+def _home_expanded(text: str, path: Path_, out: _Collector) -> str | None:
+    """``text`` with a leading ``~`` or ``~user`` expanded; None, reported, when there is no
+    such user (``Path.expanduser`` raises RuntimeError there, ``os.path`` returns it as is)."""
+    if not text.startswith("~"):
+        return text
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        user = text[1:].split("/", 1)[0]
+        out.add(path, f"no user {user!r} for {text!r}" if user else f"no home directory for {text!r}")
+        return None
+    return expanded
+
+
 def _is_local_model(model: str) -> bool:
     # Hub ids look like "org/name"; local models are written as paths.
     return model.startswith(("/", "./", "../", "~"))
@@ -208,7 +225,7 @@ def _is_local_model(model: str) -> bool:
 def _check_model(model: str, file: Path, path: Path_, out: _Collector) -> None:
     if not _is_local_model(model):
         return
-    local = Path(model).expanduser()
+    local = Path(model)
     if not local.is_absolute():
         local = file.parent / local
     if not local.exists():
@@ -303,7 +320,7 @@ def hub_offline_problem(spec: EngineSpec, environ: Mapping[str, str]) -> str | N
 def _parallel_size(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

@@ -9,7 +9,9 @@ what the validator accepts.
 from __future__ import annotations
 
 import difflib
+import math
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
@@ -80,6 +82,33 @@ def _type_name(value: Any) -> str:
 
 _MISSING: Final = object()
 
+# The largest magnitude any number in the file may have: 1e12 seconds is 30,000 years, and a
+# bigger value only overflows later (time.sleep, float(), a thread's wait) in the running daemon.
+MAX_MAGNITUDE: Final = 1e12
+
+
+def _nonfinite(value: Any) -> bool:
+    """A NaN or an infinity anywhere in ``value`` (a scalar, list or mapping). NaN passes every
+    ``<``/``>`` range check, so it must be refused by name."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return any(_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in value.values())
+    return False
+
+
+def _has_nul(value: Any) -> bool:
+    """A NUL character anywhere in ``value``: no argv, environment or path can carry one."""
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
+
 
 def _number(
     *, lo: float | None = None, hi: float | None = None, integer: bool = False, lo_open: bool = False
@@ -100,16 +129,30 @@ def _number(
                 path, f"must be {'an integer' if integer else 'a number'}, got {_type_name(value)} {value!r}"
             )
             return _MISSING
+        if _nonfinite(value):
+            out.add(path, f"must be a finite number, got {value!r}")
+            return _MISSING
+        # Compared as given: an int and a float compare exactly, float() of 400 digits overflows.
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            out.add(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {_short(value)}")
+            return _MISSING
+        if lo is None and value < -MAX_MAGNITUDE:
+            out.add(path, f"must be >= {-MAX_MAGNITUDE:g}, got {_short(value)}")
+            return _MISSING
+        limit = MAX_MAGNITUDE if hi is None else hi
+        if value > limit:
+            out.add(path, f"must be <= {limit:g}, got {_short(value)}")
+            return _MISSING
         number = float(value)
-        if lo is not None and (number <= lo if lo_open else number < lo):
-            out.add(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
-            return _MISSING
-        if hi is not None and number > hi:
-            out.add(path, f"must be <= {hi:g}, got {value!r}")
-            return _MISSING
         return int(value) if integer else number
 
     return Kind(check, schema)
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a number, cut short: a 400-digit number in a message helps nobody."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def _any_case(word: str) -> str:
@@ -126,6 +169,9 @@ def _string(*, choices: tuple[str, ...] = (), nonempty: bool = True) -> Kind:
     def check(value: Any, path: Path_, out: _Collector) -> Any:
         if not isinstance(value, str):
             out.add(path, f"must be a string, got {_type_name(value)} {value!r}")
+            return _MISSING
+        if _has_nul(value):
+            out.add(path, "must not contain a NUL character")
             return _MISSING
         if nonempty and not value.strip():
             out.add(path, "must not be empty")
@@ -167,7 +213,9 @@ def _check_listen(value: Any, path: Path_, out: _Collector) -> Any:
     if value is _MISSING:
         return value
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # isdigit() alone takes '²' and '٣', which int() then refuses or reads as another number.
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not sep or not host or not digits or not 0 < int(port) < 65536:
         out.add(path, f"must be HOST:PORT, got {value!r}")
         return _MISSING
     return value
@@ -239,11 +287,16 @@ _cpus: Final = Kind(
 
 def _check_command(value: Any, path: Path_, out: _Collector) -> Any:
     if isinstance(value, str):
-        import shlex
-
-        value = shlex.split(value)
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:  # "No closing quotation", "No escaped character"
+            out.add(path, f"cannot split {value!r} like a shell would: {exc}")
+            return _MISSING
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         out.add(path, "must be a non-empty list of strings (or one string, split like a shell would)")
+        return _MISSING
+    if _has_nul(value):
+        out.add(path, "must not contain a NUL character")
         return _MISSING
     return tuple(value)
 
@@ -267,6 +320,10 @@ RESERVED_ENV: Final = {
 }
 
 
+# What a shell, systemd and execve all accept as a variable name.
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _check_env(value: Any, path: Path_, out: _Collector) -> Any:
     if not isinstance(value, dict):
         out.add(path, f"must be a mapping of NAME: value, got {_type_name(value)}")
@@ -279,8 +336,17 @@ def _check_env(value: Any, path: Path_, out: _Collector) -> Any:
         if key.startswith("LLMSUPERVISOR_"):
             out.add(path + (key,), "LLMSUPERVISOR_* variables are the supervisor's process markers")
             continue
+        if not _ENV_NAME.fullmatch(key):
+            out.add(path + (key,), "not a valid environment variable name (letters, digits, '_')")
+            continue
         if isinstance(item, bool) or not isinstance(item, str | int | float):
             out.add(path + (key,), f"must be a string or number, got {_type_name(item)}")
+            continue
+        if _nonfinite(item):
+            out.add(path + (key,), f"must be a finite number, got {item!r}")
+            continue
+        if _has_nul(item):
+            out.add(path + (key,), "must not contain a NUL character")
             continue
         result[key] = str(item)
     return result
@@ -316,6 +382,13 @@ def _check_args(value: Any, path: Path_, out: _Collector) -> Any:
                 continue
         elif item is not None and not isinstance(item, str | int | float | bool | dict):
             out.add(path + (key,), f"unsupported value type {_type_name(item)}")
+            continue
+        if _nonfinite(item):
+            # vLLM would get "nan" or "inf" (or JSON it cannot parse) for a size or a ratio.
+            out.add(path + (key,), f"must be a finite number, got {item!r}")
+            continue
+        if _has_nul(item) or _has_nul(key):
+            out.add(path + (key,), "must not contain a NUL character")
             continue
         result[flag] = item
     return result

@@ -5,6 +5,7 @@ keep the config it has.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -20,11 +21,17 @@ from llmsupervisor.config.fields import (
 )
 from llmsupervisor.config.problems import _Collector, _parse
 from llmsupervisor.config.spec import EngineSpec, SupervisorConfig, SupervisorSettings
-from llmsupervisor.errors import ConfigError
+from llmsupervisor.errors import ConfigError, ConfigProblem
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/llm-supervisor/config.yaml")
 
 TOP_LEVEL: Final = ("supervisor", "defaults", "engines")
+
+# The message of the one problem a loader bug becomes. The fuzzer and the property tests treat
+# it as a failure; the daemon treats it as a bad file (exit 78, or the old config kept on reload).
+INTERNAL_PROBLEM: Final = "the loader failed on this file (a bug in llm-supervisor; please report it)"
 
 
 def load_config(
@@ -36,13 +43,38 @@ def load_config(
     ``doctor`` pass one, the daemon does not), a Hugging Face hub id that cannot be loaded
     offline is a problem too (``checks.hub_offline_problem``). The daemon itself does not refuse
     to start on it: its own environment decides, and the cache may be filled after the check.
+
+    Never raises anything else: an unexpected exception while checking a file (a bug) becomes
+    a ``ConfigError`` naming the file, so startup exits 78 and a reload keeps the old config
+    and says why, instead of a traceback or an "internal error" mid-reload.
     """
     file = Path(path)
-    raw, out = _parse(file)
-    config = _validate(raw, file, out, check_paths=check_paths, hub_env=hub_env)
+    try:
+        raw, out = _parse(file)
+        config = _validate(raw, file, out, check_paths=check_paths, hub_env=hub_env)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        log.debug("checking %s raised", file, exc_info=True)
+        message = f"{INTERNAL_PROBLEM}: {type(exc).__name__}: {exc}"
+        problem = ConfigProblem(file=str(file), line=1, field="(top level)", message=message[:500])
+        raise ConfigError([problem]) from None
     if out.problems or config is None:
         raise ConfigError(out.problems)
     return config
+
+
+def state_dir_named_in(path: Path) -> Path | None:
+    """The ``supervisor.state_dir`` a config file names, read with the loader's bounds and
+    without validating the rest (the CLI finds the control socket with it, also while the file
+    is being fixed); None when the file cannot be read that far."""
+    try:
+        raw, _ = _parse(path)
+    except Exception:  # ConfigError, or anything else: only a hint, the default socket is tried
+        return None
+    section = raw.get("supervisor") if isinstance(raw, dict) else None
+    state_dir = section.get("state_dir") if isinstance(section, dict) else None
+    return Path(state_dir) if isinstance(state_dir, str) and state_dir and "\0" not in state_dir else None
 
 
 def _validate(

@@ -97,7 +97,7 @@ def acquire(state_dir: Path) -> StateDirLock:
     path = lock_path(state_dir)
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
         # OSError(errno, ...) is PermissionError, FileNotFoundError, ... as the errno says.

@@ -135,52 +135,63 @@ class Reloader:
         async with self._lock:
             self._notifier.reloading()
             try:
-                new = await asyncio.to_thread(load_config, current.path)
-            except ConfigError as exc:
-                self.totals["invalid"] += 1
-                for problem in exc.problems:
-                    log.error("reload: %s", problem)
-                log.error(
-                    "reload rejected: %d problem(s); still running the previous config",
-                    len(exc.problems),
-                    extra={"event": "reload"},
-                )
-                self.problem = f"reload failed ({len(exc.problems)} problems), old config kept"
+                return await self._reload_locked(current)
+            except BaseException:
+                # systemd waits in "reloading" until READY=1: never leave it there, even on a bug
+                # (or a cancellation) between reading the file and applying it.
                 self._notifier.ready(self._summary())
-                return None, {"reloaded": False, "problems": [str(p) for p in exc.problems]}
-            if self._place is not None:  # placed like the running config, or every auto engine differs
-                new = await self._place(new)
-            if self._stopping():  # a shutdown began while the file was read: change nothing
-                return None, {"reloaded": False, "problems": ["the daemon is shutting down"]}
-            fleet = self._fleet
-            running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in fleet.statuses()}
-            plan = plan_reload(current, new, running)
-            for setting in plan.next_start_only:
-                log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
-            apply_now(plan, fleet)
-            if plan.restart:
-                previous = self._roll
-                self._roll = asyncio.create_task(self._roll_after(previous, plan.restart, new), name="roll")
-            self.totals["ok"] += 1
-            self.problem = None
-            changed = list(plan.changed)
-            log.info(
-                "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
-                current.path,
-                len(plan.added),
-                len(plan.removed),
-                len(changed),
-                ", ".join(changed) or "-",
-                len(new.engines) - len(plan.added) - len(changed),
+                raise
+
+    async def _reload_locked(
+        self, current: SupervisorConfig
+    ) -> tuple[SupervisorConfig | None, dict[str, Any]]:
+        try:
+            new = await asyncio.to_thread(load_config, current.path)
+        except ConfigError as exc:  # every bad file, loader bugs included (load_config)
+            self.totals["invalid"] += 1
+            for problem in exc.problems:
+                log.error("reload: %s", problem)
+            log.error(
+                "reload rejected: %d problem(s); still running the previous config",
+                len(exc.problems),
                 extra={"event": "reload"},
             )
-            return new, {
-                "reloaded": True,
-                "added": [s.name for s in plan.added],
-                "removed": list(plan.removed),
-                "changed": changed,
-                "next_start_only": list(plan.next_start_only),
-            }
+            self.problem = f"reload failed ({len(exc.problems)} problems), old config kept"
+            self._notifier.ready(self._summary())
+            return None, {"reloaded": False, "problems": [str(p) for p in exc.problems]}
+        if self._place is not None:  # placed like the running config, or every auto engine differs
+            new = await self._place(new)
+        if self._stopping():  # a shutdown began while the file was read: change nothing
+            return None, {"reloaded": False, "problems": ["the daemon is shutting down"]}
+        fleet = self._fleet
+        running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in fleet.statuses()}
+        plan = plan_reload(current, new, running)
+        for setting in plan.next_start_only:
+            log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
+        apply_now(plan, fleet)
+        if plan.restart:
+            previous = self._roll
+            self._roll = asyncio.create_task(self._roll_after(previous, plan.restart, new), name="roll")
+        self.totals["ok"] += 1
+        self.problem = None
+        changed = list(plan.changed)
+        log.info(
+            "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
+            current.path,
+            len(plan.added),
+            len(plan.removed),
+            len(changed),
+            ", ".join(changed) or "-",
+            len(new.engines) - len(plan.added) - len(changed),
+            extra={"event": "reload"},
+        )
+        return new, {
+            "reloaded": True,
+            "added": [s.name for s in plan.added],
+            "removed": list(plan.removed),
+            "changed": changed,
+            "next_start_only": list(plan.next_start_only),
+        }
 
     async def _roll_after(
         self, previous: asyncio.Task[None] | None, specs: tuple[EngineSpec, ...], config: SupervisorConfig

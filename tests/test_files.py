@@ -1,0 +1,148 @@
+"""State files (status.json, ladder.json, GPU marks, recorded groups): written durably (fsync of
+the file, then of the directory after the rename), created 0640 whatever the umask; a corrupt
+one is logged, kept aside as NAME.corrupt-TIMESTAMP (a few at most) and the default used."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmsupervisor.files import MAX_CORRUPT_KEPT, read_json, write_json_atomic
+
+
+@pytest.fixture
+def umask() -> Iterator[None]:
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def test_write_fsyncs_the_file_before_the_rename_and_the_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state" / "ladder.json"
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        mode = os.fstat(fd).st_mode
+        events.append("fsync dir" if stat.S_ISDIR(mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_json_atomic(path, {"step": 2})
+    assert events == ["fsync file", "rename", "fsync dir"]
+    assert json.loads(path.read_text()) == {"step": 2}
+    assert [p.name for p in path.parent.iterdir()] == ["ladder.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o000])
+def test_files_are_created_0640_whatever_the_umask(tmp_path: Path, umask: None, mask: int) -> None:
+    os.umask(mask)
+    path = tmp_path / "status.json"
+    write_json_atomic(path, {"a": 1})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    write_json_atomic(path, {"a": 2})  # a rewrite too
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_a_secret_is_created_0600(tmp_path: Path, umask: None) -> None:
+    path = tmp_path / "token.json"
+    write_json_atomic(path, {"token": "x"}, mode=0o600)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ladder.json"
+    write_json_atomic(path, {"step": 1})
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        write_json_atomic(path, {"step": 2})
+    assert json.loads(path.read_text()) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["ladder.json"]
+
+
+def test_a_missing_file_is_the_default_without_a_word(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        assert read_json(tmp_path / "absent.json", {"d": 1}) == {"d": 1}
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("content", [b"", b'{"step": 2', b"\xff\xfe garbage", b"\0\0\0\0"])
+def test_a_corrupt_file_is_logged_and_kept_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes
+) -> None:
+    path = tmp_path / "ladder.json"
+    path.write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor.files"):
+        assert read_json(path, {"safe": True}) == {"safe": True}
+    assert not path.exists()
+    [kept] = list(tmp_path.glob("ladder.json.corrupt-*"))
+    assert kept.read_bytes() == content
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert str(path) in record.getMessage() and kept.name in record.getMessage()
+
+
+def test_corrupt_copies_are_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-faults.json"
+    for i in range(MAX_CORRUPT_KEPT + 3):
+        path.write_text(f"not json {i}")
+        assert read_json(path, {}) == {}
+    kept = sorted(tmp_path.glob("gpu-faults.json.corrupt-*"))
+    assert len(kept) == MAX_CORRUPT_KEPT
+    # The newest are kept: the last corruption is the one to look at.
+    assert {p.read_text() for p in kept} == {f"not json {i}" for i in range(3, MAX_CORRUPT_KEPT + 3)}
+
+
+def test_an_unreadable_path_is_logged_and_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "status.json"
+    path.mkdir()  # cannot be read as a file; not corrupt content, so not moved
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor.files"):
+        assert read_json(path, 7) == 7
+    assert path.is_dir()
+    assert any("cannot read" in r.getMessage() for r in caplog.records)
+
+
+def test_the_control_socket_is_0660_under_the_units_umask(tmp_path: Path, umask: None) -> None:
+    # The unit sets UMask=0077; the CLI's users in the daemon's group must still connect.
+    import asyncio
+
+    from llmsupervisor import control
+
+    async def scenario() -> int:
+        async def handler(request: dict[str, object]) -> object:
+            return None
+
+        server = control.ControlServer(tmp_path / "control.sock", handler)
+        await server.start()
+        try:
+            return stat.S_IMODE((tmp_path / "control.sock").stat().st_mode)
+        finally:
+            await server.close()
+
+    os.umask(0o077)
+    assert asyncio.run(scenario()) == 0o660
+    write_json_atomic(tmp_path / "status.json", {})
+    assert stat.S_IMODE((tmp_path / "status.json").stat().st_mode) == 0o640
