@@ -326,6 +326,176 @@ def test_hang_counts_time_from_the_window_start_without_any_sign_of_life() -> No
     assert detect_hang(win(observations), 110, CFG) is not None
 
 
+# --- HANG from /proc: a stopped process, a canary missed with no CPU used (issue 16) ----------
+
+API, CORE, WORKER = 4100, 4101, 4102
+
+
+def group(
+    at_s: float, cpu_s: dict[int, float], *, stopped: frozenset[int] = frozenset(), pgid: int = API
+) -> ProcSample:
+    """A vLLM engine's group (API server, EngineCore, Worker) as the sweep at ``at_s`` saw it."""
+    titles = {API: "vllm serve", CORE: "VLLM::EngineCore", WORKER: "VLLM::Worker_TP0"}
+    infos = tuple(
+        ProcInfo(
+            pid=pid,
+            title=titles[pid],
+            rss_bytes=GIB,
+            cpu_seconds=cpu,
+            status="stopped" if pid in stopped else "sleeping",
+            zombie=False,
+        )
+        for pid, cpu in sorted(cpu_s.items())
+    )
+    return ProcSample(
+        pgid=pgid,
+        processes=infos,
+        rss_bytes_total=GIB * len(infos),
+        cpu_seconds_total=sum(cpu_s.values()),
+        process_count=len(infos),
+        zombie_count=0,
+        at_s=at_s,
+    )
+
+
+def _sigstopped_worker(stop_s: float, until_s: float, *, step_s: float = 2.0) -> list[Observation]:
+    """An idle engine whose worker is stopped at ``stop_s``: /health 200, /metrics stale at 0,
+    every canary from then on missing a 1 s deadline; a sweep per tick."""
+    out = []
+    for t in times(0, until_s, step_s):
+        stopped = frozenset({WORKER}) if t >= stop_s else frozenset()
+        cpu = {API: 1.0 + 0.01 * t, CORE: 5.0, WORKER: 5.0}  # the API server answers /health
+        canary = OK if t < stop_s else replace(TIMEOUT, latency_s=1.0)
+        out.append(
+            ob(t, metrics=idle(5), health=HEALTH_OK, canary=canary, proc=group(t - 1.0, cpu, stopped=stopped))
+        )
+    return out
+
+
+def test_stopped_worker_is_a_hang_within_two_sweeps_while_health_is_200() -> None:
+    observations = _sigstopped_worker(stop_s=5.0, until_s=30.0)
+    # Sweeps at 5 and 7 (observations at 6 and 8) both show it stopped, 2 s apart: found at 8,
+    # 3 s after the stop, where the deadline rule needed 10 s and two misses.
+    assert opened_at(observations, replay(observations)) == [8]
+    finding = detect_hang(win(observations), 8, CFG)
+    assert finding is not None
+    assert finding.evidence["rule"] == "stopped"
+    assert finding.evidence["stopped_pid"] == WORKER
+    assert finding.evidence["stopped_process"] == "VLLM::Worker_TP0"
+    assert finding.since_s == 5  # the first sweep that saw it stopped
+
+
+def test_stopped_engine_core_is_a_hang_even_with_the_canary_answering() -> None:
+    # A stopped process runs nothing, whatever else answers (a data-parallel peer, a cached
+    # reply): the rule needs no deadline miss.
+    observations = [
+        ob(t, metrics=idle(5), canary=OK, proc=group(t, {API: 1.0, CORE: 2.0}, stopped=frozenset({CORE})))
+        for t in (0, 2)
+    ]
+    finding = detect_hang(win(observations), 2, CFG)
+    assert finding is not None and finding.evidence["rule"] == "stopped"
+    assert finding.evidence["stopped_pid"] == CORE
+
+
+@pytest.mark.parametrize(
+    ("name", "samples", "fires"),
+    [
+        ("stopped in one sweep only", [({CORE: 2.0}, set()), ({CORE: 2.0}, {CORE})], False),
+        ("stopped twice but 0.5 s apart", [({CORE: 2.0}, {CORE}), ({CORE: 2.0}, {CORE})], False),
+        # A tracer (py-spy) stops the process for each sample; it runs in between.
+        ("stopped at each sweep but running between", [({CORE: 2.0}, {CORE}), ({CORE: 2.5}, {CORE})], False),
+        ("the stopped process was not in the older sweep", [({}, set()), ({CORE: 2.0}, {CORE})], False),
+    ],
+)
+def test_stopped_rule_needs_the_same_still_process_in_two_sweeps(
+    name: str, samples: list[tuple[dict[int, float], set[int]]], fires: bool
+) -> None:
+    step_s = 0.5 if "0.5 s" in name else 2.0
+    observations = [
+        ob(i * step_s, metrics=idle(5), proc=group(i * step_s, {API: 1.0, **cpu}, stopped=frozenset(stopped)))
+        for i, (cpu, stopped) in enumerate(samples)
+    ]
+    now = observations[-1].at_s
+    assert (detect_hang(win(observations), now, CFG) is not None) is fires
+
+
+def test_canary_missed_while_the_engine_used_no_cpu_is_a_hang_after_one_miss() -> None:
+    # A deadlocked EngineCore (no SIGSTOP, state "sleeping"): the canary misses its deadline and
+    # no process of the group computes anything meanwhile.
+    cpu = {API: 1.0, CORE: 40.0, WORKER: 80.0}
+    observations = [
+        ob(0, metrics=idle(5), health=HEALTH_OK, canary=OK, proc=group(0, cpu)),
+        ob(3, metrics=idle(5), health=HEALTH_OK, canary=replace(TIMEOUT, latency_s=1.0), proc=group(2, cpu)),
+        ob(5, metrics=idle(5), health=HEALTH_OK, proc=group(4.5, {**cpu, API: 1.02})),
+    ]
+    assert opened_at(observations, replay(observations)) == [5]
+    finding = detect_hang(win(observations), 5, CFG)
+    assert finding is not None and finding.evidence["rule"] == "cpu_idle"
+    assert num(finding, "misses") == 1 and num(finding, "cpu_span_s") == 2.5
+    assert num(finding, "cpu_ratio") == pytest.approx(0.008)
+
+
+def _long_prefill(cpu_per_s: float, until_s: float) -> list[Observation]:
+    """One huge prompt in one step (chunked prefill off): requests running, no step or token
+    counter moving, every canary queued behind it and missing; the core and worker computing at
+    ``cpu_per_s`` of a core each."""
+    out = [
+        ob(0, metrics=busy(100, running=1), canary=OK, proc=group(0, {API: 1.0, CORE: 10.0, WORKER: 10.0}))
+    ]
+    for t in times(2, until_s, 2):
+        cpu = {API: 1.0 + 0.01 * t, CORE: 10.0 + cpu_per_s * t, WORKER: 10.0 + cpu_per_s * t}
+        out.append(
+            ob(
+                t,
+                metrics=busy(100, running=1),
+                canary=replace(TIMEOUT, latency_s=1.0),
+                proc=group(t - 0.5, cpu),
+            )
+        )
+    return out
+
+
+def test_long_prefill_burning_cpu_is_not_a_hang() -> None:
+    # Busy, not dead: the counters stand still and every canary misses, but the engine computes.
+    observations = _long_prefill(cpu_per_s=0.9, until_s=10)
+    assert opened(replay(observations)) == []
+    # Past hang_after_s the deadline rule still applies (an engine that spins while hung burns
+    # CPU as well): a single step longer than that needs hang_after_s raised.
+    observations = _long_prefill(cpu_per_s=0.9, until_s=14)
+    assert [f.evidence["rule"] for f in opened(replay(observations))] == ["deadlines"]
+
+
+def test_the_same_stretch_with_no_cpu_used_is_a_hang_in_seconds() -> None:
+    observations = _long_prefill(cpu_per_s=0.0, until_s=10)
+    assert opened_at(observations, replay(observations)) == [4]
+    assert [f.evidence["rule"] for f in opened(replay(observations))] == ["cpu_idle"]
+
+
+def test_cpu_rule_needs_sweeps_around_the_miss() -> None:
+    cpu = {API: 1.0, CORE: 40.0}
+    miss = replace(TIMEOUT, latency_s=1.0)
+    # No sweep after the miss yet: unknown.
+    observations = [
+        ob(0, metrics=idle(5), canary=OK, proc=group(0, cpu)),
+        ob(3, metrics=idle(5), canary=miss, proc=group(0, cpu)),
+    ]
+    assert detect_hang(win(observations), 3, CFG) is None
+    # Sweeps only 0.4 s apart around it: too short to say the engine did nothing.
+    observations = [
+        ob(0, metrics=idle(5), canary=OK, proc=group(0, cpu)),
+        ob(3, metrics=idle(5), canary=replace(miss, latency_s=0.2), proc=group(2.8, cpu)),
+        ob(3.3, metrics=idle(5), proc=group(3.2, cpu)),
+    ]
+    assert detect_hang(win(observations), 3.3, CFG) is None
+    # Sweeps without times (an older sampler) are not read.
+    observations = [
+        ob(0, metrics=idle(5), canary=OK, proc=replace(group(0, cpu), at_s=None)),
+        ob(3, metrics=idle(5), canary=miss, proc=replace(group(2, cpu), at_s=None)),
+        ob(5, metrics=idle(5), proc=replace(group(4.5, cpu), at_s=None)),
+    ]
+    assert detect_hang(win(observations), 5, CFG) is None
+
+
 # --- STALL ---------------------------------------------------------------------------------------
 
 STALL_CASES: list[tuple[str, list[Observation], float, bool]] = [

@@ -315,6 +315,8 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "canary_timeout_s": _number(lo=0, lo_open=True),
     "canary_interval_s": _number(lo=0, lo_open=True),
     "live_canary_timeout_s": _number(lo=0, lo_open=True),
+    "live_canary_min_timeout_s": _number(lo=0, lo_open=True),
+    "live_canary_timeout_factor": _number(lo=1),
     "canary_prompt": _string(),
     "health_timeout_s": _number(lo=0, lo_open=True),
     "backoff_initial_s": _number(lo=0),

@@ -41,8 +41,13 @@ class EngineSpec:
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
     canary_timeout_s: float = 30.0
-    canary_interval_s: float = 3.0
+    canary_interval_s: float = 2.0
+    # The live canary's deadline is learned from the engine's own recent canaries, as TCP learns
+    # its retransmission timeout: live_canary_timeout_factor x the slowest of the last few,
+    # within [live_canary_min_timeout_s, live_canary_timeout_s] (engine/observer.py).
     live_canary_timeout_s: float = 3.0
+    live_canary_min_timeout_s: float = 1.0
+    live_canary_timeout_factor: float = 4.0
     canary_prompt: str = "Hello"
     health_timeout_s: float = 5.0
     backoff_initial_s: float = 10.0

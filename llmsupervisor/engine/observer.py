@@ -9,6 +9,7 @@ dropped (XIDs of the incident that killed it reopened GPU_FAULT in its successor
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Final, Protocol
@@ -38,6 +39,28 @@ FINDING_LOG_LEVEL: Final = {
     Severity.WARNING: logging.WARNING,
     Severity.CRITICAL: logging.ERROR,
 }
+
+
+# How many of the engine's latest successful canaries its live canary's deadline is learned from.
+CANARY_HISTORY: Final = 8
+
+
+def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> float:
+    """The live canary's deadline, learned from the engine's own recent canaries as TCP learns
+    its retransmission timeout: ``live_canary_timeout_factor`` x the slowest of them, within
+    [``live_canary_min_timeout_s``, ``live_canary_timeout_s``]; the ceiling until one has answered.
+
+    A one-token completion on an idle engine takes tens of milliseconds, so the floor (1 s by
+    default) is what a healthy engine meets, and a frozen one is caught a deadline sooner than
+    with a fixed 3 s. A slow canary raises the deadline for the next ones; the canary runs only
+    while the counters stand still, so real load does not make it miss, and a miss alone opens
+    nothing (detectors/liveness.py).
+    """
+    slowest = max(recent_latencies_s, default=None)
+    if slowest is None:
+        return spec.live_canary_timeout_s
+    learned = spec.live_canary_timeout_factor * slowest
+    return min(spec.live_canary_timeout_s, max(spec.live_canary_min_timeout_s, learned))
 
 
 class GpuSource(Protocol):
@@ -81,12 +104,19 @@ class Observer:
         self.findings: tuple[Finding, ...] = ()
         self.engine_pids: frozenset[int] = frozenset()
         self.canary_latency_s: float | None = None
+        self._canary_latencies_s: collections.deque[float] = collections.deque(maxlen=CANARY_HISTORY)
         self._last_metrics: EngineMetrics | None = None
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
 
     def note_canary(self, latency_s: float | None) -> None:
         self.canary_latency_s = latency_s
+        if latency_s is not None:
+            self._canary_latencies_s.append(latency_s)
+
+    @property
+    def canary_deadline_s(self) -> float:
+        return canary_deadline_s(self._canary_latencies_s, self._spec)
 
     async def round(self, proc: EngineProcess) -> Observation:
         """One look at the engine, every probe at once, each under its own deadline; then the
@@ -110,12 +140,12 @@ class Observer:
             self._http.health(timeout_s=timeout_s),
             self._http.metrics(timeout_s=timeout_s),
             self._sweeper.sample(proc.pgid, timeout_s=timeout_s),
-            self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary(),
+            self._http.canary(timeout_s=self.canary_deadline_s) if run_canary else no_canary(),
         )
         if canary_r is not None:
             self._last_canary_s = aio.now()
             if canary_r.ok:
-                self.canary_latency_s = canary_r.latency_s
+                self.note_canary(canary_r.latency_s)
         if isinstance(metrics_r, EngineMetrics):
             self._previous_metrics, self._last_metrics = self._last_metrics, metrics_r
         if isinstance(proc_r, host.ProcSample):
