@@ -57,10 +57,10 @@ class Recorder(aio.Changes):
         self.runner: EngineRunner | None = None
         self.published: list[EngineStatus] = []
 
-    def set(self) -> None:
+    def set(self, name: str | None = None) -> None:
         if self.runner is not None:
             self.published.append(self.runner.status())
-        super().set()
+        super().set(name)
 
 
 class Harness:
