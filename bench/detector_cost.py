@@ -121,7 +121,7 @@ def ms_per_tick(module: ModuleType, observations: list[Observation]) -> float:
     window = module.new_window(cfg)
     for obs in observations[:FILL_TICKS]:
         window.append(obs)
-    assert window.baseline is not None, "no baseline pinned"
+    assert window.baseline_span is not None, "no baseline pinned"
     started = time.process_time()
     for obs in observations[FILL_TICKS:]:
         window.append(obs)

@@ -26,6 +26,7 @@ from llmsupervisor.detectors import (
     FindingTracker,
     Severity,
     TrackerUpdate,
+    baseline_has_traffic,
     detect_all,
     detect_foreign_gpu_memory,
     detect_gpu_fault,
@@ -42,6 +43,7 @@ from llmsupervisor.detectors import (
     detect_throughput_degradation,
     detect_ttft_degradation,
     new_window,
+    span_stats,
 )
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.fake_gpu import nominal_sample
@@ -695,8 +697,7 @@ DEGRADATION_DETECTORS = {
 )
 def test_degradation(name: str, current: dict[str, Any], expected: set[FindingKind]) -> None:
     window, now = _degradation(**current)
-    assert window.baseline is not None
-    assert (window.baseline[0].at_s, window.baseline[-1].at_s) == (10, 610)
+    assert window.baseline_span == (10, 610)
     fired = {kind for kind, detect in DEGRADATION_DETECTORS.items() if detect(window, now, CFG) is not None}
     assert fired == expected
 
@@ -726,17 +727,17 @@ def test_baseline_waits_for_traffic_and_ignores_canaries() -> None:
     sim = Sim()
     observations = sim.run(600, running=0, requests=0, canary=True)  # idle but for canaries
     window = win(observations)
-    assert window.baseline is None
+    assert window.baseline_span is None
     for o in sim.run(700):
         window.append(o)
-    assert window.baseline is not None
-    assert window.baseline[0].at_s >= 600 - 0.2 * CFG.degradation_baseline_s
+    assert window.baseline_span is not None
+    assert window.baseline_span[0] >= 600 - 0.2 * CFG.degradation_baseline_s
 
 
 def test_no_baseline_no_degradation() -> None:
     sim = Sim(step_s=60.0)
     window = win(sim.run(1800, requests=1))  # 10 requests per 10 min: fewer than 20
-    assert window.baseline is None
+    assert window.baseline_span is None
     assert all(d(window, sim.t, CFG) is None for d in DEGRADATION_DETECTORS.values())
 
 
@@ -1204,3 +1205,72 @@ def test_evidence_is_read_only() -> None:
     f = finding(u=1.0)
     with pytest.raises(TypeError):
         f.evidence["u"] = 2.0  # type: ignore[index]
+
+
+# --- A full window, thinned (issue 16): the same findings at a fraction of the memory -----------
+
+
+def _long_run(minutes: int, *, step_s: float = 2.0) -> list[Observation]:
+    """``minutes`` of a busy engine at the loop's rate: traffic that pins a baseline, a throughput
+    drop after half of it, RSS growing 2 GiB/h, a GPU; every probe filled in."""
+    sim = Sim(step_s=step_s)
+    out = []
+    rss = 8 * GIB
+    for i in range(int(minutes * 60 / step_s)):
+        slow = i * step_s > minutes * 30
+        o = sim.tick(tokens_per_s_per_running=5.0 if slow else 10.0, requests=1, canary=i % 7 == 0)
+        rss += round(2 * GIB * step_s / 3600)
+        sample = replace(group(o.at_s, {API: 1.0 + i, CORE: 2.0 + i, WORKER: 3.0 + i}), rss_bytes_total=rss)
+        out.append(replace(o, health=HEALTH_OK, proc=sample, gpus={0: gpu()}))
+    return out
+
+
+def test_thinned_window_finds_what_the_whole_window_finds() -> None:
+    whole = ObservationWindow(
+        max_count=4096,
+        max_age_s=CFG.lookback_s + 2 * CFG.stale_after_s,
+        baseline_s=CFG.degradation_baseline_s,
+        baseline_accept=lambda obs: baseline_has_traffic(obs, CFG),
+    )
+    thinned = new_window(CFG)
+    found_whole, found_thinned = [], []
+    for i, o in enumerate(_long_run(50)):
+        whole.append(o)
+        thinned.append(o)
+        if i % 15 == 0:
+            found_whole.append([(f.kind, f.severity, f.since_s) for f in detect_all(whole, o.at_s, CFG)])
+            found_thinned.append([(f.kind, f.severity, f.since_s) for f in detect_all(thinned, o.at_s, CFG)])
+    assert found_thinned == found_whole
+    kinds = {kind for tick in found_whole for kind, _, _ in tick}
+    assert {K.MEMORY_GROWTH, K.DEGRADATION_THROUGHPUT} <= kinds  # the long-lookback detectors ran
+    # Older observations are kept as their time and process totals only.
+    old = next(iter(thinned))
+    assert old.metrics is None and old.gpus == {} and isinstance(old.proc, ProcSample)
+    assert old.proc.processes == () and old.proc.rss_bytes_total > 8 * GIB
+    assert [o.at_s for o in thinned] == [o.at_s for o in whole]
+    assert thinned.baseline is None and thinned.baseline_span == (whole.baseline_span or ())
+
+
+def test_window_thins_only_past_its_horizon_and_keeps_its_bounds() -> None:
+    w = ObservationWindow(max_count=50, max_age_s=100.0, thin_after_s=20.0)
+    for t in times(0, 200, 2):
+        w.append(ob(t, metrics=idle(int(t)), proc=proc(GIB)))
+    assert len(w) == 50 and [o.at_s for o in w] == times(102, 200, 2)
+    whole = [o for o in w if o.metrics is not None]
+    assert [o.at_s for o in whole] == times(180, 200, 2)  # at or after newest - thin_after_s
+    assert all(o.proc is not None and o.metrics is None for o in w if o.at_s < 180)
+    assert [o.at_s for o in w.since(170)] == times(170, 200, 2)
+    assert [o.at_s for o in reversed(w)] == times(102, 200, 2)[::-1]
+    latest = w.latest()
+    assert latest is not None and latest.at_s == 200
+
+
+def test_pinned_baseline_is_kept_as_its_statistics() -> None:
+    w = new_window(CFG)
+    sim = Sim(step_s=2.0)
+    for _ in range(400):  # 800 s of traffic: the first 600 s are pinned
+        w.append(sim.tick())
+    assert w.baseline is None  # the observations are not kept
+    assert w.baseline_span is not None and w.baseline_span[1] - w.baseline_span[0] >= 600
+    stats = w.baseline_stats(span_stats)
+    assert stats is not None and stats.requests is not None and stats.requests >= 20

@@ -178,6 +178,21 @@ class DetectorConfig:
         return self.kv_usage_threshold_ratio * self.kv_usage_clear_ratio
 
     @property
+    def recent_lookback_s(self) -> float:
+        """The longest stretch any detector reads whole observations of: all but the memory
+        slope, which reads only the process totals (``ObservationWindow`` thins older ones)."""
+        return max(
+            self.hang_after_s,
+            self.hang_idle_after_s,
+            self.hang_cpu_max_span_s,
+            self.stall_after_s,
+            self.preemption_window_s,
+            self.degradation_eval_s,
+            self.gpu_fault_lookback_s,
+            self.stale_after_s,
+        )
+
+    @property
     def lookback_s(self) -> float:
         """The longest stretch of history any detector reads (size the window's ring with it)."""
         return max(
