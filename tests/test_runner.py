@@ -558,6 +558,24 @@ def test_long_prefill_is_not_called_hung(tmp_path: Path) -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize(("metrics_interval_s", "per_health"), [(4.0, 0.5), (0.0, 1.0)])
+def test_metrics_body_is_read_less_often_than_health(
+    tmp_path: Path, metrics_interval_s: float, per_health: float
+) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(metrics_interval_s=metrics_interval_s))
+        await h.state(S.READY)
+        h.server.calls.clear()
+        await asyncio.sleep(60)
+        health = sum(1 for what, _ in h.server.calls if what == "health")
+        scrapes = sum(1 for what, _ in h.server.calls if what == "metrics")
+        assert health >= 28  # every 2 s round
+        assert abs(scrapes - per_health * health) <= 1
+        await h.close()
+
+    run(scenario)
+
+
 def test_live_canary_deadline_is_learned_within_its_bounds() -> None:
     s = spec(live_canary_timeout_s=3.0, live_canary_min_timeout_s=1.0, live_canary_timeout_factor=4.0)
     assert canary_deadline_s([], s) == 3.0  # nothing learned yet: the ceiling

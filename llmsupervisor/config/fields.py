@@ -319,6 +319,7 @@ ENGINE_FIELDS: Final[dict[str, _Check]] = {
     "live_canary_timeout_factor": _number(lo=1),
     "canary_prompt": _string(),
     "health_timeout_s": _number(lo=0, lo_open=True),
+    "metrics_interval_s": _number(lo=0),
     "backoff_initial_s": _number(lo=0),
     "backoff_max_s": _number(lo=0),
     "backoff_jitter_ratio": _number(lo=0, hi=1),

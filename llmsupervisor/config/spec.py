@@ -50,6 +50,10 @@ class EngineSpec:
     live_canary_timeout_factor: float = 4.0
     canary_prompt: str = "Hello"
     health_timeout_s: float = 5.0
+    # The full /metrics body (50 kB, the largest share of the daemon's CPU) is read every
+    # metrics_interval_s, /health, the process sweep and (when the counters stand still) the
+    # canary every round: liveness from the cheap signals, load and trends from the expensive one.
+    metrics_interval_s: float = 4.0
     backoff_initial_s: float = 10.0
     backoff_max_s: float = 300.0
     backoff_jitter_ratio: float = 0.2

@@ -43,6 +43,10 @@ FINDING_LOG_LEVEL: Final = {
 
 # How many of the engine's latest successful canaries its live canary's deadline is learned from.
 CANARY_HISTORY: Final = 8
+# Rounds start tick_interval_s after the previous one ended, a little later than a multiple of
+# the tick: /metrics is due this much before metrics_interval_s has fully passed, so that a 4 s
+# interval at a 2 s tick reads it every other round, not every third.
+METRICS_DUE_EARLY_S: Final = 0.5
 
 
 def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> float:
@@ -108,6 +112,7 @@ class Observer:
         self._last_metrics: EngineMetrics | None = None
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
+        self._last_metrics_s: float | None = None
 
     def note_canary(self, latency_s: float | None) -> None:
         self.canary_latency_s = latency_s
@@ -132,13 +137,23 @@ class Observer:
         # work and read busy as dead (docs/vllm-notes.md §7).
         run_canary = not progressing and now - self._last_canary_s >= spec.canary_interval_s
 
+        run_metrics = (
+            self._last_metrics_s is None
+            or now - self._last_metrics_s >= spec.metrics_interval_s - METRICS_DUE_EARLY_S
+        )
+
         async def no_canary() -> HttpCheck | None:
             return None
 
+        async def no_metrics() -> EngineMetrics | ProbeFailure | None:
+            return None
+
         timeout_s = spec.health_timeout_s
+        if run_metrics:
+            self._last_metrics_s = now
         health_r, metrics_r, proc_r, canary_r = await asyncio.gather(
             self._http.health(timeout_s=timeout_s),
-            self._http.metrics(timeout_s=timeout_s),
+            self._http.metrics(timeout_s=timeout_s) if run_metrics else no_metrics(),
             self._sweeper.sample(proc.pgid, timeout_s=timeout_s),
             self._http.canary(timeout_s=self.canary_deadline_s) if run_canary else no_canary(),
         )
