@@ -6,7 +6,8 @@ a missed canary costs its whole ``live_canary_timeout_s``), then run every detec
 finding tracker. Faults are injected at t0 after a healthy warm-up; the latency is the time from
 t0 to the finding opening. Pure and deterministic: no processes, no sleeping.
 
-    .venv/bin/python bench/detection_latency.py   # prints the table written in docs/benchmarks.md
+    .venv/bin/python bench/detection_latency.py          # prints the simulated table
+    .venv/bin/python bench/detection_latency.py --real   # the real vLLM CPU build (detection_real.py)
 """
 
 from __future__ import annotations
@@ -169,4 +170,11 @@ def main(out: Callable[[str], None] = print) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    if "--real" in sys.argv[1:]:  # against the real vLLM CPU build: bench/detection_real.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from detection_real import main as real_main
+
+        raise SystemExit(real_main([a for a in sys.argv[1:] if a != "--real"]))
     main()
