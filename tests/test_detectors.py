@@ -360,24 +360,37 @@ def group(
     )
 
 
-def _sigstopped_worker(stop_s: float, until_s: float, *, step_s: float = 2.0) -> list[Observation]:
+def _sigstopped_worker(
+    stop_s: float, until_s: float, *, step_s: float = 2.0, canaries: bool = True
+) -> list[Observation]:
     """An idle engine whose worker is stopped at ``stop_s``: /health 200, /metrics stale at 0,
-    every canary from then on missing a 1 s deadline; a sweep per tick."""
+    every canary from then on missing a 1 s deadline (none run without ``canaries``); a sweep
+    per tick, taken as the round starts."""
     out = []
     for t in times(0, until_s, step_s):
         stopped = frozenset({WORKER}) if t >= stop_s else frozenset()
         cpu = {API: 1.0 + 0.01 * t, CORE: 5.0, WORKER: 5.0}  # the API server answers /health
-        canary = OK if t < stop_s else replace(TIMEOUT, latency_s=1.0)
+        canary = OK if t < stop_s else replace(TIMEOUT, latency_s=1.0) if canaries else None
         out.append(
             ob(t, metrics=idle(5), health=HEALTH_OK, canary=canary, proc=group(t - 1.0, cpu, stopped=stopped))
         )
     return out
 
 
-def test_stopped_worker_is_a_hang_within_two_sweeps_while_health_is_200() -> None:
+def test_stopped_worker_and_a_missed_canary_are_a_hang_in_one_round() -> None:
     observations = _sigstopped_worker(stop_s=5.0, until_s=30.0)
-    # Sweeps at 5 and 7 (observations at 6 and 8) both show it stopped, 2 s apart: found at 8,
-    # 3 s after the stop, where the deadline rule needed 10 s and two misses.
+    # The round ending at 6 swept at 5 (stopped) and sent its canary then: it missed. Found 1 s
+    # after the stop, where the deadline rule needed 10 s and two misses.
+    assert opened_at(observations, replay(observations)) == [6]
+    finding = detect_hang(win(observations), 6, CFG)
+    assert finding is not None and finding.evidence["rule"] == "stopped"
+    assert finding.evidence["stopped_pid"] == WORKER and num(finding, "misses") == 1
+
+
+def test_stopped_worker_is_a_hang_within_two_sweeps_while_health_is_200() -> None:
+    observations = _sigstopped_worker(stop_s=5.0, until_s=30.0, canaries=False)
+    # No canary (the counters were moving): sweeps at 5 and 7 (observations at 6 and 8) both
+    # show it stopped, 2 s apart: found at 8, 3 s after the stop.
     assert opened_at(observations, replay(observations)) == [8]
     finding = detect_hang(win(observations), 8, CFG)
     assert finding is not None

@@ -8,7 +8,8 @@ needs its counters frozen for a stretch of readings.
 A HANG is found by the first of three rules (issue 16), fastest first:
 
 ``stopped``    a process of the group held by the kernel (SIGSTOP, a tracer) in two process
-               sweeps ``hang_stopped_after_s`` apart, its CPU time unchanged: a fact, ~2-4 s;
+               sweeps ``hang_stopped_after_s`` apart, its CPU time unchanged, or in the sweep of
+               a round whose canary then missed its deadline: a fact, ~2-4 s;
 ``cpu_idle``   a canary missed its deadline and the group used (almost) no CPU between the
                sweeps around it: nothing is computing it (a deadlocked or frozen core), ~3-5 s;
 ``deadlines``  ``hang_min_misses`` deadline misses and no sign of life for ``hang_*after_s``:
@@ -67,6 +68,20 @@ def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tupl
         assert older.at_s is not None  # _sweeps yields only timed samples
         if held and newest.at_s - older.at_s >= cfg.hang_stopped_after_s:
             return min(held.values(), key=lambda p: p.pid), older.at_s
+    return None
+
+
+def _stopped_at_miss(missed: list[Observation]) -> tuple[ProcInfo, float] | None:
+    """A process stopped in the sweep of a round whose canary then missed its deadline: the
+    sweep is taken as the round starts, the canary sent with it, so the stop came first and
+    the engine did not answer after it. One round instead of two sweeps a second apart."""
+    for obs in missed:
+        sample = obs.proc
+        if not check_timed_out(obs.canary) or not isinstance(sample, ProcSample):
+            continue
+        held = [p for p in sample.processes if p.stopped and not p.zombie]
+        if held:
+            return held[0], sample.at_s if sample.at_s is not None else obs.at_s
     return None
 
 
@@ -167,7 +182,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     work = None if last_reading is None else in_flight(last_reading)
     idle = work == 0
     evidence: dict[str, float | str] = {}
-    stopped = _stopped(window, now, cfg)
+    stopped = _stopped(window, now, cfg) or _stopped_at_miss(missed)
     # The newest canary miss that a sweep has been taken after (the sweeps must bracket it).
     newest_sweep = next(_sweeps(window, now, now - cfg.stale_after_s), None)
     canary_miss = next(
