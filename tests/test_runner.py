@@ -582,6 +582,8 @@ def test_live_canary_deadline_is_learned_within_its_bounds() -> None:
     assert canary_deadline_s([0.02, 0.05, 0.03], s) == 1.0  # 4 x 50 ms: the floor
     assert canary_deadline_s([0.02, 0.5], s) == 2.0  # 4 x the slowest
     assert canary_deadline_s([2.0], s) == 3.0  # never above the ceiling
+    # A ceiling set below the floor's default is a fixed deadline, as before it was learned.
+    assert canary_deadline_s([0.01], spec(live_canary_timeout_s=0.5)) == 0.5
 
 
 def test_engine_dead_health_restarts(tmp_path: Path) -> None:

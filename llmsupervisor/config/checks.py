@@ -64,12 +64,6 @@ def _engine(
         _check_executable(spec.command[0], cmd_path, out)
         _check_model(spec.model, file, path + ("model",), out)
     _check_parallelism(spec, path, out)
-    if spec.live_canary_min_timeout_s > spec.live_canary_timeout_s:
-        out.add(
-            path + ("live_canary_min_timeout_s",),
-            f"{spec.live_canary_min_timeout_s:g} is above live_canary_timeout_s "
-            f"({spec.live_canary_timeout_s:g})",
-        )
     for flag, value in spec.ladder[0].items() if spec.ladder else ():
         top = spec.args.get(flag)
         if isinstance(top, int | float) and not isinstance(top, bool) and value > top:

@@ -52,7 +52,8 @@ METRICS_DUE_EARLY_S: Final = 0.5
 def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> float:
     """The live canary's deadline, learned from the engine's own recent canaries as TCP learns
     its retransmission timeout: ``live_canary_timeout_factor`` x the slowest of them, within
-    [``live_canary_min_timeout_s``, ``live_canary_timeout_s``]; the ceiling until one has answered.
+    [``live_canary_min_timeout_s``, ``live_canary_timeout_s``] (the ceiling wins if the floor is
+    above it); the ceiling until one has answered.
 
     A one-token completion on an idle engine takes tens of milliseconds, so the floor (1 s by
     default) is what a healthy engine meets, and a frozen one is caught a deadline sooner than
@@ -64,6 +65,8 @@ def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> 
     if slowest is None:
         return spec.live_canary_timeout_s
     learned = spec.live_canary_timeout_factor * slowest
+    # The ceiling wins: a config that sets only live_canary_timeout_s below the floor's default
+    # (tests use 0.5 s) gets that fixed deadline, as before the deadline was learned.
     return min(spec.live_canary_timeout_s, max(spec.live_canary_min_timeout_s, learned))
 
 
