@@ -13,8 +13,8 @@ latency is from the signal (wall clock, just before ``os.kill``) to the daemon's
 ``finding hang`` log line (its own timestamp, to the millisecond).
 
 Then the false-finding run (``--busy-s``, 600 s by default): the same engine, never faulted,
-under ``--clients`` streaming clients, with one long prefill (a ~1,000-token prompt in one
-step) every 20 s, while ``--burners`` processes spin on the
+under ``--clients`` streaming clients, with one long prefill (the longest prompt the tiny
+model takes, ~400 tokens, in one step) every 20 s, while ``--burners`` processes spin on the
 host's other cores (a stand-in for another engine saturating them). Any finding in that
 stretch is a false one.
 
@@ -57,8 +57,8 @@ from tests.test_vllm_cpu import VLLM_VENV, build_model, vllm_engine  # noqa: E40
 RESULTS = ROOT / "bench" / "results"
 READY_TIMEOUT_S = 900.0
 FIND_TIMEOUT_S = 60.0
-MAX_MODEL_LEN = 2048
-PROMPT_WORDS = MAX_MODEL_LEN // 4
+MAX_MODEL_LEN = 512  # the tiny model's max_position_embeddings
+PROMPT_WORDS = 120  # 1-3 BPE tokens a word: up to ~400 of the 512
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -110,8 +110,8 @@ class Load:
             self._post(body, 120)
 
     def _prefill(self, every_s: float) -> None:
-        # One prompt of about a thousand tokens (a word is 1-3 of the tiny model's BPE tokens),
-        # prefilled in one step (max-num-batched-tokens is max-model-len here).
+        # The longest prompt the tiny model takes, prefilled in one step (max-num-batched-tokens
+        # is max-model-len here).
         body = {"model": "tiny", "prompt": PROMPT_WORDS * "hello ", "max_tokens": 1, "stream": True}
         while not self.stop.wait(every_s):
             self._post(body, 300)
