@@ -261,37 +261,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = Daemon(tmp, config)
     d.start()
     started = dt.datetime.now()
-    cases: list[dict[str, Any]] = []
-    ff: dict[str, Any] | None = None
-    try:
-        for load in args.loads.split(","):
-            for target in args.targets.split(","):
-                case: dict[str, Any] = {"target": target, "load": load, "runs": []}
-                cases.append(case)
-                for i in range(args.runs):
-                    run = one_fault(d, port, target, args.clients if load == "load" else 0)
-                    case["runs"].append(run)
-                    print(f"{target} {load} #{i + 1}: {run['latency_s']} s ({run['rule']})", flush=True)
-        if args.busy_s > 0:
-            ff = false_findings(d, port, busy_s=args.busy_s, clients=args.clients, burners_n=args.burners)
-            print(f"false-finding run: {len(ff['findings'])} findings {ff['findings'][:3]}", flush=True)
-    finally:
-        d.cleanup()
+    stem = args.out / f"detection-real-{started.strftime('%Y-%m-%dT%H%M%S')}"
+    args.out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    report = {
+    cases = [
+        {"target": target, "load": load, "runs": []}
+        for load in args.loads.split(",")
+        for target in args.targets.split(",")
+    ]
+    report: dict[str, Any] = {
         "date": started.isoformat(timespec="seconds"),
         "git_commit": commit.strip(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
         "cases": cases,
-        "false_findings": ff,
+        "false_findings": None,
         "log": str(d.log_path),
     }
-    table = markdown(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"detection-real-{started.strftime('%Y-%m-%dT%H%M%S')}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(table)
-    print(table)
+
+    def save() -> None:  # after every run: a run cut short keeps what it measured
+        report["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        stem.with_suffix(".md").write_text(markdown(report))
+
+    try:
+        # Every case once, then the false-finding run, then the other runs of every case.
+        for i in range(args.runs):
+            for case in cases:
+                clients = args.clients if case["load"] == "load" else 0
+                run = one_fault(d, port, case["target"], clients)
+                case["runs"].append(run)
+                print(
+                    f"{case['target']} {case['load']} #{i + 1}: {run['latency_s']} s ({run['rule']})",
+                    flush=True,
+                )
+                save()
+            if i == 0 and args.busy_s > 0:
+                ff = false_findings(d, port, busy_s=args.busy_s, clients=args.clients, burners_n=args.burners)
+                report["false_findings"] = ff
+                print(f"false-finding run: {len(ff['findings'])} findings {ff['findings'][:3]}", flush=True)
+                save()
+    finally:
+        d.cleanup()
+    save()
+    print(markdown(report))
     return 0
 
 
