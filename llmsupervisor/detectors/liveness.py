@@ -144,7 +144,9 @@ def _miss_detail(obs: Observation) -> str:
 
 
 def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """No sign of life for ``hang_*after_s`` and at least ``hang_min_misses`` deadline misses.
+    """A process of the group stopped, or a canary missed while the group used no CPU (the
+    ``stopped`` and ``cpu_idle`` rules, module docstring); else no sign of life for
+    ``hang_*after_s`` and at least ``hang_min_misses`` deadline misses (``deadlines``).
 
     Signs of life: a canary that answered, or a step/token counter that moved between two
     readings (busy, not dead, even if the canary was slow). A deadline miss: the canary,
