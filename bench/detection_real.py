@@ -257,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     engine["max_failures"] = 100  # every run is a failure: never FATAL here
     engine["backoff_initial_s"] = 0.5
+    engine["backoff_max_s"] = 2.0  # the backoff doubles per failure: 280 s by the 11th run
     config = {"supervisor": {"tick_interval_s": 2.0, "shutdown_timeout_s": 120}, "engines": [engine]}
     d = Daemon(tmp, config)
     d.start()
