@@ -6,7 +6,8 @@ a missed canary costs its whole ``live_canary_timeout_s``), then run every detec
 finding tracker. Faults are injected at t0 after a healthy warm-up; the latency is the time from
 t0 to the finding opening. Pure and deterministic: no processes, no sleeping.
 
-    .venv/bin/python bench/detection_latency.py   # prints the table written in docs/benchmarks.md
+    .venv/bin/python bench/detection_latency.py          # prints the simulated table
+    .venv/bin/python bench/detection_latency.py --real   # the real vLLM CPU build (detection_real.py)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from llmsupervisor.config import EngineSpec, SupervisorSettings
 from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
+from llmsupervisor.engine.observer import canary_deadline_s
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample
@@ -31,9 +33,9 @@ TICK_S = SupervisorSettings().tick_interval_s
 CFG = DetectorConfig()
 OK = HttpCheck(ok=True, detail="completed", latency_s=0.05, status_code=200)
 HEALTH_OK = HttpCheck(ok=True, detail="HTTP 200", latency_s=0.002, status_code=200)
-TIMEOUT = HttpCheck(
-    ok=False, detail="timed out (ReadTimeout)", latency_s=SPEC.live_canary_timeout_s, failure="timeout"
-)
+# The live canary's deadline as the observer learns it from answers like OK's (the floor, 1 s).
+DEADLINE_S = canary_deadline_s([OK.latency_s], SPEC)
+TIMEOUT = HttpCheck(ok=False, detail="timed out (ReadTimeout)", latency_s=DEADLINE_S, failure="timeout")
 MIB = 1024 * 1024
 
 
@@ -90,18 +92,24 @@ class World:
         return ()
 
     def proc(self, t: float) -> ProcSample:
+        """The group as the sweep sees it: the engine computing (0.9 s of CPU a second) until a
+        hang or stall fault freezes it (SIGSTOP for "hang": stopped; a deadlock for "stall")."""
         growth = max(0.0, t - self.t0) / 3600 * 2048 * MIB if self.fault == "memory" else 0.0
         rss = int(3000 * MIB + growth)
+        frozen = self.fault in ("hang", "stall") and self.faulty(t)
+        cpu_s = 0.9 * (min(t, self.t0) if frozen else t)
+        status = "stopped" if frozen and self.fault == "hang" else "sleeping"
         info = ProcInfo(
-            pid=4100, title="python", rss_bytes=rss, cpu_seconds=1.0, status="sleeping", zombie=False
+            pid=4100, title="python", rss_bytes=rss, cpu_seconds=cpu_s, status=status, zombie=False
         )
         return ProcSample(
             pgid=4100,
             processes=(info,),
             rss_bytes_total=rss,
-            cpu_seconds_total=1.0,
+            cpu_seconds_total=cpu_s,
             process_count=1,
             zombie_count=0,
+            at_s=t,
         )
 
 
@@ -158,7 +166,8 @@ SCENARIOS: tuple[tuple[str, str, FindingKind], ...] = (
 def main(out: Callable[[str], None] = print) -> None:
     out(
         f"Defaults: tick_interval_s={TICK_S:g}, canary_interval_s={SPEC.canary_interval_s:g}, "
-        f"live_canary_timeout_s={SPEC.live_canary_timeout_s:g}"
+        f"live canary deadline {DEADLINE_S:g} s (learned; live_canary_timeout_s="
+        f"{SPEC.live_canary_timeout_s:g} until a canary answers)"
     )
     out("")
     out("| fault | finding | time to detect |")
@@ -169,4 +178,11 @@ def main(out: Callable[[str], None] = print) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    if "--real" in sys.argv[1:]:  # against the real vLLM CPU build: bench/detection_real.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from detection_real import main as real_main
+
+        raise SystemExit(real_main([a for a in sys.argv[1:] if a != "--real"]))
     main()

@@ -8,6 +8,7 @@ engine's loop runs them.
 
     python bench/detector_cost.py                      # this checkout
     python bench/detector_cost.py --against /tmp/old   # and another checkout's detectors, alternating
+    python bench/detector_cost.py --memory             # a full window's memory, whole vs thinned
 
 With ``--against`` both run five times, alternating, and the findings of both are compared on
 every replayed tick (they must be identical).
@@ -20,6 +21,7 @@ import importlib.util
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +30,7 @@ from types import MappingProxyType, ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's package, not whichever the venv has installed
 from llmsupervisor import detectors  # noqa: E402
-from llmsupervisor.core.observe import Observation  # noqa: E402
+from llmsupervisor.core.observe import Observation, ObservationWindow  # noqa: E402
 from llmsupervisor.probes.host import ProcInfo, ProcSample  # noqa: E402
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, Histogram, parse_metrics  # noqa: E402
 
@@ -121,7 +123,7 @@ def ms_per_tick(module: ModuleType, observations: list[Observation]) -> float:
     window = module.new_window(cfg)
     for obs in observations[:FILL_TICKS]:
         window.append(obs)
-    assert window.baseline is not None, "no baseline pinned"
+    assert window.baseline_span is not None, "no baseline pinned"
     started = time.process_time()
     for obs in observations[FILL_TICKS:]:
         window.append(obs)
@@ -140,12 +142,89 @@ def findings(module: ModuleType, observations: list[Observation]) -> list[list[t
     return out
 
 
+VLLM_TITLES = (
+    "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /models/llama-3-8b-instruct "
+    "--host 127.0.0.1 --port 8001 --served-model-name llama --max-num-seqs 64",
+    "VLLM::EngineCore",
+    "VLLM::Worker_TP0",
+    "/opt/vllm/bin/python -c from multiprocessing.resource_tracker import main;main(11)",
+)
+
+
+COUNTERS = (
+    "requests_running",
+    "requests_waiting",
+    "iterations_total",
+    "generation_tokens_total",
+    "prompt_tokens_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "request_success_total_by_reason",
+    "ttft_seconds",
+)
+
+
+def as_vllm(obs: Observation, *, metrics: bool, body: str) -> Observation:
+    """``obs`` as the daemon keeps it for a real vLLM engine: four processes, each with its
+    command line, and ``/metrics`` only on the rounds that read it, parsed from the body as
+    each scrape is (its own objects, not ones shared with the other observations)."""
+    assert isinstance(obs.proc, ProcSample) and isinstance(obs.metrics, EngineMetrics)
+    fresh = parse_metrics(body) if metrics else None
+    if fresh is not None:
+        assert isinstance(fresh, EngineMetrics)
+        fresh = replace(fresh, **{name: getattr(obs.metrics, name) for name in COUNTERS})
+    rss = obs.proc.rss_bytes_total
+    procs = tuple(
+        ProcInfo(
+            pid=7 + k, title=title, rss_bytes=rss // 4, cpu_seconds=obs.at_s, status="sleeping", zombie=False
+        )
+        for k, title in enumerate(VLLM_TITLES)
+    )
+    proc = replace(obs.proc, processes=procs, process_count=4, at_s=obs.at_s)
+    return replace(obs, proc=proc, metrics=fresh)
+
+
+def window_bytes(observations: list[Observation], *, thinned: bool, metrics_every: int) -> int:
+    """Python memory one engine's full window holds (tracemalloc), the observations built inside
+    the trace so that what the window keeps is what is counted."""
+    cfg = detectors.DetectorConfig()
+    body = FIXTURE.read_text()
+    parse_metrics(body)  # the series keys are parsed once per daemon, outside the window
+    tracemalloc.start()
+    if thinned:
+        window = detectors.new_window(cfg)
+    else:  # as before issue 16: every observation whole, the baseline's 301 kept
+        window = ObservationWindow(
+            max_count=4096,
+            max_age_s=cfg.lookback_s + 2 * cfg.stale_after_s,
+            baseline_s=cfg.degradation_baseline_s,
+            baseline_accept=lambda obs: detectors.baseline_has_traffic(obs, cfg),
+        )
+    before = tracemalloc.get_traced_memory()[0]
+    for i, obs in enumerate(observations):
+        window.append(as_vllm(obs, metrics=i % metrics_every == 0, body=body))
+    assert window.baseline_span is not None
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return held
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--against", type=Path, help="another checkout whose detectors to compare")
+    p.add_argument("--memory", action="store_true", help="a full window's memory, before and after thinning")
     args = p.parse_args()
     base = parse_metrics(FIXTURE.read_text())
     assert isinstance(base, EngineMetrics)
+    if args.memory:
+        observations = list(busy_engine(base))[:FILL_TICKS]
+        whole = window_bytes(observations, thinned=False, metrics_every=1)
+        thin = window_bytes(observations, thinned=True, metrics_every=2)
+        print("full window, one engine (41 min at a 2 s tick, a 4-process vLLM group):")
+        print(f"  whole observations, baseline kept, /metrics every round: {whole / 1e6:.2f} MB")
+        print(f"  thinned, baseline as statistics, /metrics every other round: {thin / 1e6:.2f} MB")
+        print(f"  at 8 engines: {8 * whole / 1e6:.1f} MB -> {8 * thin / 1e6:.1f} MB")
+        return
     observations = list(busy_engine(base))
     modules = {"this": detectors}
     if args.against is not None:

@@ -234,8 +234,21 @@ class ServerScript:
         return ok()
 
 
+@dataclass
 class FakeSweeper:
+    """One process per engine group, read at ``aio.now()``: its CPU time advances at
+    ``cpu_per_s`` of a core (0: idle or deadlocked), and not at all while ``stopped``."""
+
+    cpu_per_s: float = 0.0
+    stopped: bool = False
+    _cpu_s: float = 1.0
+    _last_s: float | None = None
+
     async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
+        now = aio.now()
+        if self._last_s is not None and not self.stopped:
+            self._cpu_s += self.cpu_per_s * (now - self._last_s)
+        self._last_s = now
         return ProcSample(
             pgid=pgid,
             processes=(
@@ -243,13 +256,14 @@ class FakeSweeper:
                     pid=pgid,
                     title="vllm",
                     rss_bytes=1 << 20,
-                    cpu_seconds=1.0,
-                    status="sleeping",
+                    cpu_seconds=self._cpu_s,
+                    status="stopped" if self.stopped else "sleeping",
                     zombie=False,
                 ),
             ),
             rss_bytes_total=1 << 20,
-            cpu_seconds_total=1.0,
+            cpu_seconds_total=self._cpu_s,
             process_count=1,
             zombie_count=0,
+            at_s=now,
         )

@@ -1160,3 +1160,22 @@ def test_actions_fields_problems(tmp_path: Path) -> None:
         f"{path}:10: engines[0].ladder[0].max-num-seqs: steps go down: 128 is above the engine's own 64"
         in (problems(path))
     )
+
+
+def test_live_canary_timeout_factor_below_one_is_a_problem(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        defaults:
+          command: [/bin/true]
+        engines:
+          - name: a
+            model: org/m
+            port: 8001
+            live_canary_timeout_s: 0.5
+            live_canary_timeout_factor: 0.5
+        """,
+    )
+    assert problems(path, check_paths=False) == [
+        f"{path}:8: engines[0].live_canary_timeout_factor: must be >= 1, got 0.5",
+    ]

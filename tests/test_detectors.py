@@ -26,6 +26,7 @@ from llmsupervisor.detectors import (
     FindingTracker,
     Severity,
     TrackerUpdate,
+    baseline_has_traffic,
     detect_all,
     detect_foreign_gpu_memory,
     detect_gpu_fault,
@@ -42,6 +43,7 @@ from llmsupervisor.detectors import (
     detect_throughput_degradation,
     detect_ttft_degradation,
     new_window,
+    span_stats,
 )
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.fake_gpu import nominal_sample
@@ -326,6 +328,189 @@ def test_hang_counts_time_from_the_window_start_without_any_sign_of_life() -> No
     assert detect_hang(win(observations), 110, CFG) is not None
 
 
+# --- HANG from /proc: a stopped process, a canary missed with no CPU used (issue 16) ----------
+
+API, CORE, WORKER = 4100, 4101, 4102
+
+
+def group(
+    at_s: float, cpu_s: dict[int, float], *, stopped: frozenset[int] = frozenset(), pgid: int = API
+) -> ProcSample:
+    """A vLLM engine's group (API server, EngineCore, Worker) as the sweep at ``at_s`` saw it."""
+    titles = {API: "vllm serve", CORE: "VLLM::EngineCore", WORKER: "VLLM::Worker_TP0"}
+    infos = tuple(
+        ProcInfo(
+            pid=pid,
+            title=titles[pid],
+            rss_bytes=GIB,
+            cpu_seconds=cpu,
+            status="stopped" if pid in stopped else "sleeping",
+            zombie=False,
+        )
+        for pid, cpu in sorted(cpu_s.items())
+    )
+    return ProcSample(
+        pgid=pgid,
+        processes=infos,
+        rss_bytes_total=GIB * len(infos),
+        cpu_seconds_total=sum(cpu_s.values()),
+        process_count=len(infos),
+        zombie_count=0,
+        at_s=at_s,
+    )
+
+
+def _sigstopped_worker(
+    stop_s: float, until_s: float, *, step_s: float = 2.0, canaries: bool = True
+) -> list[Observation]:
+    """An idle engine whose worker is stopped at ``stop_s``: /health 200, /metrics stale at 0,
+    every canary from then on missing a 1 s deadline (none run without ``canaries``); a sweep
+    per tick, taken as the round starts."""
+    out = []
+    for t in times(0, until_s, step_s):
+        stopped = frozenset({WORKER}) if t >= stop_s else frozenset()
+        cpu = {API: 1.0 + 0.01 * t, CORE: 5.0, WORKER: 5.0}  # the API server answers /health
+        canary = OK if t < stop_s else replace(TIMEOUT, latency_s=1.0) if canaries else None
+        out.append(
+            ob(t, metrics=idle(5), health=HEALTH_OK, canary=canary, proc=group(t - 1.0, cpu, stopped=stopped))
+        )
+    return out
+
+
+def test_stopped_worker_and_a_missed_canary_are_a_hang_in_one_round() -> None:
+    observations = _sigstopped_worker(stop_s=5.0, until_s=30.0)
+    # The round ending at 6 swept at 5 (stopped) and sent its canary then: it missed. Found 1 s
+    # after the stop, where the deadline rule needed 10 s and two misses.
+    assert opened_at(observations, replay(observations)) == [6]
+    finding = detect_hang(win(observations), 6, CFG)
+    assert finding is not None and finding.evidence["rule"] == "stopped"
+    assert finding.evidence["stopped_pid"] == WORKER and num(finding, "misses") == 1
+
+
+def test_stopped_worker_is_a_hang_within_two_sweeps_while_health_is_200() -> None:
+    observations = _sigstopped_worker(stop_s=5.0, until_s=30.0, canaries=False)
+    # No canary (the counters were moving): sweeps at 5 and 7 (observations at 6 and 8) both
+    # show it stopped, 2 s apart: found at 8, 3 s after the stop.
+    assert opened_at(observations, replay(observations)) == [8]
+    finding = detect_hang(win(observations), 8, CFG)
+    assert finding is not None
+    assert finding.evidence["rule"] == "stopped"
+    assert finding.evidence["stopped_pid"] == WORKER
+    assert finding.evidence["stopped_process"] == "VLLM::Worker_TP0"
+    assert finding.since_s == 5  # the first sweep that saw it stopped
+
+
+def test_stopped_engine_core_is_a_hang_even_with_the_canary_answering() -> None:
+    # A stopped process runs nothing, whatever else answers (a data-parallel peer, a cached
+    # reply): the rule needs no deadline miss.
+    observations = [
+        ob(t, metrics=idle(5), canary=OK, proc=group(t, {API: 1.0, CORE: 2.0}, stopped=frozenset({CORE})))
+        for t in (0, 2)
+    ]
+    finding = detect_hang(win(observations), 2, CFG)
+    assert finding is not None and finding.evidence["rule"] == "stopped"
+    assert finding.evidence["stopped_pid"] == CORE
+
+
+@pytest.mark.parametrize(
+    ("name", "samples", "fires"),
+    [
+        ("stopped in one sweep only", [({CORE: 2.0}, set()), ({CORE: 2.0}, {CORE})], False),
+        ("stopped twice but 0.5 s apart", [({CORE: 2.0}, {CORE}), ({CORE: 2.0}, {CORE})], False),
+        # A tracer (py-spy) stops the process for each sample; it runs in between.
+        ("stopped at each sweep but running between", [({CORE: 2.0}, {CORE}), ({CORE: 2.5}, {CORE})], False),
+        ("the stopped process was not in the older sweep", [({}, set()), ({CORE: 2.0}, {CORE})], False),
+    ],
+)
+def test_stopped_rule_needs_the_same_still_process_in_two_sweeps(
+    name: str, samples: list[tuple[dict[int, float], set[int]]], fires: bool
+) -> None:
+    step_s = 0.5 if "0.5 s" in name else 2.0
+    observations = [
+        ob(i * step_s, metrics=idle(5), proc=group(i * step_s, {API: 1.0, **cpu}, stopped=frozenset(stopped)))
+        for i, (cpu, stopped) in enumerate(samples)
+    ]
+    now = observations[-1].at_s
+    assert (detect_hang(win(observations), now, CFG) is not None) is fires
+
+
+def test_canary_missed_while_the_engine_used_no_cpu_is_a_hang_after_one_miss() -> None:
+    # A deadlocked EngineCore (no SIGSTOP, state "sleeping"): the canary misses its deadline and
+    # no process of the group computes anything meanwhile.
+    cpu = {API: 1.0, CORE: 40.0, WORKER: 80.0}
+    observations = [
+        ob(0, metrics=idle(5), health=HEALTH_OK, canary=OK, proc=group(0, cpu)),
+        ob(3, metrics=idle(5), health=HEALTH_OK, canary=replace(TIMEOUT, latency_s=1.0), proc=group(2, cpu)),
+        ob(5, metrics=idle(5), health=HEALTH_OK, proc=group(4.5, {**cpu, API: 1.02})),
+    ]
+    assert opened_at(observations, replay(observations)) == [5]
+    finding = detect_hang(win(observations), 5, CFG)
+    assert finding is not None and finding.evidence["rule"] == "cpu_idle"
+    assert num(finding, "misses") == 1 and num(finding, "cpu_span_s") == 2.5
+    assert num(finding, "cpu_ratio") == pytest.approx(0.008)
+
+
+def _long_prefill(cpu_per_s: float, until_s: float) -> list[Observation]:
+    """One huge prompt in one step (chunked prefill off): requests running, no step or token
+    counter moving, every canary queued behind it and missing; the core and worker computing at
+    ``cpu_per_s`` of a core each."""
+    out = [
+        ob(0, metrics=busy(100, running=1), canary=OK, proc=group(0, {API: 1.0, CORE: 10.0, WORKER: 10.0}))
+    ]
+    for t in times(2, until_s, 2):
+        cpu = {API: 1.0 + 0.01 * t, CORE: 10.0 + cpu_per_s * t, WORKER: 10.0 + cpu_per_s * t}
+        out.append(
+            ob(
+                t,
+                metrics=busy(100, running=1),
+                canary=replace(TIMEOUT, latency_s=1.0),
+                proc=group(t - 0.5, cpu),
+            )
+        )
+    return out
+
+
+def test_long_prefill_burning_cpu_is_not_a_hang() -> None:
+    # Busy, not dead: the counters stand still and every canary misses, but the engine computes.
+    observations = _long_prefill(cpu_per_s=0.9, until_s=10)
+    assert opened(replay(observations)) == []
+    # Past hang_after_s the deadline rule still applies (an engine that spins while hung burns
+    # CPU as well): a single step longer than that needs hang_after_s raised.
+    observations = _long_prefill(cpu_per_s=0.9, until_s=14)
+    assert [f.evidence["rule"] for f in opened(replay(observations))] == ["deadlines"]
+
+
+def test_the_same_stretch_with_no_cpu_used_is_a_hang_in_seconds() -> None:
+    observations = _long_prefill(cpu_per_s=0.0, until_s=10)
+    assert opened_at(observations, replay(observations)) == [4]
+    assert [f.evidence["rule"] for f in opened(replay(observations))] == ["cpu_idle"]
+
+
+def test_cpu_rule_needs_sweeps_around_the_miss() -> None:
+    cpu = {API: 1.0, CORE: 40.0}
+    miss = replace(TIMEOUT, latency_s=1.0)
+    # No sweep after the miss yet: unknown.
+    observations = [
+        ob(0, metrics=idle(5), canary=OK, proc=group(0, cpu)),
+        ob(3, metrics=idle(5), canary=miss, proc=group(0, cpu)),
+    ]
+    assert detect_hang(win(observations), 3, CFG) is None
+    # Sweeps only 0.4 s apart around it: too short to say the engine did nothing.
+    observations = [
+        ob(0, metrics=idle(5), canary=OK, proc=group(0, cpu)),
+        ob(3, metrics=idle(5), canary=replace(miss, latency_s=0.2), proc=group(2.8, cpu)),
+        ob(3.3, metrics=idle(5), proc=group(3.2, cpu)),
+    ]
+    assert detect_hang(win(observations), 3.3, CFG) is None
+    # Sweeps without times (an older sampler) are not read.
+    observations = [
+        ob(0, metrics=idle(5), canary=OK, proc=replace(group(0, cpu), at_s=None)),
+        ob(3, metrics=idle(5), canary=miss, proc=replace(group(2, cpu), at_s=None)),
+        ob(5, metrics=idle(5), proc=replace(group(4.5, cpu), at_s=None)),
+    ]
+    assert detect_hang(win(observations), 5, CFG) is None
+
+
 # --- STALL ---------------------------------------------------------------------------------------
 
 STALL_CASES: list[tuple[str, list[Observation], float, bool]] = [
@@ -525,8 +710,7 @@ DEGRADATION_DETECTORS = {
 )
 def test_degradation(name: str, current: dict[str, Any], expected: set[FindingKind]) -> None:
     window, now = _degradation(**current)
-    assert window.baseline is not None
-    assert (window.baseline[0].at_s, window.baseline[-1].at_s) == (10, 610)
+    assert window.baseline_span == (10, 610)
     fired = {kind for kind, detect in DEGRADATION_DETECTORS.items() if detect(window, now, CFG) is not None}
     assert fired == expected
 
@@ -556,17 +740,17 @@ def test_baseline_waits_for_traffic_and_ignores_canaries() -> None:
     sim = Sim()
     observations = sim.run(600, running=0, requests=0, canary=True)  # idle but for canaries
     window = win(observations)
-    assert window.baseline is None
+    assert window.baseline_span is None
     for o in sim.run(700):
         window.append(o)
-    assert window.baseline is not None
-    assert window.baseline[0].at_s >= 600 - 0.2 * CFG.degradation_baseline_s
+    assert window.baseline_span is not None
+    assert window.baseline_span[0] >= 600 - 0.2 * CFG.degradation_baseline_s
 
 
 def test_no_baseline_no_degradation() -> None:
     sim = Sim(step_s=60.0)
     window = win(sim.run(1800, requests=1))  # 10 requests per 10 min: fewer than 20
-    assert window.baseline is None
+    assert window.baseline_span is None
     assert all(d(window, sim.t, CFG) is None for d in DEGRADATION_DETECTORS.values())
 
 
@@ -1034,3 +1218,72 @@ def test_evidence_is_read_only() -> None:
     f = finding(u=1.0)
     with pytest.raises(TypeError):
         f.evidence["u"] = 2.0  # type: ignore[index]
+
+
+# --- A full window, thinned (issue 16): the same findings at a fraction of the memory -----------
+
+
+def _long_run(minutes: int, *, step_s: float = 2.0) -> list[Observation]:
+    """``minutes`` of a busy engine at the loop's rate: traffic that pins a baseline, a throughput
+    drop after half of it, RSS growing 2 GiB/h, a GPU; every probe filled in."""
+    sim = Sim(step_s=step_s)
+    out = []
+    rss = 8 * GIB
+    for i in range(int(minutes * 60 / step_s)):
+        slow = i * step_s > minutes * 30
+        o = sim.tick(tokens_per_s_per_running=5.0 if slow else 10.0, requests=1, canary=i % 7 == 0)
+        rss += round(2 * GIB * step_s / 3600)
+        sample = replace(group(o.at_s, {API: 1.0 + i, CORE: 2.0 + i, WORKER: 3.0 + i}), rss_bytes_total=rss)
+        out.append(replace(o, health=HEALTH_OK, proc=sample, gpus={0: gpu()}))
+    return out
+
+
+def test_thinned_window_finds_what_the_whole_window_finds() -> None:
+    whole = ObservationWindow(
+        max_count=4096,
+        max_age_s=CFG.lookback_s + 2 * CFG.stale_after_s,
+        baseline_s=CFG.degradation_baseline_s,
+        baseline_accept=lambda obs: baseline_has_traffic(obs, CFG),
+    )
+    thinned = new_window(CFG)
+    found_whole, found_thinned = [], []
+    for i, o in enumerate(_long_run(50)):
+        whole.append(o)
+        thinned.append(o)
+        if i % 15 == 0:
+            found_whole.append([(f.kind, f.severity, f.since_s) for f in detect_all(whole, o.at_s, CFG)])
+            found_thinned.append([(f.kind, f.severity, f.since_s) for f in detect_all(thinned, o.at_s, CFG)])
+    assert found_thinned == found_whole
+    kinds = {kind for tick in found_whole for kind, _, _ in tick}
+    assert {K.MEMORY_GROWTH, K.DEGRADATION_THROUGHPUT} <= kinds  # the long-lookback detectors ran
+    # Older observations are kept as their time and process totals only.
+    old = next(iter(thinned))
+    assert old.metrics is None and old.gpus == {} and isinstance(old.proc, ProcSample)
+    assert old.proc.processes == () and old.proc.rss_bytes_total > 8 * GIB
+    assert [o.at_s for o in thinned] == [o.at_s for o in whole]
+    assert thinned.baseline is None and thinned.baseline_span == (whole.baseline_span or ())
+
+
+def test_window_thins_only_past_its_horizon_and_keeps_its_bounds() -> None:
+    w = ObservationWindow(max_count=50, max_age_s=100.0, thin_after_s=20.0)
+    for t in times(0, 200, 2):
+        w.append(ob(t, metrics=idle(int(t)), proc=proc(GIB)))
+    assert len(w) == 50 and [o.at_s for o in w] == times(102, 200, 2)
+    whole = [o for o in w if o.metrics is not None]
+    assert [o.at_s for o in whole] == times(180, 200, 2)  # at or after newest - thin_after_s
+    assert all(o.proc is not None and o.metrics is None for o in w if o.at_s < 180)
+    assert [o.at_s for o in w.since(170)] == times(170, 200, 2)
+    assert [o.at_s for o in reversed(w)] == times(102, 200, 2)[::-1]
+    latest = w.latest()
+    assert latest is not None and latest.at_s == 200
+
+
+def test_pinned_baseline_is_kept_as_its_statistics() -> None:
+    w = new_window(CFG)
+    sim = Sim(step_s=2.0)
+    for _ in range(400):  # 800 s of traffic: the first 600 s are pinned
+        w.append(sim.tick())
+    assert w.baseline is None  # the observations are not kept
+    assert w.baseline_span is not None and w.baseline_span[1] - w.baseline_span[0] >= 600
+    stats = w.baseline_stats(span_stats)
+    assert stats is not None and stats.requests is not None and stats.requests >= 20

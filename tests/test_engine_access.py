@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import textwrap
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,7 @@ class _Procs:
     def port_holders(self, port: int) -> list[int | None]:
         return []
 
-    def spawn(self, argv: list[str], env: dict[str, str]) -> Any:
+    def spawn(self, argv: list[str], env: dict[str, str], cpus: Sequence[int] = ()) -> Any:
         self.spawned.append((argv, dict(env)))
 
         class Proc:

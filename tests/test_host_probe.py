@@ -209,7 +209,8 @@ def test_engines_share_one_sweep_per_max_age() -> None:
     sweeper = GroupSweeper(max_age_s=2.0, monotonic=clock.monotonic, list_groups=counting_lister(calls))
 
     async def scenario() -> None:
-        assert (await sweeper.sample(500, timeout_s=5)) == summarize(500, VLLM_TREE)
+        # Stamped with the sweeper's clock when the sweep started: detectors difference sweeps.
+        assert (await sweeper.sample(500, timeout_s=5)) == summarize(500, VLLM_TREE, at_s=clock.now_s)
         # The next engine asks for a group the first sweep did not cover: a new sweep, over both.
         assert isinstance(await sweeper.sample(900, timeout_s=5), ProcSample)
         clock.now_s += 1.0

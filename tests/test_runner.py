@@ -17,10 +17,12 @@ import pytest
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import FindingKind
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.commands import Command, Hold, Restart, Shed, Start, StepTo, Stop
 from llmsupervisor.engine.http import _success
 from llmsupervisor.engine.lifecycle import History
+from llmsupervisor.engine.observer import canary_deadline_s
 from llmsupervisor.engine.runner import EngineRunner
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.probes import ProbeFailure
@@ -55,10 +57,10 @@ class Recorder(aio.Changes):
         self.runner: EngineRunner | None = None
         self.published: list[EngineStatus] = []
 
-    def set(self) -> None:
+    def set(self, name: str | None = None) -> None:
         if self.runner is not None:
             self.published.append(self.runner.status())
-        super().set()
+        super().set(name)
 
 
 class Harness:
@@ -74,6 +76,7 @@ class Harness:
         self.procs = FakeProcesses(state_dir=tmp_path, **procs)
         self.server = ServerScript(self.procs)
         self.changes = Recorder()
+        self.sweeper = FakeSweeper()
         self.runner = EngineRunner(
             engine,
             procs=self.procs,
@@ -81,7 +84,7 @@ class Harness:
             tick_interval_s=2.0,
             changed=self.changes,
             gpus=gpus,
-            sweeper=FakeSweeper(),
+            sweeper=self.sweeper,
             history=history,
         )
         self.changes.runner = self.runner
@@ -491,6 +494,96 @@ def test_hung_canary_does_not_hold_a_restart(tmp_path: Path) -> None:
         await h.close()
 
     run(scenario)
+
+
+def hang_findings(h: Harness) -> list[str]:
+    """The rule of every HANG finding the runner published, in order."""
+    return [
+        str(f.evidence["rule"]) for s in h.changes.published for f in s.findings if f.kind is FindingKind.HANG
+    ]
+
+
+def test_stopped_engine_process_is_found_hung_within_5_s(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        await asyncio.sleep(7)
+        assert hang_findings(h) == []
+        frozen_s = aio.now()
+        h.sweeper.stopped = True  # SIGSTOP: the canary still answers here (a fake server)
+        await h.published(lambda s: any(f.kind is FindingKind.HANG for f in s.findings))
+        assert aio.now() - frozen_s <= 5.0  # virtual time: the tick, the sweeps, the rule
+        assert set(hang_findings(h)) == {"stopped"}
+        await h.close()
+
+    run(scenario)
+
+
+def test_canary_missed_with_no_cpu_used_is_found_hung_within_5_s(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        h.sweeper.cpu_per_s = 0.01  # idle: the API server answering /health
+        await h.state(S.READY)
+        await asyncio.sleep(7)
+        frozen_s = aio.now()
+        h.server.canary_hangs = True  # a deadlocked core: no answer, no CPU
+        h.sweeper.cpu_per_s = 0.0
+        await h.published(lambda s: any(f.kind is FindingKind.HANG for f in s.findings))
+        assert aio.now() - frozen_s <= 5.0
+        assert hang_findings(h)[0] == "cpu_idle"
+        await h.close()
+
+    run(scenario)
+
+
+def test_long_prefill_is_not_called_hung(tmp_path: Path) -> None:
+    """One long step: requests running, counters frozen, every canary queued behind it and
+    missing its (learned, 1 s) deadline, the engine computing: no finding before hang_after_s."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        await asyncio.sleep(5)
+        h.server.metrics = metrics(running=1, steps=50)
+        h.server.canary_hangs = True
+        h.sweeper.cpu_per_s = 1.0
+        await asyncio.sleep(11)
+        assert hang_findings(h) == []
+        h.server.metrics = metrics(running=1, steps=51)  # the step ends
+        h.server.canary_hangs = False
+        await asyncio.sleep(30)
+        assert hang_findings(h) == []
+        await h.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(("metrics_interval_s", "per_health"), [(4.0, 0.5), (0.0, 1.0)])
+def test_metrics_body_is_read_less_often_than_health(
+    tmp_path: Path, metrics_interval_s: float, per_health: float
+) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(metrics_interval_s=metrics_interval_s))
+        await h.state(S.READY)
+        h.server.calls.clear()
+        await asyncio.sleep(60)
+        health = sum(1 for what, _ in h.server.calls if what == "health")
+        scrapes = sum(1 for what, _ in h.server.calls if what == "metrics")
+        assert health >= 28  # every 2 s round
+        assert abs(scrapes - per_health * health) <= 1
+        await h.close()
+
+    run(scenario)
+
+
+def test_live_canary_deadline_is_learned_within_its_bounds() -> None:
+    s = spec(live_canary_timeout_s=3.0, live_canary_min_timeout_s=1.0, live_canary_timeout_factor=4.0)
+    assert canary_deadline_s([], s) == 3.0  # nothing learned yet: the ceiling
+    assert canary_deadline_s([0.02, 0.05, 0.03], s) == 1.0  # 4 x 50 ms: the floor
+    assert canary_deadline_s([0.02, 0.5], s) == 2.0  # 4 x the slowest
+    assert canary_deadline_s([2.0], s) == 3.0  # never above the ceiling
+    # A ceiling set below the floor's default is a fixed deadline, as before it was learned.
+    assert canary_deadline_s([0.01], spec(live_canary_timeout_s=0.5)) == 0.5
 
 
 def test_engine_dead_health_restarts(tmp_path: Path) -> None:

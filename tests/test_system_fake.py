@@ -407,3 +407,25 @@ def test_hang_is_found_while_health_says_200(daemon_factory):
     # Logged once, not every tick.
     assert d.log().count("finding hang (critical)") == 1
     assert d.stop() == 0
+
+
+def test_sigstopped_engine_core_is_found_hung_by_its_process_state(daemon_factory):
+    """The fake's EngineCore child frozen with SIGSTOP: the API server (the fake itself) still
+    answers /health and every canary, so only /proc can tell; the process sweep sees it stopped."""
+    port = free_port()
+    engine = fake_engine("a", port, fake_child=True, automatic_actions=False)
+    d = daemon_factory({"engines": [engine]})
+    d.start()
+    e = d.wait_state("a", "ready")
+    core = next(p for p in group_of(e["pid"]) if "fake-enginecore" in " ".join(psutil.Process(p).cmdline()))
+    os.kill(core, signal.SIGSTOP)
+    try:
+        d.wait_log("[a] finding hang (critical)", timeout_s=30)
+        line = next(x for x in d.log().splitlines() if "[a] finding hang (critical)" in x)
+        assert "rule=stopped" in line and f"stopped_pid={core}" in line, line
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        assert completion(port).status_code == 200
+    finally:
+        os.kill(core, signal.SIGCONT)
+    # Running again: the finding clears after clear_s (30 s), not asserted here.
+    assert d.stop() == 0

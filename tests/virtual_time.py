@@ -27,8 +27,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # Nothing to run now: the earliest timer is due now (asyncio internals, stable in 3.11+).
         ready = self._ready  # type: ignore[attr-defined]
         scheduled = self._scheduled  # type: ignore[attr-defined]
-        if not ready and scheduled:
-            self._virtual_s = max(self._virtual_s, scheduled[0].when())
+        if scheduled:
+            when = scheduled[0].when()
+            # A timer within the clock's resolution runs now even with other callbacks ready;
+            # the clock must reach it too, or a task that waits "until t" (t a hair ahead) finds
+            # t still ahead and waits again, forever while others keep the loop busy.
+            if not ready or when < self._virtual_s + self._clock_resolution:  # type: ignore[attr-defined]
+                self._virtual_s = max(self._virtual_s, when)
         super()._run_once()  # type: ignore[misc]
 
 

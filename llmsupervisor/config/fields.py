@@ -559,6 +559,14 @@ DETECTOR_DOCS: Final[Mapping[str, str]] = {
     "hang_min_misses": (
         "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life"
     ),
+    "hang_stopped_after_s": (
+        "hang: a process of the engine stopped (SIGSTOP, a tracer) with no CPU time gained this long"
+    ),
+    "hang_cpu_idle_ratio": (
+        "hang: a missed canary while the engine's processes used under this share of a core"
+    ),
+    "hang_cpu_min_span_s": "hang (CPU idle): the CPU reading must span at least this",
+    "hang_cpu_max_span_s": "hang (CPU idle): and at most this (older readings say nothing of now)",
     "stall_after_s": (
         "stall: requests running or waiting in every reading while the counters stood still this long"
     ),
@@ -674,7 +682,17 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         _number(lo=0, lo_open=True),
         "while READY and vLLM's counters stand still, a canary this often (never while they move)",
     ),
-    "live_canary_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of a canary while READY"),
+    "live_canary_timeout_s": Field(
+        _number(lo=0, lo_open=True),
+        "the longest deadline of a canary while READY (the deadline is learned from the engine's "
+        "own recent canaries: live_canary_timeout_factor x the slowest of the last 8)",
+    ),
+    "live_canary_min_timeout_s": Field(
+        _number(lo=0, lo_open=True), "the shortest deadline of a canary while READY"
+    ),
+    "live_canary_timeout_factor": Field(
+        _number(lo=1), "the live canary's deadline: this x the slowest of the engine's last 8 canaries"
+    ),
     "canary_prompt": Field(_string(), "the prompt of the one-token canary completion"),
     "canary": Field(
         _string(choices=CANARY_KINDS),
@@ -690,6 +708,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         _boolean, "true: keep vLLM's access lines for the supervisor's own probes in the journal"
     ),
     "health_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of each /health probe"),
+    "metrics_interval_s": Field(
+        _number(lo=0),
+        "vLLM's full /metrics body is read this often (0: every tick); /health, the process sweep "
+        "and the canary every tick",
+    ),
     # 64 KiB to 1 GiB: below, a real vLLM body would not fit; above, parsing it takes minutes.
     "metrics_max_body_bytes": Field(
         _number(lo=64 * 1024, hi=1024**3, integer=True),

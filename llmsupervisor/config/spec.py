@@ -73,8 +73,13 @@ class EngineSpec:
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
     canary_timeout_s: float = 30.0
-    canary_interval_s: float = 3.0
+    canary_interval_s: float = 2.0
+    # The live canary's deadline is learned from the engine's own recent canaries, as TCP learns
+    # its retransmission timeout: live_canary_timeout_factor x the slowest of the last few,
+    # within [live_canary_min_timeout_s, live_canary_timeout_s] (engine/observer.py).
     live_canary_timeout_s: float = 3.0
+    live_canary_min_timeout_s: float = 1.0
+    live_canary_timeout_factor: float = 4.0
     canary_prompt: str = "Hello"
     canary: str = "auto"  # one of CANARY_KINDS; see canary_kind
     # The engine's API key: read from api_key_file when the config is loaded (never shown:
@@ -87,6 +92,10 @@ class EngineSpec:
     health_timeout_s: float = 5.0
     # A /metrics body larger than this is a parse failure, read no further (8 MiB; vLLM's ~60 kB).
     metrics_max_body_bytes: int = 8 * 1024 * 1024
+    # The full /metrics body (50 kB, the largest share of the daemon's CPU) is read every
+    # metrics_interval_s, /health, the process sweep and (when the counters stand still) the
+    # canary every round: liveness from the cheap signals, load and trends from the expensive one.
+    metrics_interval_s: float = 4.0
     backoff_initial_s: float = 10.0
     backoff_max_s: float = 300.0
     backoff_jitter_ratio: float = 0.2

@@ -18,6 +18,7 @@ nothing across a restart, so the loop starts a new window when it respawns.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,29 +99,59 @@ def canary_load(observations: Sequence[Observation], after_s: float, upto_s: flo
 
 
 BaselineAccept = Callable[[Sequence[Observation]], bool]
+BaselineCompute = Callable[[tuple[Observation, ...]], object]
+
+
+def thin_observation(obs: Observation) -> Observation:
+    """What an old observation is kept as: its time and its process group's totals (RSS for the
+    memory-growth slope), without the metrics, checks, GPU samples and per-process details that
+    only the last few minutes' detectors read. A tenth of the memory (docs/benchmarks.md)."""
+    proc = obs.proc
+    if isinstance(proc, ProcSample):
+        proc = ProcSample(
+            pgid=proc.pgid,
+            processes=(),
+            rss_bytes_total=proc.rss_bytes_total,
+            cpu_seconds_total=proc.cpu_seconds_total,
+            process_count=proc.process_count,
+            zombie_count=proc.zombie_count,
+            at_s=proc.at_s,
+        )
+    return Observation(engine=obs.engine, at_s=obs.at_s, proc=proc)
 
 
 class ObservationWindow:
     """The recent observations of one engine incarnation, oldest first; bounded and cheap.
 
     ``max_count`` and ``max_age_s`` bound the ring (the age against the newest observation, so
-    no clock is read). Separately, when ``baseline_s`` is set, the window keeps the engine's
-    *baseline*: the first span of ``baseline_s`` seconds that ``baseline_accept`` approves
-    (the detectors' "enough real traffic" rule). Until a span is approved the candidate slides
-    forward; once approved it is pinned for the life of the window, even after the ring has
-    dropped those observations. ``baseline_stats`` keeps what is computed from it.
+    no clock is read). With ``thin_after_s``, observations older than that (against the newest)
+    are kept only as ``thin(obs)`` (``thin_observation``: time and process totals), for the
+    detectors that read that far back.
+
+    Separately, when ``baseline_s`` is set, the window keeps the engine's *baseline*: the first
+    span of ``baseline_s`` seconds that ``baseline_accept`` approves (the detectors' "enough real
+    traffic" rule). Until a span is approved the candidate slides forward; once approved it is
+    pinned for the life of the window, even after the ring has dropped those observations.
+    ``baseline_stats`` keeps what is computed from it. Given ``baseline_compute``, the window
+    computes that when it pins the span and keeps only the answer and the span's ends
+    (``baseline_span``), not the ~300 observations (``baseline`` is then None).
     """
 
     __slots__ = (
         "_baseline",
         "_baseline_accept",
+        "_baseline_compute",
         "_baseline_memo",
         "_baseline_s",
+        "_baseline_span",
         "_candidate",
         "_engine",
         "_items",
         "_max_age_s",
         "_max_count",
+        "_old",
+        "_thin",
+        "_thin_after_s",
     )
 
     def __init__(
@@ -130,6 +161,9 @@ class ObservationWindow:
         max_age_s: float = 3600.0,
         baseline_s: float | None = None,
         baseline_accept: BaselineAccept | None = None,
+        baseline_compute: BaselineCompute | None = None,
+        thin_after_s: float | None = None,
+        thin: Callable[[Observation], Observation] = thin_observation,
     ) -> None:
         if max_count < 1:
             raise ValueError(f"max_count must be at least 1, not {max_count}")
@@ -137,13 +171,20 @@ class ObservationWindow:
             raise ValueError(f"max_age_s must be positive, not {max_age_s}")
         if baseline_s is not None and baseline_s <= 0:
             raise ValueError(f"baseline_s must be positive, not {baseline_s}")
+        if thin_after_s is not None and thin_after_s <= 0:
+            raise ValueError(f"thin_after_s must be positive, not {thin_after_s}")
         self._max_count = max_count
         self._max_age_s = max_age_s
         self._baseline_s = baseline_s
         self._baseline_accept = baseline_accept
-        self._items: deque[Observation] = deque(maxlen=max_count)
+        self._baseline_compute = baseline_compute
+        self._thin_after_s = thin_after_s
+        self._thin = thin
+        self._items: deque[Observation] = deque()  # whole, newer than thin_after_s
+        self._old: deque[Observation] = deque()  # thinned, older
         self._candidate: deque[Observation] = deque(maxlen=max_count)
         self._baseline: tuple[Observation, ...] | None = None
+        self._baseline_span: tuple[float, float] | None = None
         # compute -> compute(baseline), for the pinned baseline only (see baseline_stats).
         self._baseline_memo: tuple[Callable[[tuple[Observation, ...]], object], object] | None = None
         self._engine: str | None = None
@@ -158,21 +199,28 @@ class ObservationWindow:
 
     @property
     def baseline(self) -> tuple[Observation, ...] | None:
-        """The approved baseline span, oldest first; None until one has been approved."""
+        """The approved baseline span, oldest first; None until one has been approved, and when
+        the window kept only its ``baseline_compute`` answer."""
         return self._baseline
+
+    @property
+    def baseline_span(self) -> tuple[float, float] | None:
+        """The first and last observation times of the approved baseline; None until then."""
+        return self._baseline_span
 
     def baseline_stats(self, compute: Callable[[tuple[Observation, ...]], T]) -> T | None:
         """``compute(baseline)``, computed once per pinned baseline; None until one is pinned.
 
         A pinned baseline (~300 observations) never changes, yet the degradation detectors read
         it on every tick: the window that owns it keeps the answer. One answer is kept, that of
-        the last ``compute``, so pass the same function (not a new lambda) on every call.
+        the last ``compute``, so pass the same function (not a new lambda) on every call. A
+        window that kept only its ``baseline_compute`` answer has no other: None.
         """
-        if self._baseline is None:
-            return None
         memo = self._baseline_memo
         if memo is not None and memo[0] is compute:
             return cast(T, memo[1])
+        if self._baseline is None:
+            return None
         value = compute(self._baseline)
         self._baseline_memo = (compute, value)
         return value
@@ -183,34 +231,49 @@ class ObservationWindow:
             self._engine = obs.engine
         elif obs.engine != self._engine:
             raise ValueError(f"observation of {obs.engine!r} in the window of {self._engine!r}")
-        if self._items and obs.at_s < self._items[-1].at_s:
-            raise ValueError(f"observation at {obs.at_s} is older than the newest ({self._items[-1].at_s})")
-        self._items.append(obs)
+        newest = self.latest()
+        if newest is not None and obs.at_s < newest.at_s:
+            raise ValueError(f"observation at {obs.at_s} is older than the newest ({newest.at_s})")
+        items, old = self._items, self._old
+        items.append(obs)
         horizon = obs.at_s - self._max_age_s
-        while self._items[0].at_s < horizon:
-            self._items.popleft()
+        while old and (old[0].at_s < horizon or len(old) + len(items) > self._max_count):
+            old.popleft()
+        while items[0].at_s < horizon or (not old and len(items) > self._max_count):
+            items.popleft()
+        if self._thin_after_s is not None:
+            thin_before = obs.at_s - self._thin_after_s
+            while items[0].at_s < thin_before:
+                old.append(self._thin(items.popleft()))
         self._grow_baseline(obs)
 
     def _grow_baseline(self, obs: Observation) -> None:
-        if self._baseline is not None or self._baseline_s is None:
+        if self._baseline_span is not None or self._baseline_s is None:
             return
         self._candidate.append(obs)
         # Slide: the first span of baseline_s that the rule approves becomes the baseline.
         while self._candidate and obs.at_s - self._candidate[0].at_s >= self._baseline_s:
             if self._baseline_accept is None or self._baseline_accept(self._candidate):
-                self._baseline = tuple(self._candidate)
-                self._baseline_memo = None  # computed from another baseline, if any
+                baseline = tuple(self._candidate)
+                self._baseline_span = (baseline[0].at_s, baseline[-1].at_s)
                 self._candidate.clear()
+                if self._baseline_compute is not None:
+                    self._baseline_memo = (self._baseline_compute, self._baseline_compute(baseline))
+                else:
+                    self._baseline = baseline
+                    self._baseline_memo = None  # computed from another baseline, if any
                 return
             self._candidate.popleft()
 
     def latest(self) -> Observation | None:
-        return self._items[-1] if self._items else None
+        if self._items:
+            return self._items[-1]
+        return self._old[-1] if self._old else None
 
     def since(self, t: float) -> tuple[Observation, ...]:
         """The observations at or after ``t``, oldest first (scans from the newest end)."""
         out: list[Observation] = []
-        for obs in reversed(self._items):
+        for obs in reversed(self):
             if obs.at_s < t:
                 break
             out.append(obs)
@@ -218,23 +281,25 @@ class ObservationWindow:
         return tuple(out)
 
     def __iter__(self) -> Iterator[Observation]:
-        return iter(self._items)
+        return itertools.chain(self._old, self._items)
 
     def __reversed__(self) -> Iterator[Observation]:
-        return reversed(self._items)
+        return itertools.chain(reversed(self._items), reversed(self._old))
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._old) + len(self._items)
 
     def __bool__(self) -> bool:
-        return bool(self._items)
+        return bool(self._items) or bool(self._old)
 
 
 __all__ = [
     "BaselineAccept",
+    "BaselineCompute",
     "CanaryLoad",
     "Observation",
     "ObservationWindow",
     "canary_load",
     "check_timed_out",
+    "thin_observation",
 ]

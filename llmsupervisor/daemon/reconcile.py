@@ -23,6 +23,36 @@ from llmsupervisor.engine.status import EngineStatus
 log = logging.getLogger("llmsupervisor")
 
 
+PolicyKey = tuple[object, ...]
+
+
+def policy_key(status: EngineStatus) -> PolicyKey:
+    """What of a status the policy and its memory read, so that a publish that changed none of
+    it (an observation round: latencies, counters, a finding's evidence) needs no reconcile.
+
+    Findings by kind, severity and start, not their evidence or summary (rewritten every round);
+    ``commands_taken`` because the fleet's ``pending`` reads it; the spec by identity (a reload
+    makes a new one). Time-driven decisions (schedules, cooldowns, calm periods) are the tick's.
+    """
+    return (
+        status.state,
+        status.state_since_s,
+        status.state_changes_total,
+        status.incarnation,
+        status.wants_run,
+        status.held,
+        status.shed,
+        status.final,
+        status.busy,
+        tuple((f.kind, f.severity, f.since_s) for f in status.findings),
+        status.ladder_step,
+        status.start_failed_oom,
+        status.prefix_reset_supported,
+        status.commands_taken,
+        id(status.spec),
+    )
+
+
 def view_of(status: EngineStatus, memory: EngineMemory, *, pending: bool = False) -> EngineView:
     """What the policy knows of one engine: its status, and the policy's own memory of it."""
     inc = status.incarnation

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
 from llmsupervisor.agent import AgentServers
-from llmsupervisor.config import SupervisorConfig
+from llmsupervisor.config import EngineSpec, SupervisorConfig
 from llmsupervisor.core.placement import AUTO
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
@@ -45,7 +45,7 @@ from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.placement import describe, place_config, topology
-from llmsupervisor.daemon.reconcile import Reconciler
+from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
 from llmsupervisor.daemon.requests import (
     AnyRequest,
@@ -65,7 +65,9 @@ from llmsupervisor.daemon.status import (
     status_json,
     summary,
 )
+from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import HostProcesses, Processes
+from llmsupervisor.engine.observer import GroupSampler
 from llmsupervisor.exporter import Exporter
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
@@ -99,6 +101,8 @@ class Supervisor:
         gpu_reader: GpuReader | None = None,
         procs: Processes | None = None,
         minute_of_day: Callable[[], int] = local_minute_of_day,
+        http_for: Callable[[EngineSpec], EngineHttp] | None = None,
+        sweeper: GroupSampler | None = None,
     ) -> None:
         self.config = config
         settings = config.supervisor
@@ -127,12 +131,13 @@ class Supervisor:
             gpu_reader = NvmlReader()
         self.gpu_monitor = GpuMonitor(gpu_reader, interval_s=self.tick_s)
         # One /proc sweep per tick for all engines: per engine, it cost engines x processes.
-        self.sweeper = GroupSweeper(max_age_s=self.tick_s, monotonic=aio.now)
+        self.sweeper = sweeper or GroupSweeper(max_age_s=self.tick_s, monotonic=aio.now)
         self.fleet = Fleet(
             procs=procs or HostProcesses(self.state_dir),
             tick_interval_s=self.tick_s,
             gpus=self.gpu_monitor,
             sweeper=self.sweeper,
+            http_for=http_for,  # tests: a scripted server
         )
         self.memory = PolicyMemory()
         self.marks = GpuMarks(self.state_dir / "gpu-faults.json")
@@ -149,6 +154,9 @@ class Supervisor:
         )
         self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
         self._rounds_seen: dict[str, int] = {}
+        self._policy_keys: dict[str, PolicyKey] = {}  # as the last reconcile saw each engine
+        self._changes_seen: dict[str, int] = {}  # state_changes_total as last looked at
+        self.reconciles_total = 0
         self.status_file = StatusFile(self.state_dir / "status.json")
         self.guard = GuardProcess(self.state_dir)
         self.agents = AgentServers(self.fleet.status)
@@ -358,6 +366,7 @@ class Supervisor:
         next_tick_s = aio.now()
         while True:
             self._request_arrived.clear()
+            handled = bool(self._requests)
             while self._requests:
                 request = self._requests.popleft()
                 if request in (Request.SHUTDOWN, Request.SHUTDOWN_NOW):
@@ -365,25 +374,52 @@ class Supervisor:
                         self.submit(request)  # the shutdown sees it and escalates at once
                     return
                 self._handle(request)
-            self._reconcile()
-            if aio.now() >= next_tick_s:
+            # Only the engines that published since the last turn are looked at: a publish that
+            # changed nothing the policy reads (most of them: one per observation round) costs
+            # no reconcile. The tick reconciles regardless, for the decisions that time makes.
+            policy_changed, state_changed = self._look(self.fleet.changes.take_changed())
+            tick_due = aio.now() >= next_tick_s
+            if tick_due or policy_changed or handled:
+                self._reconcile()
+            if tick_due:
                 self._tick()
                 next_tick_s = aio.now() + tick_s
-            elif self._state_changes() != self._changes_written:
+            elif state_changed:
                 self._write_status()
             seen = self.fleet.changes.version
             await aio.wait_any(
                 self._request_arrived.wait(), self.fleet.changes.wait(seen), timeout_s=next_tick_s - aio.now()
             )
 
+    def _look(self, changed: set[str] | None) -> tuple[bool, bool]:
+        """(did anything the policy reads change, did any engine change state) among the engines
+        in ``changed`` (None: every engine), noting each new observation round for the exporter."""
+        if changed is None:
+            changed = set(self.fleet.runners) | set(self._policy_keys)
+        policy_changed = state_changed = False
+        for name in changed:
+            s = self.fleet.status(name)
+            if s is None:  # retired
+                policy_changed = state_changed = True
+                self._policy_keys.pop(name, None)
+                self._changes_seen.pop(name, None)
+                continue
+            if s.rounds_total != self._rounds_seen.get(name, 0):  # each round once, into the histogram
+                self._rounds_seen[name] = s.rounds_total
+                self.exporter.observe_engine_round(name, s.last_round_s)
+            if self._policy_keys.get(name) != policy_key(s):
+                policy_changed = True
+            if self._changes_seen.get(name) != s.state_changes_total:
+                self._changes_seen[name] = s.state_changes_total
+                state_changed = True
+        return policy_changed, state_changed
+
     def _reconcile(self) -> None:
         statuses = self.fleet.statuses()
-        for s in statuses:  # each observation round once into the exporter's histogram
-            if s.rounds_total != self._rounds_seen.get(s.name, 0):
-                self._rounds_seen[s.name] = s.rounds_total
-                self.exporter.observe_engine_round(s.name, s.last_round_s)
         if self._stopping:
             return
+        self.reconciles_total += 1
+        self._policy_keys = {s.name: policy_key(s) for s in statuses}
         settings = self.config.supervisor
         self.reconcile(
             statuses,

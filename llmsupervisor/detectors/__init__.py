@@ -80,12 +80,17 @@ def new_window(cfg: DetectorConfig, *, max_count: int = 4096) -> ObservationWind
     """A window sized for these detectors: the longest lookback plus a margin, and the baseline.
 
     ``max_count`` must cover ``cfg.lookback_s`` at the loop's tick rate (4096 ticks: 1 h at 1 s).
+    Observations older than every detector but the memory slope reads are thinned to their time
+    and process totals, and the pinned baseline is kept as its statistics: what the detectors
+    read, at a tenth of the memory of whole observations.
     """
     return ObservationWindow(
         max_count=max_count,
         max_age_s=cfg.lookback_s + 2 * cfg.stale_after_s,
         baseline_s=cfg.degradation_baseline_s,
         baseline_accept=lambda obs: baseline_has_traffic(obs, cfg),
+        baseline_compute=span_stats,
+        thin_after_s=cfg.recent_lookback_s + 2 * cfg.stale_after_s,
     )
 
 

@@ -93,6 +93,19 @@ class DetectorConfig:
     # This is the SIGSTOP case (gauges stale at 0), found within about 2 canary deadlines.
     hang_idle_after_s: float = 10.0
     hang_min_misses: int = 2
+    # Two faster signs of a hang, read from /proc by the process sweep (issue 16). Neither can
+    # mistake a busy engine for a dead one: a busy engine runs, and burns CPU.
+    # A process of the engine's group stopped by the kernel (SIGSTOP, or held by a tracer) in
+    # sweeps at least this far apart, its CPU time unchanged between them: HANG at once.
+    hang_stopped_after_s: float = 1.0
+    # A canary missed its deadline and, between the two process sweeps around it (at least
+    # hang_cpu_min_span_s and at most hang_cpu_max_span_s apart), the whole group used less than
+    # this share of one core: nothing is computing the request (a deadlocked or frozen core).
+    # An engine that spins while hung (an NCCL collective waiting on a lost peer) burns CPU and
+    # is left to the deadline rule above.
+    hang_cpu_idle_ratio: float = 0.05
+    hang_cpu_min_span_s: float = 1.0
+    hang_cpu_max_span_s: float = 10.0
 
     # STALL: running + waiting > 0 in every reading while the counters stood still this long.
     stall_after_s: float = 60.0
@@ -153,12 +166,31 @@ class DetectorConfig:
             raise ValueError("kv_usage_threshold_ratio must be in (0, 1]")
         if not 0 < self.kv_usage_clear_ratio <= 1:
             raise ValueError("kv_usage_clear_ratio must be in (0, 1]")
+        if not 0 <= self.hang_cpu_idle_ratio < 1:
+            raise ValueError("hang_cpu_idle_ratio must be in [0, 1)")
+        if self.hang_cpu_max_span_s < self.hang_cpu_min_span_s:
+            raise ValueError("hang_cpu_max_span_s must be at least hang_cpu_min_span_s")
         if self.hang_min_misses < 1 or self.gpu_lost_min_samples < 1 or self.memory_min_samples < 3:
             raise ValueError("hang_min_misses, gpu_lost_min_samples >= 1 and memory_min_samples >= 3")
 
     @property
     def kv_usage_clear_below_ratio(self) -> float:
         return self.kv_usage_threshold_ratio * self.kv_usage_clear_ratio
+
+    @property
+    def recent_lookback_s(self) -> float:
+        """The longest stretch any detector reads whole observations of: all but the memory
+        slope, which reads only the process totals (``ObservationWindow`` thins older ones)."""
+        return max(
+            self.hang_after_s,
+            self.hang_idle_after_s,
+            self.hang_cpu_max_span_s,
+            self.stall_after_s,
+            self.preemption_window_s,
+            self.degradation_eval_s,
+            self.gpu_fault_lookback_s,
+            self.stale_after_s,
+        )
 
     @property
     def lookback_s(self) -> float:

@@ -114,12 +114,12 @@ Spans = tuple[SpanStats, SpanStats, Observation]
 def degradation_spans(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Spans | None:
     """The baseline and the last ``degradation_eval_s``, if both can be compared at all; the
     three degradation detectors share it (``detect_all`` computes it once per tick)."""
-    baseline_obs = window.baseline
-    if not baseline_obs:
+    baseline_span = window.baseline_span
+    if baseline_span is None:
         return None
     recent = upto(window, now - cfg.degradation_eval_s, now)
     # The current span must not overlap the baseline, and must be nearly the full eval span.
-    recent = tuple(o for o in recent if o.at_s > baseline_obs[-1].at_s)
+    recent = tuple(o for o in recent if o.at_s > baseline_span[1])
     if not recent or now - recent[-1].at_s > cfg.stale_after_s:
         return None
     # The pinned baseline's stats are computed once, by the window that pins it.

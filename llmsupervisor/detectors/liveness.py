@@ -4,18 +4,123 @@ STALL (work queued, counters still).
 Busy is not dead (docs/vllm-notes.md §7): a slow canary while the step or token counters advance is
 load, not a hang. These two are the only detectors that need no ``sustain_s``: each already
 needs its counters frozen for a stretch of readings.
+
+A HANG is found by the first of three rules (issue 16), fastest first:
+
+``stopped``    a process of the group held by the kernel (SIGSTOP, a tracer) in two process
+               sweeps ``hang_stopped_after_s`` apart, its CPU time unchanged, or in the sweep of
+               a round whose canary then missed its deadline: a fact, ~2-4 s;
+``cpu_idle``   a canary missed its deadline and the group used (almost) no CPU between the
+               sweeps around it: nothing is computing it (a deadlocked or frozen core), ~3-5 s;
+``deadlines``  ``hang_min_misses`` deadline misses and no sign of life for ``hang_*after_s``:
+               the rule for what /proc cannot tell (an engine that spins while hung), 10-14 s.
+
+None of them reads a busy engine as dead: a running engine is not stopped and burns CPU, and the
+deadline rule counts moving counters as life.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
 K = FindingKind
+
+
+def _sweeps(window: ObservationWindow, now: float, oldest_s: float) -> Iterator[ProcSample]:
+    """The distinct process sweeps in the window, newest first, back to ``oldest_s``. Several
+    observations (and several engines) share one sweep; a sample without a time is skipped."""
+    last_at: float | None = None
+    for obs in newest_first(window, now):
+        if obs.at_s < oldest_s:
+            return
+        sample = obs.proc
+        if not isinstance(sample, ProcSample) or sample.at_s is None or sample.at_s == last_at:
+            continue
+        last_at = sample.at_s
+        yield sample
+
+
+def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[ProcInfo, float] | None:
+    """A process stopped, CPU time unchanged, in sweeps ``hang_stopped_after_s`` apart: the
+    process and the time of the oldest of those sweeps."""
+    sweeps = _sweeps(window, now, now - cfg.stale_after_s)
+    newest = next(sweeps, None)
+    if newest is None or newest.at_s is None:
+        return None
+    held = {p.pid: p for p in newest.processes if p.stopped and not p.zombie}
+    for older in sweeps:
+        if not held:
+            return None
+        before = {p.pid: p for p in older.processes}
+        held = {
+            pid: p
+            for pid, p in held.items()
+            if (b := before.get(pid)) is not None and b.stopped and b.cpu_seconds == p.cpu_seconds
+        }
+        assert older.at_s is not None  # _sweeps yields only timed samples
+        if held and newest.at_s - older.at_s >= cfg.hang_stopped_after_s:
+            return min(held.values(), key=lambda p: p.pid), older.at_s
+    return None
+
+
+def _stopped_at_miss(missed: list[Observation]) -> tuple[ProcInfo, float] | None:
+    """A process stopped in the sweep of a round whose canary then missed its deadline: the
+    sweep is taken as the round starts, the canary sent with it, so the stop came first and
+    the engine did not answer after it. One round instead of two sweeps a second apart."""
+    for obs in missed:
+        sample = obs.proc
+        if not check_timed_out(obs.canary) or not isinstance(sample, ProcSample):
+            continue
+        held = [p for p in sample.processes if p.stopped and not p.zombie]
+        if held:
+            return held[0], sample.at_s if sample.at_s is not None else obs.at_s
+    return None
+
+
+def _cpu_used_s(older: ProcSample, newer: ProcSample) -> float | None:
+    """CPU seconds the group's processes used between two sweeps, over the processes in both;
+    None if no process is in both with a readable CPU time."""
+    before = {p.pid: p.cpu_seconds for p in older.processes if p.cpu_seconds is not None}
+    used = [
+        p.cpu_seconds - before[p.pid]
+        for p in newer.processes
+        if p.cpu_seconds is not None and p.pid in before
+    ]
+    return sum(used) if used else None
+
+
+def _cpu_idle_through(
+    window: ObservationWindow, now: float, cfg: DetectorConfig, miss: Observation
+) -> tuple[float, float] | None:
+    """(CPU share of one core, span) between the newest sweep taken before ``miss``'s canary was
+    sent and the oldest taken after it gave up, when that share is under ``hang_cpu_idle_ratio``."""
+    assert miss.canary is not None
+    sent_s = miss.at_s - miss.canary.latency_s
+    after: ProcSample | None = None
+    for sample in _sweeps(window, now, miss.at_s - cfg.hang_cpu_max_span_s):
+        assert sample.at_s is not None
+        if sample.at_s >= miss.at_s:
+            after = sample  # walking back: ends at the oldest sweep after the miss
+            continue
+        if sample.at_s > sent_s or after is None:
+            continue
+        assert after.at_s is not None
+        span_s = after.at_s - sample.at_s
+        if not cfg.hang_cpu_min_span_s <= span_s <= cfg.hang_cpu_max_span_s:
+            return None
+        used_s = _cpu_used_s(sample, after)
+        if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s:
+            return None
+        return used_s / span_s, span_s
+    return None
 
 
 def _metrics_timed_out(obs: Observation) -> bool:
@@ -39,7 +144,9 @@ def _miss_detail(obs: Observation) -> str:
 
 
 def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """No sign of life for ``hang_*after_s`` and at least ``hang_min_misses`` deadline misses.
+    """A process of the group stopped, or a canary missed while the group used no CPU (the
+    ``stopped`` and ``cpu_idle`` rules, module docstring); else no sign of life for
+    ``hang_*after_s`` and at least ``hang_min_misses`` deadline misses (``deadlines``).
 
     Signs of life: a canary that answered, or a step/token counter that moved between two
     readings (busy, not dead, even if the canary was slow). A deadline miss: the canary,
@@ -71,24 +178,52 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     missed = [o for o in missed if last_life_s is None or o.at_s > last_life_s]
     misses = len(missed)
     last_miss = missed[0] if missed else None
-    if misses < cfg.hang_min_misses or last_miss is None:
-        return None
     # Without any sign of life in the window, count from the first observation: the window
     # shows nothing earlier.
     frozen_since = last_life_s if last_life_s is not None else oldest.at_s
     work = None if last_reading is None else in_flight(last_reading)
     idle = work == 0
-    limit_s = cfg.hang_idle_after_s if idle else cfg.hang_after_s
+    evidence: dict[str, float | str] = {}
+    stopped = _stopped(window, now, cfg) or _stopped_at_miss(missed)
+    # The newest canary miss that a sweep has been taken after (the sweeps must bracket it).
+    newest_sweep = next(_sweeps(window, now, now - cfg.stale_after_s), None)
+    canary_miss = next(
+        (
+            o
+            for o in missed
+            if check_timed_out(o.canary)
+            and newest_sweep is not None
+            and newest_sweep.at_s is not None
+            and o.at_s <= newest_sweep.at_s
+        ),
+        None,
+    )
+    cpu_idle = None if canary_miss is None else _cpu_idle_through(window, now, cfg, canary_miss)
+    if stopped is not None:
+        proc, frozen_since = stopped
+        rule, limit_s = "stopped", cfg.hang_stopped_after_s
+        evidence["stopped_pid"] = proc.pid
+        evidence["stopped_process"] = proc.title[:80]
+        why = f"process {proc.pid} ({proc.title[:40]}) stopped"
+    elif cpu_idle is not None and canary_miss is not None:
+        rule, limit_s = "cpu_idle", cfg.hang_cpu_min_span_s
+        evidence["cpu_ratio"] = round(cpu_idle[0], 4)
+        evidence["cpu_span_s"] = cpu_idle[1]
+        frozen_since = min(frozen_since, canary_miss.at_s)
+        why = f"a canary missed its deadline and the engine used {cpu_idle[0]:.1%} of a core meanwhile"
+    else:
+        if misses < cfg.hang_min_misses or last_miss is None:
+            return None
+        rule = "deadlines"
+        limit_s = cfg.hang_idle_after_s if idle else cfg.hang_after_s
+        if now - frozen_since < limit_s:
+            return None
+        why = f"no progress and no canary answer for {now - frozen_since:.0f} s"
     frozen_s = now - frozen_since
-    if frozen_s < limit_s:
-        return None
     latest = newest
-    evidence: dict[str, float | str] = {
-        "frozen_s": frozen_s,
-        "misses": misses,
-        "last_miss": _miss_detail(last_miss),
-        "limit_s": limit_s,
-    }
+    evidence.update({"rule": rule, "frozen_s": frozen_s, "misses": misses, "limit_s": limit_s})
+    if last_miss is not None:
+        evidence["last_miss"] = _miss_detail(last_miss)
     if last_reading is not None:
         if work is not None:
             evidence["requests_in_flight"] = work
@@ -96,7 +231,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
             evidence["iterations_total"] = last_reading.iterations_total
         if last_reading.generation_tokens_total is not None:
             evidence["generation_tokens_total"] = last_reading.generation_tokens_total
-    if last_miss.canary is not None:
+    if last_miss is not None and last_miss.canary is not None:
         evidence["canary_latency_s"] = last_miss.canary.latency_s
     state = "idle by its gauges" if idle else "with work queued or unknown"
     return new_finding(
@@ -104,7 +239,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         K.HANG,
         Severity.CRITICAL,
         frozen_since,
-        f"hung: no progress and no canary answer for {frozen_s:.0f} s ({misses} deadline misses, {state})",
+        f"hung: {why} ({misses} deadline misses, {state})",
         **evidence,
     )
 

@@ -9,6 +9,7 @@ dropped (XIDs of the incident that killed it reopened GPU_FAULT in its successor
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final, Protocol, TypeVar
@@ -44,6 +45,35 @@ FINDING_LOG_LEVEL: Final = {
     Severity.WARNING: logging.WARNING,
     Severity.CRITICAL: logging.ERROR,
 }
+
+
+# How many of the engine's latest successful canaries its live canary's deadline is learned from.
+CANARY_HISTORY: Final = 8
+# Rounds start tick_interval_s after the previous one ended, a little later than a multiple of
+# the tick: /metrics is due this much before metrics_interval_s has fully passed, so that a 4 s
+# interval at a 2 s tick reads it every other round, not every third.
+METRICS_DUE_EARLY_S: Final = 0.5
+
+
+def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> float:
+    """The live canary's deadline, learned from the engine's own recent canaries as TCP learns
+    its retransmission timeout: ``live_canary_timeout_factor`` x the slowest of them, within
+    [``live_canary_min_timeout_s``, ``live_canary_timeout_s``] (the ceiling wins if the floor is
+    above it); the ceiling until one has answered.
+
+    A one-token completion on an idle engine takes tens of milliseconds, so the floor (1 s by
+    default) is what a healthy engine meets, and a frozen one is caught a deadline sooner than
+    with a fixed 3 s. A slow canary raises the deadline for the next ones; the canary runs only
+    while the counters stand still, so real load does not make it miss, and a miss alone opens
+    nothing (detectors/liveness.py).
+    """
+    slowest = max(recent_latencies_s, default=None)
+    if slowest is None:
+        return spec.live_canary_timeout_s
+    learned = spec.live_canary_timeout_factor * slowest
+    # The ceiling wins: a config that sets only live_canary_timeout_s below the floor's default
+    # (tests use 0.5 s) gets that fixed deadline, as before the deadline was learned.
+    return min(spec.live_canary_timeout_s, max(spec.live_canary_min_timeout_s, learned))
 
 
 class GpuSource(Protocol):
@@ -108,12 +138,20 @@ class Observer:
         self.engine_pids: frozenset[int] = frozenset()
         self.canary_latency_s: float | None = None
         self.served: ServedLoad | None = None  # the last minute's traffic, canaries taken out
+        self._canary_latencies_s: collections.deque[float] = collections.deque(maxlen=CANARY_HISTORY)
         self._last_metrics: EngineMetrics | None = None
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
+        self._last_metrics_s: float | None = None
 
     def note_canary(self, latency_s: float | None) -> None:
         self.canary_latency_s = latency_s
+        if latency_s is not None:
+            self._canary_latencies_s.append(latency_s)
+
+    @property
+    def canary_deadline_s(self) -> float:
+        return canary_deadline_s(self._canary_latencies_s, self._spec)
 
     async def round(self, proc: EngineProcess) -> Observation:
         """One look at the engine, every probe at once, each under its own deadline; then the
@@ -133,17 +171,27 @@ class Observer:
             and now - self._last_canary_s >= spec.canary_interval_s
         )
 
+        run_metrics = (
+            self._last_metrics_s is None
+            or now - self._last_metrics_s >= spec.metrics_interval_s - METRICS_DUE_EARLY_S
+        )
+
         async def no_canary() -> HttpCheck | None:
             return None
 
+        async def no_metrics() -> EngineMetrics | ProbeFailure | None:
+            return None
+
         timeout_s = spec.health_timeout_s
+        if run_metrics:
+            self._last_metrics_s = now
         health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
             _guarded("health", self._http.health(timeout_s=timeout_s)),
-            _guarded("metrics", self._http.metrics(timeout_s=timeout_s)),
+            _guarded("metrics", self._http.metrics(timeout_s=timeout_s) if run_metrics else no_metrics()),
             _guarded("proc", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
             _guarded(
                 "canary",
-                self._http.canary(timeout_s=spec.live_canary_timeout_s) if run_canary else no_canary(),
+                self._http.canary(timeout_s=self.canary_deadline_s) if run_canary else no_canary(),
             ),
         )
         health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
@@ -152,7 +200,7 @@ class Observer:
         if canary_r is not None:
             self._last_canary_s = aio.now()
             if canary_r.ok:
-                self.canary_latency_s = canary_r.latency_s
+                self.note_canary(canary_r.latency_s)
                 self._on_canary()
         if isinstance(metrics_r, EngineMetrics):
             self._previous_metrics, self._last_metrics = self._last_metrics, metrics_r

@@ -156,7 +156,7 @@ class EngineRunner:
     def _publish(self) -> None:
         self._track_down()
         self._status = self._build_status()
-        self._changed.set()
+        self._changed.set(self.name)
 
     def _build_status(self) -> EngineStatus:
         d, h, spec = self._desired, self._life.history, self._spec

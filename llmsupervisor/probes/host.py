@@ -29,6 +29,9 @@ from llmsupervisor import process
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure
 
 ZOMBIE: Final = psutil.STATUS_ZOMBIE  # "zombie"
+# A process the kernel holds still: SIGSTOP ("T") or a tracer's stop ("t"). It runs nothing,
+# whatever its sockets still answer (docs/vllm-notes.md §7: a stopped worker, /health 200).
+STOPPED: Final = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,10 +57,19 @@ class ProcInfo:
     status: str
     zombie: bool
 
+    @property
+    def stopped(self) -> bool:
+        return self.status in STOPPED
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcSample:
-    """An engine's process group at one moment. ``process_count`` includes zombies."""
+    """An engine's process group at one moment. ``process_count`` includes zombies.
+
+    ``at_s`` is when the sweep that read it started (the sweeper's clock), None when unknown:
+    several engines' observations share one sweep, and the liveness detectors difference CPU
+    times between sweeps, not between observations.
+    """
 
     pgid: int
     processes: tuple[ProcInfo, ...]  # by pid
@@ -65,6 +77,7 @@ class ProcSample:
     cpu_seconds_total: float
     process_count: int
     zombie_count: int
+    at_s: float | None = None
 
     @property
     def pids(self) -> frozenset[int]:
@@ -84,7 +97,7 @@ def _cpu_seconds(raw: RawProcess) -> float | None:
     return raw.cpu_user_s + raw.cpu_system_s
 
 
-def summarize(pgid: int, raws: Iterable[RawProcess]) -> ProcSample:
+def summarize(pgid: int, raws: Iterable[RawProcess], *, at_s: float | None = None) -> ProcSample:
     """Pure: the members of ``pgid`` among ``raws`` (others are ignored), with totals."""
     members = sorted((r for r in raws if r.pgid == pgid), key=lambda r: r.pid)
     infos = tuple(
@@ -105,6 +118,7 @@ def summarize(pgid: int, raws: Iterable[RawProcess]) -> ProcSample:
         cpu_seconds_total=sum((p.cpu_seconds for p in infos if p.cpu_seconds is not None), 0.0),
         process_count=len(infos),
         zombie_count=sum(1 for p in infos if p.zombie),
+        at_s=at_s,
     )
 
 
@@ -148,11 +162,11 @@ ListGroups = Callable[[Collection[int]], Mapping[int, Iterable[RawProcess]]]
 
 
 def sweep_groups(
-    pgids: Collection[int], *, list_groups: ListGroups = list_groups_psutil
+    pgids: Collection[int], *, list_groups: ListGroups = list_groups_psutil, at_s: float | None = None
 ) -> dict[int, ProcSample]:
     """Sweep several groups in one pass; blocking, so run it with ``asyncio.to_thread``."""
     listed = list_groups(pgids)
-    return {pgid: summarize(pgid, listed.get(pgid, ())) for pgid in pgids}
+    return {pgid: summarize(pgid, listed.get(pgid, ()), at_s=at_s) for pgid in pgids}
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +222,7 @@ class GroupSweeper:
                 del self._asked_s[old]
             pgids = frozenset(self._asked_s)
             task = asyncio.ensure_future(
-                asyncio.to_thread(sweep_groups, pgids, list_groups=self._list_groups)
+                asyncio.to_thread(sweep_groups, pgids, list_groups=self._list_groups, at_s=now)
             )
             # Each asker gets the error; if all have given up, nothing else should log it.
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -228,6 +242,7 @@ class GroupSweeper:
 
 
 __all__ = [
+    "STOPPED",
     "GroupSweeper",
     "ListGroups",
     "ProcInfo",
