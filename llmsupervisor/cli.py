@@ -94,6 +94,23 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--interval", type=float, default=2.0, metavar="SECONDS", help="with --watch (default 2)"
     )
+    status.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a daemon's HTTP listener (e.g. http://gpu-host-01:9400); repeatable: one table for all",
+    )
+    status.add_argument(
+        "--hosts-file", metavar="FILE", help="daemon URLs, one a line (# comments), as --host"
+    )
+    status.add_argument(
+        "--deadline",
+        type=float,
+        default=cli_control.FLEET_DEADLINE_S,
+        metavar="SECONDS",
+        help=f"with --host: how long each host may take (default {cli_control.FLEET_DEADLINE_S:g})",
+    )
     _common(status, top=False)
     targets = {"restart": "READY again", "drain": "drained", "stop": "STOPPED", "start": "READY"}
     for name, text in ENGINE_COMMANDS:
@@ -148,6 +165,21 @@ def _client(args: argparse.Namespace) -> cli_control.Client:
 
 
 def control_command(args: argparse.Namespace) -> int:
+    if args.command == "status" and (args.host or args.hosts_file):
+        out, err = cli_control.stream()
+        hosts = list(args.host)
+        if args.hosts_file:
+            try:
+                hosts += cli_control.read_hosts_file(args.hosts_file)
+            except OSError as exc:
+                print(f"llm-supervisor: --hosts-file: {exc}", file=err)
+                return 2
+        if args.watch:
+            print("llm-supervisor: --watch is not supported with --host/--hosts-file", file=err)
+            return 2
+        return cli_control.fleet_status(
+            hosts, args.names, as_json=args.json, out=out, err=err, deadline_s=args.deadline
+        )
     client = _client(args)
     out, err = cli_control.stream()
     if args.command == "status":

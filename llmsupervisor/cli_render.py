@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 # States in which an engine has no process serving or coming up: `status` exits 1 on them.
@@ -208,3 +209,56 @@ def event_line(event: Mapping[str, Any]) -> str:
 
 def event_lines(events: Iterable[Mapping[str, Any]]) -> list[str]:
     return [event_line(e) for e in events]
+
+
+# ---- the fleet view: `status --host URL ...` ----
+
+FLEET_HEADER = ("HOST", *STATUS_HEADER)
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One daemon's status as read over HTTP, or why it could not be read."""
+
+    host: str
+    status: Mapping[str, Any] | None
+    error: str | None = None
+
+
+def format_fleet_status(hosts: Sequence[HostStatus], names: Sequence[str] = ()) -> str:
+    """One table for all hosts, one row per engine with its HOST first; a host that did not
+    answer is one row saying why, not an error."""
+    rows: list[tuple[str, ...]] = [FLEET_HEADER]
+    blank = ("-",) * (len(STATUS_HEADER) - 2)
+    for h in hosts:
+        if h.status is None:
+            rows.append((h.host, "-", "unreachable", *blank[1:], f"unreachable: {h.error}"))
+            continue
+        engines: Mapping[str, Mapping[str, Any]] = h.status.get("engines", {})
+        if names:
+            engines = {n: engines[n] for n in names if n in engines}
+        rows += [(h.host, *row) for row in status_rows(engines)[1:]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(FLEET_HEADER) - 1)]
+    return "\n".join(
+        ("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]).rstrip()
+        for r in rows
+    )
+
+
+def fleet_exit_code(hosts: Sequence[HostStatus], names: Sequence[str] = ()) -> tuple[int, list[str]]:
+    """1 when any host is unreachable or any engine checked on any host is FATAL or down (a name
+    counts as missing only when no host has it)."""
+    problems = [f"{h.host}: unreachable: {h.error}" for h in hosts if h.status is None]
+    reached = [h for h in hosts if h.status is not None]
+    for h in reached:
+        assert h.status is not None
+        engines = h.status.get("engines", {})
+        here = [n for n in names if n in engines]
+        if names and not here:
+            continue  # none of the names asked about runs on this host
+        _, host_problems = status_exit_code(h.status, here)
+        problems += [f"{h.host}: {p}" for p in host_problems]
+    for n in names:
+        if reached and not any(n in (h.status or {}).get("engines", {}) for h in reached):
+            problems.append(f"no engine named {n!r} on any host")
+    return (1 if problems else 0), problems

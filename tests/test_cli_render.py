@@ -458,3 +458,51 @@ def test_events_follow_prints_new_ones_and_ends_on_ctrl_c() -> None:
     ]
     assert client.asked[0] == {"command": "events", "engine": "a", "since_s": 600.0}
     assert client.asked[1]["after"] == 3 and client.asked[2]["after"] == 4
+
+
+# ---- the fleet view ----
+
+
+def test_fleet_table_has_a_host_column_and_unreachable_hosts_are_rows() -> None:
+    hosts = [
+        cli_render.HostStatus("http://h1:9400", snapshot(gpu0=engine(), bad=engine(state="fatal"))),
+        cli_render.HostStatus("http://h2:9400", snapshot(gpu0=engine())),
+        cli_render.HostStatus("http://h3:9400", None, "no answer within 3 s"),
+    ]
+    lines = cli_render.format_fleet_status(hosts).splitlines()
+    assert lines[0].split()[:3] == ["HOST", "ENGINE", "STATE"]
+    assert [line.split()[:3] for line in lines[1:]] == [
+        ["http://h1:9400", "gpu0", "READY"],
+        ["http://h1:9400", "bad", "FATAL"],
+        ["http://h2:9400", "gpu0", "READY"],
+        ["http://h3:9400", "-", "unreachable"],
+    ]
+    assert lines[-1].endswith("unreachable: no answer within 3 s")
+    # Columns line up across hosts: STATE starts at the same offset on every row.
+    assert len({line.index(line.split()[2]) for line in lines}) == 1
+    code, problems = cli_render.fleet_exit_code(hosts)
+    assert code == 1
+    assert problems == ["http://h3:9400: unreachable: no answer within 3 s", "http://h1:9400: bad is FATAL"]
+    # Only gpu0 asked about, everywhere reachable: up.
+    assert cli_render.fleet_exit_code(hosts[:2], ["gpu0"]) == (0, [])
+    assert "bad" not in cli_render.format_fleet_status(hosts[:2], ["gpu0"])
+    assert cli_render.fleet_exit_code(hosts[:2], ["nope"]) == (1, ["no engine named 'nope' on any host"])
+
+
+def test_hosts_file_skips_blanks_and_comments(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("# the A cluster\nhttp://h1:9400\n\n  h2:9400   # spare\n#http://h3:9400\n")
+    assert cli_control.read_hosts_file(str(path)) == ["http://h1:9400", "h2:9400"]
+
+
+def test_a_host_that_is_not_listening_is_a_row_not_an_error() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got = cli_control.fetch_host_status(f"127.0.0.1:{port}", deadline_s=1)
+    assert got.status is None and got.error
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_control.fleet_status([f"127.0.0.1:{port}"], [], as_json=False, out=out, err=err) == 1
+    assert "unreachable" in out.getvalue() and "unreachable" in err.getvalue()

@@ -68,9 +68,10 @@ def _serve(statuses: tuple[EngineStatus, ...], **kwargs: Any) -> dict[str, tuple
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.port}") as client:
                 out = {}
-                for path in ("/livez", "/healthz", "/readyz", "/engines/a/ready"):
+                for path in ("/livez", "/healthz", "/readyz", "/engines/a/ready", "/status"):
                     r = await client.get(path)
-                    out[path] = (r.status_code, r.json())
+                    json_body = r.headers.get("content-type", "").startswith("application/json")
+                    out[path] = (r.status_code, r.json() if json_body else r.text)
                 return out
         finally:
             await api.close()
@@ -89,6 +90,12 @@ def test_livez_ignores_engines_and_readyz_follows_the_mode() -> None:
         200,
         {"ready": True, "requires": "any", "engines_in_rotation": ["a"], "engines_out_of_rotation": ["b"]},
     )
+
+
+def test_status_serves_the_whole_status_only_when_given() -> None:
+    whole = {"pid": 7, "engines": {"a": {"state": "ready"}}}
+    assert _serve((status("a"),), status=lambda: whole)["/status"] == (200, whole)
+    assert _serve((status("a"),))["/status"][0] == 404
 
 
 def test_a_stalled_loop_fails_livez_and_shutdown_fails_readyz() -> None:

@@ -23,7 +23,8 @@ fire LlmSupervisorEngineFatal with the host's instance label.
 The alert expressions are the shipped ones; only their ``for:`` durations are cut to 2 s so the
 test takes seconds, not minutes. The Alertmanager is a recorder of what Prometheus posts to
 ``/api/v2/alerts`` (Alertmanager is not packaged for this test host): Prometheus' side of the
-protocol is real, Alertmanager's routing and grouping are not tested here.
+protocol is real. Alertmanager's routing, grouping and webhook delivery are tested against a
+real ``prometheus-alertmanager`` in tests/test_fleet_alertmanager.py.
 
 Needs root (network namespaces), ``ip``, ``prometheus`` and ``haproxy``; skipped otherwise.
 """

@@ -1,5 +1,5 @@
 """The daemon's HTTP endpoints: /metrics, /livez (and its older name /healthz), /readyz,
-/engines/NAME/ready.
+/engines/NAME/ready, /status.
 
 Each handler is a function of the latest statuses (and, for /livez, the loop's last turn), so a
 load balancer's or kubelet's check never waits on an engine.
@@ -12,6 +12,11 @@ Two questions, kept apart on purpose (docs/fleet.md):
 - ``/readyz``: should this daemon's host (pod) get traffic? ``readyz_requires: all`` (the
   default) answers 200 only when every engine meant to be serving is in rotation; ``any`` when
   at least one is. Both say 503 while the daemon shuts down and when nothing is in rotation.
+
+``/status`` is the whole read-only status, the same JSON as `llm-supervisor status --json` over
+the control socket, for the fleet view (`llm-supervisor status --host URL ...`). It reveals what
+/metrics already does plus the config path, pid, models, last exit texts and findings; it
+changes nothing (docs/fleet.md, "The fleet view").
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ def http_api(
     tick_limit_s: Callable[[], float],
     readyz_requires: Callable[[], str] = lambda: "all",
     stopping: Callable[[], bool] = lambda: False,
+    status: Callable[[], dict[str, Any]] | None = None,
 ) -> HttpApi:
     def livez() -> Response:
         """Alive means the loop is turning, not merely that the process answers."""
@@ -83,12 +89,13 @@ def http_api(
         body = {"engine": name, "state": status.state.value, "reason": status.state_reason}
         return _json(200 if status.in_rotation else 503, body)
 
-    return HttpApi(
-        {
-            "/metrics": lambda: Response(body=exporter.render(), content_type=exporter.content_type),
-            "/livez": livez,
-            "/healthz": livez,
-            "/readyz": readyz,
-        },
-        {"/engines/": engine_ready},
-    )
+    routes: dict[str, Callable[[], Response]] = {
+        "/metrics": lambda: Response(body=exporter.render(), content_type=exporter.content_type),
+        "/livez": livez,
+        "/healthz": livez,
+        "/readyz": readyz,
+    }
+    if status is not None:
+        whole_status = status
+        routes["/status"] = lambda: _json(200, whole_status())
+    return HttpApi(routes, {"/engines/": engine_ready})

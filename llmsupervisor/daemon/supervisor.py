@@ -331,11 +331,12 @@ class Supervisor:
             tick_limit_s=lambda: max(10.0, 5 * self.tick_s),
             readyz_requires=lambda: self.config.supervisor.readyz_requires,
             stopping=lambda: self._stopping,
+            status=self.status,
         )
         host, port = parse_listen(self.http_listen)
         try:
             await api.start(host, port)
-            log.info("HTTP on %s: /metrics /livez /readyz /engines/NAME/ready", self.http_listen)
+            log.info("HTTP on %s: /metrics /livez /readyz /engines/NAME/ready /status", self.http_listen)
         except OSError as exc:
             # Engines matter more than the listener: supervise them anyway, loudly.
             log.error("cannot listen on %s: %s; no metrics or readiness endpoints", self.http_listen, exc)
