@@ -11,6 +11,7 @@ engine                             reply                HAProxy does
 READY, in rotation                 ``ready up NN%``     serve it, at NN% of its configured weight
 SHEDDING, DRAINING (any reason)    ``drain``            no new sessions; in-flight ones finish
 STOPPED, FATAL                     ``maint``            out until the agent says ``ready``
+on a GPU under a node condition    ``maint``            out until the node is repaired
 STARTING, BACKOFF, STOPPING, ...   ``down``             marked down
 =================================  ===================  =========================================
 
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors import FindingKind
 from llmsupervisor.engine.status import EngineStatus
@@ -75,10 +77,12 @@ def weight_percent(status: EngineStatus) -> int:
     return max(MIN_WEIGHT_PERCENT, round(weight))
 
 
-def agent_reply(status: EngineStatus | None) -> str:
+def agent_reply(status: EngineStatus | None, conditions: tuple[NodeCondition, ...] = ()) -> str:
     """The agent's line for an engine (without the newline)."""
     if status is None or status.task_failed is not None:
         return "down"
+    if engine_blocked(status.spec.gpus, conditions) is not None:
+        return "maint"  # its GPU is the node's problem now (core/node_condition.py)
     if status.in_rotation:
         return f"ready up {weight_percent(status)}%"
     if status.state in (EngineState.SHEDDING, EngineState.DRAINING):
@@ -91,8 +95,14 @@ def agent_reply(status: EngineStatus | None) -> str:
 class AgentServers:
     """One listener per engine with an ``agent_port``; ``sync`` follows the config on reload."""
 
-    def __init__(self, status_of: Callable[[str], EngineStatus | None]) -> None:
+    def __init__(
+        self,
+        status_of: Callable[[str], EngineStatus | None],
+        *,
+        node_conditions: Callable[[], tuple[NodeCondition, ...]] = lambda: (),
+    ) -> None:
         self._status_of = status_of
+        self._node_conditions = node_conditions
         self._servers: dict[str, tuple[tuple[str, int], asyncio.Server]] = {}
         self._open: dict[str, int] = {}
 
@@ -133,7 +143,7 @@ class AgentServers:
         self._open[name] = self._open.get(name, 0) + 1
         try:
             if self._open[name] <= MAX_CONNECTIONS:
-                line = agent_reply(self._status_of(name))
+                line = agent_reply(self._status_of(name), self._node_conditions())
                 async with asyncio.timeout(WRITE_TIMEOUT_S):
                     writer.write(line.encode("ascii") + b"\n")
                     await writer.drain()

@@ -144,6 +144,11 @@ def format_status(status: Mapping[str, Any], names: Sequence[str] = ()) -> str:
     marked = status.get("gpu_faults_marked") or {}
     if marked:
         lines.append("GPUs marked for faults: " + ", ".join(f"GPU {g}: {n}" for g, n in marked.items()))
+    for condition in status.get("node_conditions") or ():
+        lines.append(
+            f"Node condition {condition.get('condition')} on GPU {condition.get('gpu')}:"
+            f" {condition.get('reason')} (not ready; node-level remediation takes it from here)"
+        )
     return "\n".join(lines)
 
 

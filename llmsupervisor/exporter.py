@@ -464,6 +464,15 @@ class _SnapshotCollector:
         for gpu, count in sorted(snap.gpu_faults_marked.items()):
             marked.add_metric([str(gpu)], float(count))
         yield marked
+        conditions = GaugeMetricFamily(
+            _name("node_condition"),
+            "1 while a node condition holds: gpu_unrecoverable is a GPU lost, or marked a second time"
+            " for a critical fault; the pod is not ready and node-level remediation takes it from there.",
+            labels=["condition", "gpu"],
+        )
+        for condition in snap.node_conditions:
+            conditions.add_metric([condition.condition, str(condition.gpu)], 1.0)
+        yield conditions
 
     def _gpu_families(self, gpu_samples: GpuSamples) -> Iterator[Metric]:
         try:

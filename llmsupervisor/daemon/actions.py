@@ -12,40 +12,80 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition, gpu_unrecoverable
 from llmsupervisor.core.policy import Action, ActionKind
 from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo
 from llmsupervisor.files import read_json, write_json_atomic
 
 log = logging.getLogger("llmsupervisor")
 
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """This boot's id: a GPU condition recorded under another boot is history (a reboot, the
+    usual node-level remediation, resets the GPUs). Empty when unreadable."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
 
 class GpuMarks:
     """Faults counted against each GPU, in ``STATE_DIR/gpu-faults.json``, so that a GPU that
-    keeps faulting is visible across restarts (status, metrics, the journal)."""
+    keeps faulting is visible across restarts (status, metrics, the journal); and the GPUs found
+    unrecoverable (core/node_condition.py), kept until the node reboots."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, boot: str | None = None) -> None:
         self.path = path
+        self.boot = boot_id() if boot is None else boot
         raw = read_json(path, {})
         self.counts: dict[int, int] = {}
+        self._conditions: dict[int, NodeCondition] = {}
         if isinstance(raw, dict):
             for gpu, entry in raw.items():
                 try:
                     self.counts[int(gpu)] = int(entry["count"])
                 except (ValueError, TypeError, KeyError):
                     continue
+                condition = entry.get("unrecoverable")
+                if isinstance(condition, dict) and condition.get("boot_id") == self.boot:
+                    self._conditions[int(gpu)] = NodeCondition(
+                        GPU_UNRECOVERABLE, int(gpu), str(condition.get("reason", ""))
+                    )
 
-    def mark(self, gpus: tuple[int, ...], detail: str) -> None:
+    @property
+    def conditions(self) -> tuple[NodeCondition, ...]:
+        return tuple(self._conditions[g] for g in sorted(self._conditions))
+
+    def mark(self, gpus: tuple[int, ...], detail: str, *, reason: str = "") -> list[NodeCondition]:
+        """Count a fault against ``gpus``; the node conditions it newly sets."""
         raw = read_json(self.path, {})
         if not isinstance(raw, dict):
             raw = {}
+        new: list[NodeCondition] = []
         for gpu in gpus:
-            self.counts[gpu] = self.counts.get(gpu, 0) + 1
-            raw[str(gpu)] = {"count": self.counts[gpu], "last": detail, "at": time.time()}
+            before = self.counts.get(gpu, 0)
+            self.counts[gpu] = before + 1
+            entry: dict[str, object] = {"count": self.counts[gpu], "last": detail, "at": time.time()}
             log.error("GPU %d marked: fault %d: %s", gpu, self.counts[gpu], detail, extra={"event": "action"})
+            if gpu not in self._conditions and gpu_unrecoverable(reason, before):
+                condition = NodeCondition(GPU_UNRECOVERABLE, gpu, f"{reason} (fault {before + 1}): {detail}")
+                self._conditions[gpu] = condition
+                new.append(condition)
+                log.critical(
+                    "node condition %s: the pod is not ready; node-level remediation takes it from here",
+                    condition.describe(),
+                    extra={"event": "action"},
+                )
+            if gpu in self._conditions:
+                entry["unrecoverable"] = {"reason": self._conditions[gpu].reason, "boot_id": self.boot}
+            raw[str(gpu)] = entry
         try:
             write_json_atomic(self.path, raw)
         except OSError as exc:
             log.warning("cannot save GPU marks: %s", exc)
+        return new
 
 
 def commands_for(action: Action) -> list[Command]:
@@ -86,6 +126,6 @@ class ActionExecutor:
             extra={"engine": action.engine, "event": "action"},
         )
         if action.mark_gpus:
-            self.marks.mark(self._gpus_of(action.engine), action.detail)
+            self.marks.mark(self._gpus_of(action.engine), action.detail, reason=action.reason)
         for cmd in commands_for(action):
             self._send(action.engine, cmd)

@@ -11,7 +11,10 @@ Two questions, kept apart on purpose (docs/fleet.md):
   The kubelet's livenessProbe points here.
 - ``/readyz``: should this daemon's host (pod) get traffic? ``readyz_requires: all`` (the
   default) answers 200 only when every engine meant to be serving is in rotation; ``any`` when
-  at least one is. Both say 503 while the daemon shuts down and when nothing is in rotation.
+  at least one is. Both say 503 while the daemon shuts down and when nothing is in rotation,
+  and while a node condition holds (a GPU lost, or marked twice for a critical fault:
+  core/node_condition.py), with the condition as the reason, so that node-level remediation
+  (NVSentinel, the device plugin, an operator) takes the node from there.
 
 ``/status`` is the whole read-only status, the same JSON as `llm-supervisor status --json` over
 the control socket, for the fleet view (`llm-supervisor status --host URL ...`). It reveals what
@@ -25,6 +28,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.exporter import Exporter
 from llmsupervisor.http_api import HttpApi, Response
@@ -58,6 +62,7 @@ def http_api(
     readyz_requires: Callable[[], str] = lambda: "all",
     stopping: Callable[[], bool] = lambda: False,
     status: Callable[[], dict[str, Any]] | None = None,
+    node_conditions: Callable[[], tuple[NodeCondition, ...]] = lambda: (),
 ) -> HttpApi:
     def livez() -> Response:
         """Alive means the loop is turning, not merely that the process answers."""
@@ -75,8 +80,15 @@ def http_api(
             "engines_in_rotation": in_rotation,
             "engines_out_of_rotation": missing,
         }
+        conditions = node_conditions()
+        if conditions:
+            body["ready"] = False
+            body["node_conditions"] = [c.as_json() for c in conditions]
+        reasons = [c.describe() for c in conditions]
         if stopping():
-            body["reason"] = "the daemon is shutting down"
+            reasons.append("the daemon is shutting down")
+        if reasons:
+            body["reason"] = "; ".join(reasons)
         return _json(200 if body["ready"] else 503, body)
 
     def engine_ready(rest: str) -> Response:
@@ -87,7 +99,10 @@ def http_api(
         if leaf != "ready" or status is None:
             return _json(404, {"error": f"no such endpoint: /engines/{rest}"})
         body = {"engine": name, "state": status.state.value, "reason": status.state_reason}
-        return _json(200 if status.in_rotation else 503, body)
+        blocked = engine_blocked(status.spec.gpus, node_conditions())
+        if blocked is not None:
+            body["reason"] = blocked.describe()
+        return _json(200 if status.in_rotation and blocked is None else 503, body)
 
     routes: dict[str, Callable[[], Response]] = {
         "/metrics": lambda: Response(body=exporter.render(), content_type=exporter.content_type),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from llmsupervisor.core.node_condition import NodeCondition
 from llmsupervisor.core.placement import format_cpu_list
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
@@ -98,6 +99,7 @@ class Snapshot:
     config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
     reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
     gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
+    node_conditions: tuple[NodeCondition, ...] = ()  # GPUs handed to node-level remediation
     probe_errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, error)
     open_fds: int | None = None  # None when it could not be read (out of descriptors)
     fds_limit: int | None = None  # the soft RLIMIT_NOFILE
@@ -164,6 +166,7 @@ def snapshot(
     gpu_samples: GpuSamples,
     gpu_faults_marked: Mapping[int, int],
     counters: DaemonCounters,
+    node_conditions: tuple[NodeCondition, ...] = (),
 ) -> Snapshot:
     return Snapshot(
         engines=tuple(
@@ -214,6 +217,7 @@ def snapshot(
             for s in statuses
         ),
         gpu_faults_marked=dict(gpu_faults_marked),
+        node_conditions=node_conditions,
         ticks_total=counters.ticks_total,
         last_tick_duration_s=counters.last_tick_duration_s,
         notify_failures_total=counters.notify_failures_total,
@@ -276,6 +280,7 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
             for e in snap.engines
         },
         "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
+        "node_conditions": [c.as_json() for c in snap.node_conditions],
     }
 
 

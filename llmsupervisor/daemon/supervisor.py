@@ -159,7 +159,7 @@ class Supervisor:
         self.reconciles_total = 0
         self.status_file = StatusFile(self.state_dir / "status.json")
         self.guard = GuardProcess(self.state_dir)
-        self.agents = AgentServers(self.fleet.status)
+        self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
         self.events = EventRing()
 
@@ -256,6 +256,7 @@ class Supervisor:
             memory=self.memory,
             gpu_samples=self.gpu_monitor.samples_for,
             gpu_faults_marked=self.marks.counts,
+            node_conditions=self.marks.conditions,
             counters=DaemonCounters(
                 ticks_total=self.ticks_total,
                 last_tick_duration_s=self.last_tick_duration_s,
@@ -332,6 +333,7 @@ class Supervisor:
             readyz_requires=lambda: self.config.supervisor.readyz_requires,
             stopping=lambda: self._stopping,
             status=self.status,
+            node_conditions=lambda: self.marks.conditions,
         )
         host, port = parse_listen(self.http_listen)
         try:

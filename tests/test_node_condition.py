@@ -1,0 +1,131 @@
+"""GPU faults the engine cannot survive: the node condition (core/node_condition.py), how it is
+kept (daemon/actions.GpuMarks), and how it is said: /readyz, /engines/NAME/ready, the HAProxy
+agent, the metric and status. The last test drives it through the real daemon with the fake GPU
+file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llmsupervisor.agent import agent_reply
+from llmsupervisor.cli_render import format_status
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.node_condition import (
+    GPU_UNRECOVERABLE,
+    NodeCondition,
+    engine_blocked,
+    gpu_unrecoverable,
+)
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.actions import GpuMarks
+from llmsupervisor.engine.status import EngineStatus
+from tests.conftest import fake_engine, free_port
+from tests.test_actions import FAST_DETECTORS, metric, write_gpu
+from tests.test_fleet_endpoints import _serve
+
+LOST = NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_lost (fault 1): GPU 1 lost")
+
+
+def status(name: str, gpus: tuple[int, ...]) -> EngineStatus:
+    spec = EngineSpec(name=name, model="m", gpus=gpus, port=8000)
+    base = EngineStatus(name=name, spec=spec, state=EngineState.READY, state_reason="", state_since_s=0.0)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("reason", "marks_before", "unrecoverable"),
+    [
+        ("gpu_lost", 0, True),  # no restart brings a GPU back onto the bus
+        ("gpu_lost", 3, True),
+        ("gpu_fault", 0, False),  # one critical XID: the restart may clear it
+        ("gpu_fault", 1, True),  # the second on the same GPU: the hardware
+        ("hang", 5, False),  # not a GPU-marking cause
+    ],
+)
+def test_which_faults_make_a_gpu_unrecoverable(reason: str, marks_before: int, unrecoverable: bool) -> None:
+    assert gpu_unrecoverable(reason, marks_before) is unrecoverable
+
+
+def test_engine_blocked_by_a_condition_on_any_of_its_gpus() -> None:
+    assert engine_blocked((0,), (LOST,)) is None
+    assert engine_blocked((0, 1), (LOST,)) == LOST
+
+
+def test_marks_set_the_condition_on_the_second_fault_and_keep_it_for_this_boot(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-faults.json"
+    marks = GpuMarks(path, boot="boot-1")
+    assert marks.mark((0,), "GPU fault: xid 48 on GPU 0", reason="gpu_fault") == []
+    assert marks.conditions == ()
+    new = marks.mark((0,), "GPU fault: xid 48 on GPU 0", reason="gpu_fault")
+    assert new == [NodeCondition(GPU_UNRECOVERABLE, 0, "gpu_fault (fault 2): GPU fault: xid 48 on GPU 0")]
+    assert marks.conditions == tuple(new)
+    # Set once: a third fault neither repeats it nor changes its reason.
+    assert marks.mark((0,), "again", reason="gpu_fault") == []
+    assert marks.conditions == tuple(new)
+    # A daemon restart in the same boot keeps it; a reboot (the usual remediation) clears it,
+    # and keeps the count.
+    assert GpuMarks(path, boot="boot-1").conditions == tuple(new)
+    rebooted = GpuMarks(path, boot="boot-2")
+    assert rebooted.conditions == () and rebooted.counts == {0: 3}
+
+
+def test_a_lost_gpu_is_a_condition_at_once(tmp_path: Path) -> None:
+    marks = GpuMarks(tmp_path / "gpu-faults.json", boot="b")
+    assert [c.gpu for c in marks.mark((1,), "GPU 1 lost", reason="gpu_lost")] == [1]
+
+
+def test_readyz_engine_ready_and_agent_say_the_condition() -> None:
+    engines = (status("a", (0,)), status("b", (1,)))
+    got = _serve(engines, readyz_requires=lambda: "any", node_conditions=lambda: (LOST,))
+    code, body = got["/readyz"]
+    assert code == 503 and body["ready"] is False
+    assert body["reason"] == "gpu_unrecoverable on GPU 1: gpu_lost (fault 1): GPU 1 lost"
+    assert body["node_conditions"] == [{"condition": "gpu_unrecoverable", "gpu": 1, "reason": LOST.reason}]
+    assert got["/engines/a/ready"][0] == 200  # on another GPU: still serves its own traffic
+    assert agent_reply(engines[0], (LOST,)).startswith("ready up")
+    assert agent_reply(engines[1], (LOST,)) == "maint"
+    assert _serve(engines)["/readyz"][0] == 200  # without the condition
+
+
+def test_status_says_the_condition() -> None:
+    text = format_status({"engines": {}, "node_conditions": [LOST.as_json()]})
+    assert "Node condition gpu_unrecoverable on GPU 1: gpu_lost (fault 1): GPU 1 lost" in text
+
+
+@pytest.mark.system
+def test_a_second_critical_xid_sets_the_node_condition(daemon_factory: Any, tmp_path: Path) -> None:
+    port = free_port()
+    gpu = tmp_path / "gpu.json"
+    write_gpu(gpu)
+    d = daemon_factory(
+        {"engines": [fake_engine("a", port, gpus=[0], detectors=FAST_DETECTORS)]},
+        run_args=("--fake-gpu", str(gpu)),
+    )
+    d.start()
+    d.wait_state("a", "ready")
+    assert httpx.get(d.http_url + "/readyz", timeout=5).status_code == 200
+    first = [{"id": 1, "gpu": 0, "xid": 48}]
+    write_gpu(gpu, events=first)
+    d.wait_state("a", "ready", timeout_s=30, restarts_by_reason={"gpu_fault": 1})
+    # One critical XID: the restart may have cleared it. Still ready, no condition.
+    assert httpx.get(d.http_url + "/readyz", timeout=5).status_code == 200
+    assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") is None
+    write_gpu(gpu, events=[*first, {"id": 2, "gpu": 0, "xid": 48}])
+    d.wait_log("node condition gpu_unrecoverable on GPU 0", timeout_s=30)
+    ready = httpx.get(d.http_url + "/readyz", timeout=5)
+    assert ready.status_code == 503
+    assert ready.json()["reason"].startswith(
+        "gpu_unrecoverable on GPU 0: gpu_fault (fault 2): GPU fault: xid 48"
+    )
+    engine = httpx.get(d.http_url + "/engines/a/ready", timeout=5)
+    assert engine.status_code == 503 and engine.json()["reason"].startswith("gpu_unrecoverable on GPU 0")
+    assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") == 1
+    assert d.status()["node_conditions"][0]["gpu"] == 0
+    marks = json.loads((d.state_dir / "gpu-faults.json").read_text())
+    assert marks["0"]["count"] == 2 and "unrecoverable" in marks["0"]
+    assert d.stop() == 0
