@@ -28,6 +28,7 @@ import yaml
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 from llmsupervisor.detectors.load import ServedLoad
@@ -106,6 +107,8 @@ SNAPSHOT = Snapshot(
     probe_errors_total={("proc_sweep", "EMFILE"): 4},
     open_fds=120,
     fds_limit=524288,
+    gpu_faults_marked={1: 2},
+    node_conditions=(NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_fault (fault 2): xid 48 on GPU 1"),),
 )
 GPU_SAMPLES: Mapping[int, Mapping[str, float]] = {
     0: {
@@ -197,6 +200,9 @@ def test_daemon_families(exporter: Exporter) -> None:
     assert value(reg, "llmsupervisor_config_loaded_timestamp_seconds") == 1_790_000_000.5
     assert value(reg, "llmsupervisor_config_reloads_total", result="ok") == 3.0
     assert value(reg, "llmsupervisor_config_reloads_total", result="invalid") == 1.0
+    assert value(reg, "llmsupervisor_marked_gpu_faults_total", gpu="1") == 2.0
+    assert value(reg, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="1") == 1.0
+    assert value(reg, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") is None
 
 
 def test_an_empty_snapshot_still_has_the_daemon_series_and_seeded_counters() -> None:
@@ -430,7 +436,7 @@ def test_alert_rules_use_only_emitted_or_announced_series() -> None:
     emitted = emitted_series() | FUTURE_SERIES
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 14
+    assert len(rules) == 15
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
@@ -494,7 +500,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(promtool: str, snapsho
 def test_promtool_check_rules(promtool: str) -> None:
     result = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 14 rules found" in result.stdout
+    assert "SUCCESS: 15 rules found" in result.stdout
 
 
 def test_dashboard_promql_parses(promtool: str, tmp_path: Path) -> None:
