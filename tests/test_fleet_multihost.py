@@ -132,8 +132,10 @@ class HostDaemon(Daemon):
     """The real daemon, started inside a network namespace (``ip netns exec`` execs in place,
     so the pid is the daemon's)."""
 
-    def __init__(self, tmp_path: Path, config: dict[str, Any], *, netns: str) -> None:
-        super().__init__(tmp_path, config)
+    def __init__(
+        self, tmp_path: Path, config: dict[str, Any], *, netns: str, run_args: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(tmp_path, config, run_args=run_args)
         self.netns = netns
 
     def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
@@ -143,7 +145,12 @@ class HostDaemon(Daemon):
         argv = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "llmsupervisor"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*argv, "--config", str(self.config_path)],
+                [
+                    *argv,
+                    "--config",
+                    str(self.config_path),
+                    *(("run", *self.run_args) if self.run_args else ()),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
