@@ -129,3 +129,37 @@ def test_a_second_critical_xid_sets_the_node_condition(daemon_factory: Any, tmp_
     marks = json.loads((d.state_dir / "gpu-faults.json").read_text())
     assert marks["0"]["count"] == 2 and "unrecoverable" in marks["0"]
     assert d.stop() == 0
+
+
+@pytest.mark.system
+def test_a_lost_gpu_sets_the_node_condition_at_once(daemon_factory: Any, tmp_path: Path) -> None:
+    p1, p2 = free_port(), free_port()
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "events": []}))
+    d = daemon_factory(
+        {
+            "supervisor": {"readyz_requires": "any"},
+            "engines": [
+                fake_engine("a", p1, gpus=[0], detectors=FAST_DETECTORS),
+                fake_engine("b", p2, gpus=[1], detectors=FAST_DETECTORS),
+            ],
+        },
+        run_args=("--fake-gpu", str(gpu)),
+    )
+    d.start()
+    d.wait_state("a", "ready")
+    d.wait_state("b", "ready")
+    # XID 79: GPU 1 fell off the bus.
+    lost = {"gpus": [{"index": 0}, {"index": 1}], "events": [{"id": 1, "gpu": 1, "xid": 79}]}
+    gpu.write_text(json.dumps(lost))
+    d.wait_log("node condition gpu_unrecoverable on GPU 1", timeout_s=30)
+    ready = httpx.get(d.http_url + "/readyz", timeout=5)
+    # Not ready even under "any", with a on GPU 0 still in rotation: the node needs repair.
+    assert ready.status_code == 503 and ready.json()["reason"].startswith(
+        "gpu_unrecoverable on GPU 1: gpu_lost"
+    )
+    assert httpx.get(d.http_url + "/engines/a/ready", timeout=5).status_code == 200
+    assert httpx.get(d.http_url + "/engines/b/ready", timeout=5).status_code == 503
+    assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="1") == 1
+    assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") is None
+    assert d.stop() == 0
