@@ -899,6 +899,8 @@ def test_gpu_fault_evidence_and_event_opens_at_once() -> None:
     [finding] = opened(updates)  # on the tick the event arrived: an event is not a noisy sample
     assert finding.severity is Severity.CRITICAL and finding.since_s == 30
     assert finding.evidence["xids"] == "13,48" and finding.evidence["count"] == 2
+    # The GPUs of the critical faults only (13 is the engine's): a node condition goes on those.
+    assert finding.evidence["gpus"] == "0"
     assert updates[-1].opened == [finding]
 
 

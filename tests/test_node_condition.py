@@ -15,12 +15,14 @@ import pytest
 from llmsupervisor.agent import agent_reply
 from llmsupervisor.cli_render import format_status
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.node_condition import (
     GPU_UNRECOVERABLE,
     NodeCondition,
     engine_blocked,
     gpu_unrecoverable,
 )
+from llmsupervisor.core.policy import finding_gpus
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import GpuMarks
 from llmsupervisor.engine.status import EngineStatus
@@ -163,3 +165,32 @@ def test_a_lost_gpu_sets_the_node_condition_at_once(daemon_factory: Any, tmp_pat
     assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="1") == 1
     assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") is None
     assert d.stop() == 0
+
+
+def test_a_tensor_parallel_engine_marks_only_the_gpu_the_fault_was_on(tmp_path: Path) -> None:
+    marks = GpuMarks(tmp_path / "gpu-faults.json", boot="b")
+    for _ in range(2):
+        marks.mark((0, 1), "xid 48 on GPU 1", reason="gpu_fault", faulted=(1,))
+    assert marks.counts == {1: 2} and [c.gpu for c in marks.conditions] == [1]
+    # A finding that names no GPU of the engine (or none at all) counts against all of them.
+    marks.mark((2, 3), "ECC", reason="gpu_fault", faulted=None)
+    marks.mark((2, 3), "xid on GPU ?", reason="gpu_fault", faulted=(7,))
+    assert marks.counts == {1: 2, 2: 2, 3: 2}
+    assert [c.gpu for c in marks.conditions] == [1, 2, 3]
+
+
+def test_the_policy_passes_the_findings_gpus_to_the_action() -> None:
+    def finding(gpus: str | None) -> Finding:
+        evidence: dict[str, float | str] = {} if gpus is None else {"gpus": gpus}
+        return Finding(
+            engine="a",
+            kind=FindingKind.GPU_LOST,
+            severity=Severity.CRITICAL,
+            evidence=evidence,
+            since_s=0.0,
+            summary="",
+        )
+
+    assert finding_gpus(finding("1,3")) == (1, 3)
+    assert finding_gpus(finding("?")) is None
+    assert finding_gpus(finding(None)) is None

@@ -153,6 +153,18 @@ class Action:
     planned: bool = False  # takes a serving engine away by choice: bounded by max_unavailable
     step: int | None = None  # the ladder step to run at, for step changes
     mark_gpus: bool = False
+    # The GPUs the finding names (its "gpus" evidence), for a node condition on those only; None
+    # when it names none: then every GPU of the engine.
+    fault_gpus: tuple[int, ...] | None = None
+
+
+def finding_gpus(finding: Finding) -> tuple[int, ...] | None:
+    """The GPU indices a finding's ``gpus`` evidence names ("1,3"); None when absent or "?"."""
+    raw = finding.evidence.get("gpus")
+    if not isinstance(raw, str):
+        return None
+    indices = tuple(int(part) for part in raw.split(",") if part.strip().isdigit())
+    return indices or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +330,7 @@ def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fle
                     drain=broken.kind in DRAIN_BEFORE_RESTART,
                     failure=True,
                     mark_gpus=broken.kind in GPU_MARKING,
+                    fault_gpus=finding_gpus(broken) if broken.kind in GPU_MARKING else None,
                 )
             )
             continue

@@ -58,13 +58,22 @@ class GpuMarks:
     def conditions(self) -> tuple[NodeCondition, ...]:
         return tuple(self._conditions[g] for g in sorted(self._conditions))
 
-    def mark(self, gpus: tuple[int, ...], detail: str, *, reason: str = "") -> list[NodeCondition]:
-        """Count a fault against ``gpus``; the node conditions it newly sets."""
+    def mark(
+        self,
+        gpus: tuple[int, ...],
+        detail: str,
+        *,
+        reason: str = "",
+        faulted: tuple[int, ...] | None = None,
+    ) -> list[NodeCondition]:
+        """Count a fault against the engine's ``gpus`` that it was on (``faulted``; all of them
+        when the finding did not say, or named none of them); the node conditions it newly sets."""
         raw = read_json(self.path, {})
         if not isinstance(raw, dict):
             raw = {}
         new: list[NodeCondition] = []
-        for gpu in gpus:
+        on = tuple(g for g in gpus if faulted is not None and g in faulted) or gpus
+        for gpu in on:
             before = self.counts.get(gpu, 0)
             self.counts[gpu] = before + 1
             entry: dict[str, object] = {"count": self.counts[gpu], "last": detail, "at": time.time()}
@@ -126,6 +135,8 @@ class ActionExecutor:
             extra={"engine": action.engine, "event": "action"},
         )
         if action.mark_gpus:
-            self.marks.mark(self._gpus_of(action.engine), action.detail, reason=action.reason)
+            self.marks.mark(
+                self._gpus_of(action.engine), action.detail, reason=action.reason, faulted=action.fault_gpus
+            )
         for cmd in commands_for(action):
             self._send(action.engine, cmd)

@@ -166,6 +166,7 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
     critical: list[tuple[float, str]] = []
     info: list[tuple[float, str]] = []
     xids: set[int] = set()
+    critical_gpus: set[int] = set()  # the GPUs the critical faults were on, where known
     for obs, event in _events(recent):
         if _is_lost_event(event):
             continue
@@ -175,8 +176,12 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
             xids.add(event.xid)
             benign = event.xid in cfg.xid_engine_level or event.xid in cfg.xid_info_only
             (info if benign else critical).append((obs.at_s, label))
+            if not benign and event.index is not None:
+                critical_gpus.add(event.index)
         elif event.kind in FAULT_EVENT_KINDS:
             critical.append((obs.at_s, f"{event.kind} on GPU {where}"))
+            if event.index is not None:
+                critical_gpus.add(event.index)
     # Uncorrected ECC counts are volatile (since the driver loaded): any rise is a new error.
     last_count: dict[int, int] = {}
     for obs in observations:
@@ -187,6 +192,7 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
             previous = last_count.get(index)
             if previous is not None and count > previous and obs.at_s >= start_s:
                 critical.append((obs.at_s, f"uncorrected ECC {previous}->{count} on GPU {index}"))
+                critical_gpus.add(index)
             last_count[index] = count
     found = critical + info
     if not found or not observations:
@@ -197,6 +203,8 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
     evidence: dict[str, float | str] = {"faults": "; ".join(labels), "count": len(found)}
     if xids:
         evidence["xids"] = ",".join(str(x) for x in sorted(xids))
+    if critical_gpus:
+        evidence["gpus"] = ",".join(str(g) for g in sorted(critical_gpus))
     what = "GPU fault" if critical else "engine-level GPU error (not the GPU's fault)"
     return new_finding(
         observations[-1],
