@@ -18,7 +18,7 @@ from typing import Final
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, canary_load
 from llmsupervisor.detectors.config import DetectorConfig
-from llmsupervisor.detectors.series import metric_readings, new_finding, upto
+from llmsupervisor.detectors.series import metric_readings, new_finding, reading_span, upto
 from llmsupervisor.probes.vllm_metrics import window_quantile
 
 K = FindingKind
@@ -49,12 +49,10 @@ def _delta(older: int | None, newer: int | None) -> int | None:
 def span_stats(observations: Sequence[Observation]) -> SpanStats | None:
     """Rates and quantiles between the first and last readings of ``observations``."""
     readings = metric_readings(observations)
-    if len(readings) < 2:
+    span = reading_span(readings)
+    if span is None:
         return None
-    (first_obs, first), (last_obs, last) = readings[0], readings[-1]
-    duration_s = last_obs.at_s - first_obs.at_s
-    if duration_s <= 0:
-        return None
+    first_obs, first, last_obs, last, duration_s = span
     running = [m.requests_running for _, m in readings if m.requests_running is not None]
     mean_running = sum(running) / len(running) if running else None
     busy_ratio = sum(1 for r in running if r > 0) / len(running) if running else None

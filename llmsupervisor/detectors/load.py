@@ -11,7 +11,7 @@ from typing import Final
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import ObservationWindow, canary_load
 from llmsupervisor.detectors.config import DetectorConfig
-from llmsupervisor.detectors.series import metric_readings, new_finding, newest_first, upto
+from llmsupervisor.detectors.series import metric_readings, new_finding, newest_first, reading_span, upto
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
 K = FindingKind
@@ -118,13 +118,10 @@ def served_load(window: ObservationWindow, now: float, span_s: float = SERVED_SP
     """Requests and tokens per second between the first and last /metrics readings of the last
     ``span_s``, less the canaries answered in between; None without two readings."""
     observations = upto(window, now - span_s, now)
-    readings = metric_readings(observations)
-    if len(readings) < 2:
+    span = reading_span(metric_readings(observations))
+    if span is None:
         return None
-    (first_obs, first), (last_obs, last) = readings[0], readings[-1]
-    duration_s = last_obs.at_s - first_obs.at_s
-    if duration_s <= 0:
-        return None
+    first_obs, first, last_obs, last, duration_s = span
     canary = canary_load(observations, first_obs.at_s, last_obs.at_s)
 
     def rate(older: int | None, newer: int | None, own: int) -> float | None:

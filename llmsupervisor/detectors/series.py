@@ -8,7 +8,7 @@ clock, and never sees an observation from its own future.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow
@@ -49,6 +49,26 @@ def metric_readings(observations: Sequence[Observation]) -> list[tuple[Observati
     return [(o, o.metrics) for o in observations if isinstance(o.metrics, EngineMetrics)]
 
 
+class ReadingSpan(NamedTuple):
+    """The first and last /metrics readings of a span and the seconds between them: what every
+    rate over a span divides by."""
+
+    first_obs: Observation
+    first: EngineMetrics
+    last_obs: Observation
+    last: EngineMetrics
+    duration_s: float
+
+
+def reading_span(readings: Sequence[tuple[Observation, EngineMetrics]]) -> ReadingSpan | None:
+    """None without two readings some time apart."""
+    if len(readings) < 2:
+        return None
+    (first_obs, first), (last_obs, last) = readings[0], readings[-1]
+    duration_s = last_obs.at_s - first_obs.at_s
+    return ReadingSpan(first_obs, first, last_obs, last, duration_s) if duration_s > 0 else None
+
+
 def _counters(m: EngineMetrics) -> tuple[int | None, ...]:
     # Steps advance on every engine step; tokens cover versions without the step histogram (V0).
     return (m.iterations_total, m.generation_tokens_total, m.prompt_tokens_total)
@@ -75,10 +95,12 @@ def in_flight(m: EngineMetrics) -> int | None:
 
 __all__ = [
     "MIB",
+    "ReadingSpan",
     "counters_progressed",
     "in_flight",
     "metric_readings",
     "new_finding",
     "newest_first",
+    "reading_span",
     "upto",
 ]
