@@ -228,6 +228,88 @@ class Exporter:
         return generate_latest(self.registry)
 
 
+# The per-engine families with one value each (absent where the value is None): name, type, help,
+# and how to read it from the snapshot. One table, filled in the collector's one loop over engines.
+_ENGINE_SCALARS: Final[
+    tuple[
+        tuple[
+            str, type[GaugeMetricFamily | CounterMetricFamily], str, Callable[[EngineSnapshot], float | None]
+        ],
+        ...,
+    ]
+] = (
+    (
+        "engine_requests_running",
+        GaugeMetricFamily,
+        "Requests the engine is running now.",
+        lambda e: e.requests_running,
+    ),
+    (
+        "engine_requests_waiting",
+        GaugeMetricFamily,
+        "Requests queued in the engine now.",
+        lambda e: e.requests_waiting,
+    ),
+    (
+        "engine_kv_cache_usage_ratio",
+        GaugeMetricFamily,
+        "Fraction of the engine's KV cache in use, 0 to 1.",
+        lambda e: e.kv_usage_ratio,
+    ),
+    (
+        "engine_ttft_p95_seconds",
+        GaugeMetricFamily,
+        "95th percentile time to first token over the last 60 seconds, in seconds.",
+        lambda e: e.ttft_p95_s,
+    ),
+    (
+        "engine_held_by_operator",
+        GaugeMetricFamily,
+        "1 while an operator holds the engine out of service (drained, stopped or disabled), else 0.",
+        lambda e: float(e.held_by_operator),
+    ),
+    (
+        "engine_start_timeout_seconds",
+        GaugeMetricFamily,
+        "The engine's start_timeout_s: a start younger than this is not an engine down.",
+        lambda e: e.start_timeout_s,
+    ),
+    (
+        "engine_down_seconds",
+        GaugeMetricFamily,
+        "Seconds the engine has been meant to serve and not serving (starting, restarting, "
+        "backoff, fatal); 0 while it serves (READY, SHEDDING) or an operator holds it out.",
+        lambda e: e.down_s,
+    ),
+    (
+        "engine_canary_requests",
+        CounterMetricFamily,
+        "Canary requests the supervisor sent that the engine answered; vLLM counts them as "
+        "requests, so subtract them from its request counters to get client traffic.",
+        lambda e: e.canary_requests_total,
+    ),
+    (
+        "engine_served_requests_per_second",
+        GaugeMetricFamily,
+        "Requests the engine finished per second over the last minute, the supervisor's canaries excluded.",
+        lambda e: e.served.requests_per_s if e.served is not None else None,
+    ),
+    (
+        "engine_served_generation_tokens_per_second",
+        GaugeMetricFamily,
+        "Tokens the engine generated per second over the last minute, the supervisor's canaries excluded.",
+        lambda e: e.served.generation_tokens_per_s if e.served is not None else None,
+    ),
+    (
+        "engine_incidents",
+        CounterMetricFamily,
+        "Hang or stall incidents whose process stacks were kept before the kill "
+        "(STATE_DIR/engines/NAME/incidents).",
+        lambda e: e.incidents_total,
+    ),
+)
+
+
 class _SnapshotCollector:
     """Builds every family from one snapshot per scrape, so a scrape is self-consistent."""
 
@@ -304,80 +386,14 @@ class _SnapshotCollector:
             "Batch-size ladder step the engine runs at: 0 is its own flags, n is n steps down.",
             labels=["engine"],
         )
-        load = {
-            "requests_running": GaugeMetricFamily(
-                _name("engine_requests_running"), "Requests the engine is running now.", labels=["engine"]
-            ),
-            "requests_waiting": GaugeMetricFamily(
-                _name("engine_requests_waiting"), "Requests queued in the engine now.", labels=["engine"]
-            ),
-            "kv_usage_ratio": GaugeMetricFamily(
-                _name("engine_kv_cache_usage_ratio"),
-                "Fraction of the engine's KV cache in use, 0 to 1.",
-                labels=["engine"],
-            ),
-            "ttft_p95_s": GaugeMetricFamily(
-                _name("engine_ttft_p95_seconds"),
-                "95th percentile time to first token over the last 60 seconds, in seconds.",
-                labels=["engine"],
-            ),
-        }
+        scalars = [
+            (kind(_name(name), text, labels=["engine"]), read) for name, kind, text, read in _ENGINE_SCALARS
+        ]
         for e in engines:
-            for attribute, family in load.items():
-                value = getattr(e, attribute)
+            for family, read in scalars:
+                value = read(e)
                 if value is not None:
                     family.add_metric([e.name], float(value))
-        held = GaugeMetricFamily(
-            _name("engine_held_by_operator"),
-            "1 while an operator holds the engine out of service (drained, stopped or disabled), else 0.",
-            labels=["engine"],
-        )
-        start_timeout = GaugeMetricFamily(
-            _name("engine_start_timeout_seconds"),
-            "The engine's start_timeout_s: a start younger than this is not an engine down.",
-            labels=["engine"],
-        )
-        down = GaugeMetricFamily(
-            _name("engine_down_seconds"),
-            "Seconds the engine has been meant to serve and not serving (starting, restarting, "
-            "backoff, fatal); 0 while it serves (READY, SHEDDING) or an operator holds it out.",
-            labels=["engine"],
-        )
-        canaries = CounterMetricFamily(
-            _name("engine_canary_requests"),
-            "Canary requests the supervisor sent that the engine answered; vLLM counts them as "
-            "requests, so subtract them from its request counters to get client traffic.",
-            labels=["engine"],
-        )
-        served_requests = GaugeMetricFamily(
-            _name("engine_served_requests_per_second"),
-            "Requests the engine finished per second over the last minute, the supervisor's "
-            "canaries excluded.",
-            labels=["engine"],
-        )
-        served_tokens = GaugeMetricFamily(
-            _name("engine_served_generation_tokens_per_second"),
-            "Tokens the engine generated per second over the last minute, the supervisor's "
-            "canaries excluded.",
-            labels=["engine"],
-        )
-        for e in engines:
-            held.add_metric([e.name], 1.0 if e.held_by_operator else 0.0)
-            start_timeout.add_metric([e.name], e.start_timeout_s)
-            down.add_metric([e.name], e.down_s)
-            canaries.add_metric([e.name], float(e.canary_requests_total))
-            if e.served is not None and e.served.requests_per_s is not None:
-                served_requests.add_metric([e.name], e.served.requests_per_s)
-            if e.served is not None and e.served.generation_tokens_per_s is not None:
-                served_tokens.add_metric([e.name], e.served.generation_tokens_per_s)
-        incidents = CounterMetricFamily(
-            _name("engine_incidents"),
-            "Hang or stall incidents whose process stacks were kept before the kill "
-            "(STATE_DIR/engines/NAME/incidents).",
-            labels=["engine"],
-        )
-        for e in engines:
-            incidents.add_metric([e.name], float(e.incidents_total))
             for (kind, reason), count in sorted(e.actions_total.items()):
                 actions.add_metric([e.name, kind, reason], float(count))
             for kind, at in sorted(e.last_action_at.items()):
@@ -399,19 +415,8 @@ class _SnapshotCollector:
             for kind, severity, _summary in e.findings:
                 finding.add_metric([e.name, kind, severity], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
-        yield from load.values()
-        yield from (
-            actions,
-            last_action,
-            step,
-            held,
-            start_timeout,
-            down,
-            canaries,
-            served_requests,
-            served_tokens,
-            incidents,
-        )
+        yield from (actions, last_action, step)
+        yield from (family for family, _ in scalars)
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(
