@@ -43,8 +43,10 @@ from llmsupervisor.engine.output import is_probe_access_line
 from llmsupervisor.errors import ConfigError, PortHeld
 from llmsupervisor.probes import health
 from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 from llmsupervisor.redact import MASK, redact, redact_argv, redact_env, register_secret, secret_env_name
+from tests.canned_http import canned_server, reply
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -361,20 +363,27 @@ def test_each_canary_kind_sends_its_request_with_the_key(
 ) -> None:
     requests: list[httpx.Request] = []
 
-    async def go() -> tuple[HttpCheck, HttpCheck, HttpCheck]:
-        async with _serve(requests) as client:
-            http = VllmHttp(client, _spec(canary=kind, api_key=KEY))
-            return (
-                await http.canary(timeout_s=5),
-                await http.models(timeout_s=5),
-                await http.health(timeout_s=5),
-            )
+    async def go() -> tuple[HttpCheck, HttpCheck, HttpCheck, list[tuple[str, dict[str, str]]]]:
+        # /health goes through the probes' own client, to a real local server.
+        async with _serve(requests) as client, canned_server(lambda p, h: reply(200)) as server:
+            probe = ProbeHttp(server.url)
+            http = VllmHttp(client, _spec(canary=kind, api_key=KEY), probe)
+            try:
+                return (
+                    await http.canary(timeout_s=5),
+                    await http.models(timeout_s=5),
+                    await http.health(timeout_s=5),
+                    server.requests,
+                )
+            finally:
+                probe.close()
 
-    canary, models, health_check = asyncio.run(go())
+    canary, models, health_check, probed = asyncio.run(go())
     assert canary.ok and models.ok and health_check.ok
     assert (canary.prompt_tokens, canary.generation_tokens) == tokens
-    assert [r.url.path for r in requests] == [path, "/v1/models", "/health"]
+    assert [r.url.path for r in requests] == [path, "/v1/models"]
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in requests)
+    assert [(p, h["authorization"]) for p, h in probed] == [("/health", f"Bearer {KEY}")]
     body = json.loads(requests[0].content)
     assert ("messages" in body) == (kind == "chat") and ("input" in body) == (kind == "embedding")
 
@@ -384,7 +393,7 @@ def test_no_key_no_authorization_header_and_a_401_is_a_failed_check() -> None:
 
     async def go() -> HttpCheck:
         async with _serve(requests, status=401) as client:
-            return await VllmHttp(client, _spec()).models(timeout_s=5)
+            return await VllmHttp(client, _spec(), ProbeHttp(_spec().base_url)).models(timeout_s=5)
 
     models = asyncio.run(go())
     assert not models.ok and models.detail == "HTTP 401"

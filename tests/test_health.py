@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from llmsupervisor.probes import health
+from llmsupervisor.probes.probe_http import ProbeHttp
+from tests.canned_http import canned_server, reply
 
 DRIP_INTERVAL_S = 0.2
 
@@ -57,24 +59,37 @@ async def dripping_server() -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-Check = Callable[[httpx.AsyncClient, str, float], Awaitable[Any]]
+Check = Callable[[str, float], Awaitable[health.HttpCheck]]
 
-CHECKS: dict[str, Check] = {
-    "health": lambda client, url, timeout_s: health.check_health(client, url, timeout_s=timeout_s),
-    "models": lambda client, url, timeout_s: health.check_models(client, url, "m", timeout_s=timeout_s),
-    "canary": lambda client, url, timeout_s: health.canary(
-        client, url, "m", prompt="Hello", timeout_s=timeout_s
-    ),
-}
+
+async def _health(url: str, timeout_s: float) -> health.HttpCheck:
+    probe = ProbeHttp(url)  # /health goes through the probes' own client
+    try:
+        return await health.check_health(probe, timeout_s=timeout_s)
+    finally:
+        probe.close()
+
+
+async def _models(url: str, timeout_s: float) -> health.HttpCheck:
+    async with httpx.AsyncClient() as client:
+        return await health.check_models(client, url, "m", timeout_s=timeout_s)
+
+
+async def _canary(url: str, timeout_s: float) -> health.HttpCheck:
+    async with httpx.AsyncClient() as client:
+        return await health.canary(client, url, "m", prompt="Hello", timeout_s=timeout_s)
+
+
+CHECKS: dict[str, Check] = {"health": _health, "models": _models, "canary": _canary}
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_a_body_that_drips_in_is_a_timeout_at_the_overall_deadline(name: str) -> None:
     async def go() -> Any:
-        async with dripping_server() as url, httpx.AsyncClient() as client:
+        async with dripping_server() as url:
             # The test's own bound is loose: the check's deadline is 0.5 s.
             async with asyncio.timeout(5.0):
-                return await CHECKS[name](client, url, 0.5)
+                return await CHECKS[name](url, 0.5)
 
     result = asyncio.run(go())
     assert not result.ok
@@ -95,11 +110,15 @@ def completion(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json={"choices": [{"text": "!"}]})
 
 
+HTTPX_CHECKS: dict[str, Callable[[httpx.AsyncClient], Awaitable[health.HttpCheck]]] = {
+    "models": lambda client: health.check_models(client, "http://engine", "m", timeout_s=1.0),
+    "canary": lambda client: health.canary(client, "http://engine", "m", prompt="Hello", timeout_s=1.0),
+}
+
+
 @pytest.mark.parametrize(
     ("name", "handler", "failure", "status_code"),
     [
-        ("health", lambda r: httpx.Response(200), None, 200),
-        ("health", lambda r: httpx.Response(503), "http", 503),
         ("models", lambda r: httpx.Response(200, json={"data": [{"id": "m"}]}), None, 200),
         ("models", lambda r: httpx.Response(200, json={"data": [{"id": "other"}]}), "http", 200),
         ("models", lambda r: httpx.Response(200, text="<html>"), "parse", 200),
@@ -115,8 +134,28 @@ def test_each_failure_is_classified(
 ) -> None:
     async def go() -> health.HttpCheck:
         async with mock(handler) as client:
-            result: health.HttpCheck = await CHECKS[name](client, "http://engine", 1.0)
-            return result
+            return await HTTPX_CHECKS[name](client)
+
+    result = asyncio.run(go())
+    assert (result.ok, result.failure, result.status_code) == (failure is None, failure, status_code), result
+
+
+@pytest.mark.parametrize(
+    ("raw", "failure", "status_code"),
+    [
+        (reply(200), None, 200),
+        (reply(503), "http", 503),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart", "timeout", None),  # never completes
+        (b"garbage\r\n\r\n", "http", None),
+        (None, "connect", None),  # closed without a byte, twice
+    ],
+)
+def test_each_health_failure_is_classified(
+    raw: bytes | None, failure: str | None, status_code: int | None
+) -> None:
+    async def go() -> health.HttpCheck:
+        async with canned_server(lambda p, h: raw) as server:
+            return await _health(server.url, 0.5)
 
     result = asyncio.run(go())
     assert (result.ok, result.failure, result.status_code) == (failure is None, failure, status_code), result
@@ -125,9 +164,7 @@ def test_each_failure_is_classified(
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_a_refused_connection_is_connect_not_timeout(name: str) -> None:
     async def go() -> health.HttpCheck:
-        async with httpx.AsyncClient() as client:
-            result: health.HttpCheck = await CHECKS[name](client, refused_url(), 1.0)
-            return result
+        return await CHECKS[name](refused_url(), 1.0)
 
     result = asyncio.run(go())
     assert (result.ok, result.failure, result.status_code) == (False, "connect", None), result
@@ -139,7 +176,7 @@ def test_a_phase_timeout_is_a_timeout() -> None:
 
     async def go() -> health.HttpCheck:
         async with mock(slow) as client:
-            return await health.check_health(client, "http://engine", timeout_s=1.0)
+            return await health.check_models(client, "http://engine", "m", timeout_s=1.0)
 
     result = asyncio.run(go())
     assert (result.failure, result.detail) == ("timeout", "timed out (ReadTimeout)")

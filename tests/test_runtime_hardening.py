@@ -31,7 +31,9 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.http_api import HttpApi, text
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, vllm_metrics
 from llmsupervisor.probes.host import GroupSweeper, ProcSample, RawProcess
+from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics, parse_metrics
+from tests.canned_http import canned_server, reply
 from tests.test_runner import Harness, ready_as, spec
 from tests.test_runner import run as run_virtual_test
 
@@ -348,9 +350,9 @@ async def flooding_server() -> AsyncIterator[str]:
 
 def test_a_metrics_body_over_the_cap_is_a_clear_failure_read_no_further() -> None:
     async def scenario() -> tuple[EngineMetrics | ProbeFailure, float]:
-        async with flooding_server() as url, httpx.AsyncClient() as client:
+        async with flooding_server() as url:
             started = time.monotonic()
-            result = await fetch_metrics(client, url, timeout_s=20.0, max_body_bytes=1 << 20)
+            result = await fetch_metrics(ProbeHttp(url), timeout_s=20.0, max_body_bytes=1 << 20)
             return result, time.monotonic() - started
 
     result, took_s = run(scenario)
@@ -364,9 +366,12 @@ def test_a_body_within_the_cap_is_read() -> None:
     text_body = (Path(__file__).parent / "fixtures" / "metrics" / "vllm-0.32.0-cpu.txt").read_text()
 
     async def scenario() -> EngineMetrics | ProbeFailure:
-        transport = httpx.MockTransport(lambda r: httpx.Response(200, text=text_body))
-        async with httpx.AsyncClient(transport=transport) as client:
-            return await fetch_metrics(client, "http://e", timeout_s=5.0, max_body_bytes=len(text_body))
+        async with canned_server(lambda p, h: reply(200, text_body.encode())) as server:
+            probe = ProbeHttp(server.url)
+            try:
+                return await fetch_metrics(probe, timeout_s=5.0, max_body_bytes=len(text_body.encode()))
+            finally:
+                probe.close()
 
     assert isinstance(run(scenario), EngineMetrics)
 
@@ -388,9 +393,10 @@ def test_a_slow_parse_does_not_block_the_loop_and_times_out(monkeypatch: pytest.
                 ticks += 1
 
         ticking = asyncio.create_task(ticker())
-        transport = httpx.MockTransport(lambda r: httpx.Response(200, text="x 1\n"))
-        async with httpx.AsyncClient(transport=transport) as client:
-            result = await fetch_metrics(client, "http://e", timeout_s=0.5)
+        async with canned_server(lambda p, h: reply(200, b"x 1\n")) as server:
+            probe = ProbeHttp(server.url)
+            result = await fetch_metrics(probe, timeout_s=0.5)
+            probe.close()
         ticking.cancel()
         return result, ticks
 

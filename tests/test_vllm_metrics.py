@@ -11,11 +11,11 @@ import math
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.probes import ProbeFailure, vllm_metrics
+from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import (
     ALIASES,
     HISTOGRAM_ROWS,
@@ -25,6 +25,7 @@ from llmsupervisor.probes.vllm_metrics import (
     parse_metrics,
     window_quantile,
 )
+from tests.canned_http import Handler, canned_server, reply
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -402,10 +403,16 @@ def test_window_over_two_real_captures() -> None:
     assert p95 is not None and 0.02 < p95 <= 0.04
 
 
-def run_fetch(handler: httpx.MockTransport, *, timeout_s: float = 1.0) -> EngineMetrics | ProbeFailure:
+def run_fetch(handler: Handler, *, timeout_s: float = 1.0) -> EngineMetrics | ProbeFailure:
+    """fetch_metrics through the probes' own client against a real local server."""
+
     async def go() -> EngineMetrics | ProbeFailure:
-        async with httpx.AsyncClient(transport=handler) as client:
-            return await fetch_metrics(client, "http://engine:8000/", timeout_s=timeout_s)
+        async with canned_server(handler) as server:
+            probe = ProbeHttp(server.url + "/")
+            try:
+                return await fetch_metrics(probe, timeout_s=timeout_s)
+            finally:
+                probe.close()
 
     return asyncio.run(go())
 
@@ -413,47 +420,54 @@ def run_fetch(handler: httpx.MockTransport, *, timeout_s: float = 1.0) -> Engine
 def test_fetch_ok() -> None:
     seen: list[str] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(str(request.url))
-        return httpx.Response(200, text=body("vllm-0.32.0-cpu.txt"))
+    def handler(path: str, headers: dict[str, str]) -> bytes:
+        seen.append(path)
+        return reply(
+            200, body("vllm-0.32.0-cpu.txt").encode(), headers={"Content-Type": "text/plain; charset=utf-8"}
+        )
 
-    result = run_fetch(httpx.MockTransport(handler))
+    result = run_fetch(handler)
     assert isinstance(result, EngineMetrics)
     assert result.requests_running == 8
-    assert seen == ["http://engine:8000/metrics"]
-
-
-def raising(exc: Exception) -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise exc
-
-    return httpx.MockTransport(handler)
+    assert seen == ["/metrics"]
 
 
 @pytest.mark.parametrize(
-    ("transport", "kind"),
+    ("raw", "kind"),
     [
-        (httpx.MockTransport(lambda r: httpx.Response(503, text="engine dead")), "http"),
-        (httpx.MockTransport(lambda r: httpx.Response(200, text="<html>oops</html>")), "parse"),
-        (raising(httpx.ConnectError("refused")), "connect"),
-        (raising(httpx.ReadError("reset by peer")), "connect"),
-        (raising(httpx.ReadTimeout("slow")), "timeout"),
-        (raising(httpx.RemoteProtocolError("bad chunk")), "http"),
+        (reply(503, b"engine dead"), "http"),
+        (reply(200, b"<html>oops</html>"), "parse"),
+        (None, "connect"),  # closed without an answer
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nbad chunk\r\n", "http"),
     ],
 )
-def test_fetch_failures_are_values(transport: httpx.MockTransport, kind: str) -> None:
-    result = run_fetch(transport)
+def test_fetch_failures_are_values(raw: bytes | None, kind: str) -> None:
+    result = run_fetch(lambda p, h: raw)
     assert isinstance(result, ProbeFailure)
     assert result.kind == kind
 
 
+def test_fetch_refused_is_connect() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    async def go() -> EngineMetrics | ProbeFailure:
+        return await fetch_metrics(ProbeHttp(url), timeout_s=1.0)
+
+    result = asyncio.run(go())
+    assert isinstance(result, ProbeFailure) and result.kind == "connect", result
+
+
 def test_fetch_has_one_overall_deadline() -> None:
-    async def stall(request: httpx.Request) -> httpx.Response:
+    async def stall(path: str, headers: dict[str, str]) -> bytes:
         await asyncio.sleep(5)
-        return httpx.Response(200, text="")
+        return reply(200)
 
     started = time.monotonic()
-    result = run_fetch(httpx.MockTransport(stall), timeout_s=0.05)
+    result = run_fetch(stall, timeout_s=0.05)
     assert time.monotonic() - started < 1.0
     assert isinstance(result, ProbeFailure)
     assert result.kind == "timeout"

@@ -31,6 +31,7 @@ from llmsupervisor.engine.lifecycle import History
 from llmsupervisor.engine.observer import GpuSource, GroupSampler
 from llmsupervisor.engine.runner import EngineRunner
 from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.probes.probe_http import ProbeHttp
 
 log = logging.getLogger("llmsupervisor")
 
@@ -61,6 +62,7 @@ class Fleet:
         self._dead: dict[str, EngineStatus] = {}  # engines whose runner task died, until replaced
         self._respawns: set[asyncio.Task[None]] = set()
         self._clients: dict[str, httpx.AsyncClient] = {}
+        self._probes: dict[str, ProbeHttp] = {}
         self._sent: dict[str, int] = {}  # commands sent per engine (this runner's)
         self._tls: ssl.SSLContext | None = None
         self.shutting_down = False
@@ -78,12 +80,22 @@ class Fleet:
             self._tls = self._tls or ssl.create_default_context()
             client = httpx.AsyncClient(limits=ENGINE_HTTP_LIMITS, trust_env=False, verify=self._tls)
             self._clients[spec.name] = client
-        return VllmHttp(client, spec)
+        probe = self._probes.get(spec.name)
+        if probe is None or probe.base_url != spec.base_url:
+            # A new address (a port change): the runner asks for it only once the process on
+            # the old one has stopped, so the old connections go.
+            if probe is not None:
+                probe.close()
+            probe = self._probes[spec.name] = ProbeHttp(spec.base_url)
+        return VllmHttp(client, spec, probe)
 
     async def aclose(self) -> None:
         for client in list(self._clients.values()):
             await client.aclose()
         self._clients.clear()
+        for probe in self._probes.values():
+            probe.close()
+        self._probes.clear()
 
     # ---- runners ----
 

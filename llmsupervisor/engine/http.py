@@ -1,6 +1,7 @@
 """Everything the daemon asks of one engine over HTTP, behind one small interface.
 
-``EngineHttp`` is the seam: the real one speaks to vLLM through the engine's own httpx client;
+``EngineHttp`` is the seam: the real one speaks to vLLM through the engine's own clients (the
+probes' small HTTP/1.1 client for ``/health`` and ``/metrics``, httpx for the rest);
 tests script one (tests/engine_fakes.py). A new spec (a port change) gets a new object, so a
 drain always talks to the address of the process being drained (defect D4).
 """
@@ -18,6 +19,7 @@ import httpx
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.probes import ProbeFailure, health
 from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -45,10 +47,12 @@ class EngineHttp(Protocol):
 
 
 class VllmHttp:
-    """The real thing: one engine's vLLM server through its own httpx client."""
+    """The real thing: one engine's vLLM server through its own clients."""
 
-    def __init__(self, client: httpx.AsyncClient, spec: EngineSpec) -> None:
+    def __init__(self, client: httpx.AsyncClient, spec: EngineSpec, probe: ProbeHttp) -> None:
         self._client = client
+        # /health and /metrics, every round: the probes' own cheap client (probes/probe_http.py).
+        self._probe = probe
         self._spec = spec
         # An engine with an API key guards /v1/*; the key goes with every request (it is never
         # logged: the log filter masks it, and httpx logs no headers).
@@ -56,9 +60,7 @@ class VllmHttp:
         self._canary_kind = spec.canary_kind
 
     async def health(self, *, timeout_s: float) -> HttpCheck:
-        return await health.check_health(
-            self._client, self._spec.base_url, timeout_s=timeout_s, headers=self._headers
-        )
+        return await health.check_health(self._probe, timeout_s=timeout_s, headers=self._headers)
 
     async def models(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
@@ -81,8 +83,7 @@ class VllmHttp:
     async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
         spec = self._spec
         return await fetch_metrics(
-            self._client,
-            spec.base_url,
+            self._probe,
             timeout_s=timeout_s,
             max_body_bytes=spec.metrics_max_body_bytes,
             headers=self._headers,

@@ -21,6 +21,10 @@ from typing import Any
 import httpx
 
 from llmsupervisor.probes import PROBE_FAILURE_KINDS, ProbeFailureKind
+from llmsupervisor.probes.probe_http import BadAnswer, ProbeHttp, TooLarge, Unreachable
+
+# vLLM's /health body is empty; anything long is not vLLM.
+HEALTH_MAX_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,17 +117,21 @@ def _from_exception(exc: Exception, started: float, timeout_s: float) -> HttpChe
     return _failed("parse", f"unreadable body: {type(exc).__name__}: {exc}", started, 200)
 
 
-async def check_health(
-    client: httpx.AsyncClient, base_url: str, *, timeout_s: float, headers: Headers = None
-) -> HttpCheck:
+async def check_health(probe: ProbeHttp, *, timeout_s: float, headers: Headers = None) -> HttpCheck:
+    """``GET /health`` through the probes' own client (probes/probe_http.py: it runs every
+    round for every engine, so its cost matters), under one overall deadline."""
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(f"{base_url}/health", timeout=timeout_s, headers=headers)
-    except (TimeoutError, httpx.HTTPError) as exc:
+            answer = await probe.get("/health", headers=headers, max_body_bytes=HEALTH_MAX_BODY_BYTES)
+    except TimeoutError as exc:
         return _from_exception(exc, started, timeout_s)
-    if resp.status_code != 200:
-        return _failed("http", f"HTTP {resp.status_code}", started, resp.status_code)
+    except Unreachable as exc:
+        return _failed("connect", str(exc), started)
+    except (BadAnswer, TooLarge) as exc:
+        return _failed("http", f"{type(exc).__name__}: {exc}", started)
+    if answer.status != 200:
+        return _failed("http", f"HTTP {answer.status}", started, answer.status)
     return _passed("HTTP 200", started)
 
 

@@ -44,6 +44,7 @@ parse failure.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import concurrent.futures
 import itertools
 import math
@@ -56,10 +57,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal, TypeVar
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.probe_http import BadAnswer, ProbeHttp, TooLarge, Unreachable
 
 SleepState = Literal["awake", "weights_offloaded", "discard_all"]
 
@@ -500,66 +501,56 @@ def _parse_pool() -> concurrent.futures.ThreadPoolExecutor:
     return _PARSE_POOL
 
 
-async def _read_capped(resp: httpx.Response, max_body_bytes: int) -> bytes | None:
-    """The body, or None as soon as it is known to be over ``max_body_bytes``."""
-    declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_body_bytes:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.aiter_bytes():
-        size += len(chunk)
-        if size > max_body_bytes:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def fetch_metrics(
-    client: httpx.AsyncClient,
-    base_url: str,
+    probe: ProbeHttp,
     *,
     timeout_s: float,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     headers: Mapping[str, str] | None = None,
 ) -> EngineMetrics | ProbeFailure:
-    """GET ``{base_url}/metrics`` and parse it, all under one overall deadline of ``timeout_s``.
-
-    httpx's own timeout applies to each phase separately, so a server that drips its body could
-    outlast it; ``asyncio.timeout`` bounds the whole exchange. The body is read as a stream and
-    abandoned past ``max_body_bytes``; it is parsed in a thread (see the module docstring).
-    """
-    url = f"{base_url.rstrip('/')}/metrics"
+    """GET ``/metrics`` through the probes' own client (probes/probe_http.py) and parse it, all
+    under one overall deadline of ``timeout_s``. A body over ``max_body_bytes`` is abandoned
+    as soon as that is known; it is parsed in a thread (see the module docstring)."""
+    url = f"{probe.base_url}/metrics"
     running = _PARSING.get(url)
     if running is not None and not running.done():
         return ProbeFailure("timeout", f"GET {url}: the previous body is still being parsed")
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("GET", url, timeout=timeout_s, headers=headers) as resp:
-                if resp.status_code != 200:
-                    head = (await resp.aread())[:200].decode("utf-8", "replace")
-                    return ProbeFailure("http", f"GET {url}: HTTP {resp.status_code}: {head}")
-                raw = await _read_capped(resp, max_body_bytes)
-                if raw is None:
-                    return ProbeFailure(
-                        "parse", f"GET {url}: body over {max_body_bytes} bytes (metrics_max_body_bytes)"
-                    )
-            body = raw.decode(resp.encoding or "utf-8", "replace")
+            answer = await probe.get("/metrics", headers=headers, max_body_bytes=max_body_bytes)
+            if answer.status != 200:
+                head = answer.body[:200].decode("utf-8", "replace")
+                return ProbeFailure("http", f"GET {url}: HTTP {answer.status}: {head}")
+            body = answer.body.decode(_charset(answer.headers.get("content-type", "")), "replace")
             parsing = _PARSING[url] = asyncio.get_running_loop().run_in_executor(
                 _parse_pool(), parse_metrics, body
             )
             # Shielded: at the deadline the parse goes on in its thread; _PARSING remembers it.
             return await asyncio.shield(parsing)
-    except (TimeoutError, httpx.TimeoutException) as exc:
-        return ProbeFailure("timeout", f"GET {url}: no answer within {timeout_s} s ({type(exc).__name__})")
-    except httpx.NetworkError as exc:
-        return ProbeFailure("connect", f"GET {url}: {type(exc).__name__}: {exc}")
-    except httpx.HTTPError as exc:
-        return ProbeFailure("http", f"GET {url}: {type(exc).__name__}: {exc}")
+    except TimeoutError:
+        return ProbeFailure("timeout", f"GET {url}: no answer within {timeout_s} s")
+    except TooLarge:
+        return ProbeFailure("parse", f"GET {url}: body over {max_body_bytes} bytes (metrics_max_body_bytes)")
+    except Unreachable as exc:
+        return ProbeFailure("connect", f"GET {url}: {exc}")
+    except BadAnswer as exc:
+        return ProbeFailure("http", f"GET {url}: {exc}")
     finally:
         done = _PARSING.get(url)
         if done is not None and done.done():
             del _PARSING[url]
+
+
+def _charset(content_type: str) -> str:
+    """The body's charset from its Content-Type (Prometheus' text format is UTF-8)."""
+    for part in content_type.split(";")[1:]:
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "charset" and value:
+            try:
+                return codecs.lookup(value.strip('"')).name
+            except LookupError:
+                break
+    return "utf-8"
 
 
 __all__ = [
