@@ -117,6 +117,8 @@ def _role(pid: int) -> str:
         return "?"
     if title.startswith("VLLM::"):
         return title.split()[0]
+    if "resource_tracker" in title:
+        return "resource tracker"  # multiprocessing's, started by the API server
     return "api server" if " serve " in title else title[:60]
 
 
