@@ -115,6 +115,8 @@ def _role(pid: int) -> str:
         title = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return "?"
+    if not title:
+        return "(no command line: exiting)"
     if title.startswith("VLLM::"):
         return title.split()[0]
     if "resource_tracker" in title:
