@@ -310,3 +310,30 @@ def test_setup_picks_the_journal_format(tmp_path: Path, monkeypatch: pytest.Monk
                 root.addHandler(handler)
             root.setLevel(saved_level)
     assert (tmp_path / "journal").read_text() == "<4>[e1] line one\n<4>[e1] line two\n"
+
+
+def test_group_gone_reaps_a_member_that_dies_during_the_poll(monkeypatch, tmp_path) -> None:
+    """A worker handed to the daemon (its EngineCore exited) that dies between the reap and the
+    look must not be counted gone unreaped: it would stay a zombie for the daemon's life."""
+    from types import SimpleNamespace
+
+    from llmsupervisor import process
+    from llmsupervisor.engine.launch import HostProcesses
+
+    worker = {"alive": True, "reaped": False}
+
+    def reap_adopted(pids, *, skip=None):
+        if not worker["alive"]:
+            worker["reaped"] = True
+        worker["alive"] = False  # it dies just after this reap looked at it
+
+    monkeypatch.setattr(process, "group_members", lambda pgid: [100, 101])
+    monkeypatch.setattr(process, "reap_adopted", reap_adopted)
+    monkeypatch.setattr(process, "alive", lambda pid: pid == 101 and worker["alive"])
+    leader = SimpleNamespace(pid=100, pgid=100, returned=True)
+    procs = HostProcesses(tmp_path)
+    polls = 0
+    while not procs.group_gone(leader):
+        polls += 1
+        assert polls < 5
+    assert worker["reaped"]

@@ -96,8 +96,15 @@ class HostProcesses:
         """The leader has exited and no other live member of its group is left (adopted
         orphans that already exited are reaped on the way)."""
         members = process.group_members(proc.pgid)
+        # Look before reaping: a member that dies after the reap but before the look would be
+        # counted gone and left a zombie for the daemon's life (its parent, an exiting
+        # EngineCore, handed it to us). Looked at first, it counts as living, and this poll's
+        # or the next one's reap collects it. A member already dead at the look is ours to reap
+        # now (its parent exited and handed it to us) or its living parent's, a member that
+        # keeps the group from being gone.
+        living = [p for p in members if p != proc.pid and process.alive(p)]
         process.reap_adopted(members, skip=proc.pid)
-        return proc.returned and not [p for p in members if p != proc.pid and process.alive(p)]
+        return proc.returned and not living
 
     def strays(self, engine: str, *, leader: int) -> list[int]:
         """Processes that left the group (setsid) but carry this engine's marker."""
