@@ -107,6 +107,14 @@ def test_nvml_cpu_affinity_is_the_gpus_numa_node() -> None:
         reader.close()
 
 
+def _cli(config: Path, command: str) -> str:
+    """``llm-supervisor --config CONFIG COMMAND``'s output (printed: the run's record)."""
+    argv = [sys.executable, "-m", "llmsupervisor", "--config", str(config), command]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout
+    print(out)
+    return out
+
+
 def _engine(name: str, gpus: list[int], cpus: Any) -> dict[str, Any]:
     return fake_engine(name, free_port(), gpus=gpus, cpus=cpus)
 
@@ -132,16 +140,8 @@ def test_the_daemon_binds_a_gpu_engine_to_its_gpus_numa_node(daemon_factory: Any
         ]
     }
     d = daemon_factory(config)
-    doctor = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), "doctor"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    print(doctor.stdout)
-    assert (
-        f"engine gpu0 cpus: {format_cpu_list(expected)} (auto: on the NUMA node of GPU(s) 0" in doctor.stdout
-    )
+    doctor = _cli(d.config_path, "doctor")
+    assert f"engine gpu0 cpus: {format_cpu_list(expected)} (auto: on the NUMA node of GPU(s) 0" in doctor
     d.start()
     gpu0 = d.wait_state("gpu0", "ready", timeout_s=60)
     pinned = d.wait_state("pinned", "ready", timeout_s=60)
@@ -160,12 +160,5 @@ def test_the_daemon_binds_a_gpu_engine_to_its_gpus_numa_node(daemon_factory: Any
     assert allowed_cpus_of(pinned["pid"]) == (claimed,)
     # The daemon itself stays where it was started.
     assert set(allowed_cpus_of(d.pid) or ()) == set(host_cpus())
-    status = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    print(status.stdout)
-    assert format_cpu_list(expected) in status.stdout
+    assert format_cpu_list(expected) in _cli(d.config_path, "status")
     assert d.stop() == 0
