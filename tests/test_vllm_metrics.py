@@ -116,6 +116,29 @@ def test_real_0_11_inter_token_latency_is_read_from_the_new_name() -> None:
     assert m.itl_seconds is not None and m.itl_seconds.count == 107
 
 
+def test_real_0_11_with_hidden_metrics_reads_the_gpu_names_alone() -> None:
+    # Captured with --show-hidden-metrics-for-version 0.10 and six requests in flight: 0.11 then
+    # emits gpu_cache_usage_perc and gpu_prefix_cache_* beside the new names, with equal values.
+    text = body("vllm-0.11.0-cpu-hidden.txt")
+    both = parsed(text)
+    assert (both.requests_running, both.requests_waiting) == (6, 0)
+    assert both.kv_usage_ratio == pytest.approx(0.0007325112928824318)
+    assert (both.prefix_cache_queries_total, both.prefix_cache_hits_total) == (497, 256)
+    # Without the new names (an exporter or relabelling that keeps only the gpu_* ones), the
+    # old ones give the same reading.
+    new_names = (
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    )
+    old_only = "\n".join(line for line in text.splitlines() if not line.startswith(new_names))
+    assert "vllm:gpu_cache_usage_perc{" in old_only and "vllm:kv_cache_usage_perc{" not in old_only
+    m = parsed(old_only)
+    assert m.kv_usage_ratio == both.kv_usage_ratio
+    assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (497, 256)
+    assert m.present == both.present
+
+
 def test_0_9_dual_names_and_two_engines() -> None:
     m = parsed(body("vllm-0.9.2-v1-dp2.txt"))
     assert (m.requests_running, m.requests_waiting) == (5, 1)  # summed over engine="0" and "1"
