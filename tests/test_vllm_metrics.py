@@ -1,7 +1,8 @@
 """The /metrics parser against bodies from several vLLM versions, and the fetch around it.
 
-``vllm-0.32.0-cpu*.txt`` were captured from the real vLLM 0.32.0 CPU build serving the tiny
-model (see tests/fixtures/metrics/README.md); the others are hand-written in older namings.
+``vllm-0.32.0-cpu*.txt`` and ``vllm-0.11.0-cpu*.txt`` were captured from the real vLLM 0.32.0 and
+0.11.0 CPU builds serving the tiny model (see tests/fixtures/metrics/README.md); the others are
+hand-written in older namings.
 """
 
 from __future__ import annotations
@@ -79,6 +80,64 @@ def test_real_0_32_idle_engine_reads_zero_not_unknown() -> None:
     assert m.ttft_seconds is not None
     assert m.ttft_seconds.count == 0
     assert m.ttft_seconds.quantile(0.95) is None
+
+
+def test_real_0_11_busy_engine() -> None:
+    # Captured from vLLM 0.11.0's CPU build with one request in flight, after 7 finished ones
+    # (3 with the same ~150-token prompt). Its default body has the new KV and prefix-cache
+    # names only (the gpu_* ones are hidden in 0.11), both inter-token families, no sleep state.
+    text = body("vllm-0.11.0-cpu.txt")
+    assert "vllm:gpu_cache_usage_perc" not in text and "vllm:engine_sleep_state" not in text
+    assert "vllm:time_per_output_token_seconds_count" in text
+    m = parsed(text)
+    assert (m.requests_running, m.requests_waiting, m.requests_swapped) == (1, 0, 0)
+    assert m.kv_usage_ratio == pytest.approx(0.0001220852154804053)
+    assert m.preemptions_total == 0
+    assert (m.prompt_tokens_total, m.generation_tokens_total, m.tokens_total) == (462, 115, 577)
+    assert m.iterations_total == 115
+    assert m.prefix_cache_queries_total == 462
+    assert m.prefix_cache_hits_total == 256  # two repeats of a 128-token block-aligned prefix
+    assert m.request_success_total_by_reason == {"stop": 0, "length": 7, "abort": 0}
+    assert m.requests_finished_total == 7
+    assert m.ttft_seconds is not None and m.e2e_latency_seconds is not None and m.itl_seconds is not None
+    assert (m.ttft_seconds.count, m.e2e_latency_seconds.count, m.itl_seconds.count) == (8, 7, 107)
+    assert m.ttft_seconds.buckets[-1] == (math.inf, 8)
+    assert m.e2e_latency_seconds.sum == pytest.approx(2.61889910697937)
+    assert m.sleep_state is None  # the family came later: unknown, not awake
+    assert m.present == frozenset(ALIASES) - {"vllm:num_requests_swapped", "vllm:engine_sleep_state"}
+
+
+def test_real_0_11_inter_token_latency_is_read_from_the_new_name() -> None:
+    # 0.11 exposes the deprecated time_per_output_token_seconds beside inter_token_latency_seconds
+    # with the same values; give the old one another count: the new one must win.
+    old = 'vllm:time_per_output_token_seconds_count{engine="0",model_name="tiny"} '
+    text = body("vllm-0.11.0-cpu.txt").replace(old + "107.0", old + "9999.0")
+    assert old + "9999.0" in text
+    m = parsed(text)
+    assert m.itl_seconds is not None and m.itl_seconds.count == 107
+
+
+def test_real_0_11_with_hidden_metrics_reads_the_gpu_names_alone() -> None:
+    # Captured with --show-hidden-metrics-for-version 0.10 and six requests in flight: 0.11 then
+    # emits gpu_cache_usage_perc and gpu_prefix_cache_* beside the new names, with equal values.
+    text = body("vllm-0.11.0-cpu-hidden.txt")
+    both = parsed(text)
+    assert (both.requests_running, both.requests_waiting) == (6, 0)
+    assert both.kv_usage_ratio == pytest.approx(0.0007325112928824318)
+    assert (both.prefix_cache_queries_total, both.prefix_cache_hits_total) == (497, 256)
+    # Without the new names (an exporter or relabelling that keeps only the gpu_* ones), the
+    # old ones give the same reading.
+    new_names = (
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    )
+    old_only = "\n".join(line for line in text.splitlines() if not line.startswith(new_names))
+    assert "vllm:gpu_cache_usage_perc{" in old_only and "vllm:kv_cache_usage_perc{" not in old_only
+    m = parsed(old_only)
+    assert m.kv_usage_ratio == both.kv_usage_ratio
+    assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (497, 256)
+    assert m.present == both.present
 
 
 def test_0_9_dual_names_and_two_engines() -> None:
