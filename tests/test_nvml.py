@@ -135,6 +135,21 @@ def fake_binding(
     return ns
 
 
+def _driver_answers() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+# These read the real module's no-driver path: on a GPU host (the gpu tier's machine) the
+# driver answers, and tests/test_gpu_placement.py reads the real GPU instead.
+without_a_driver = pytest.mark.skipif(_driver_answers(), reason="an NVIDIA driver answers NVML here")
+
+
+@without_a_driver
 def test_real_module_on_a_host_without_a_driver() -> None:
     init_calls = 0
 
@@ -158,11 +173,13 @@ def test_real_module_on_a_host_without_a_driver() -> None:
     reader.close()  # no nvmlShutdown without a successful init (it would raise Uninitialized)
 
 
+@without_a_driver
 def test_default_reader_imports_the_binding() -> None:
     with pytest.raises(NvmlUnavailable, match="library_not_found"):
         NvmlReader().open()
 
 
+@without_a_driver
 def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> tuple[dict[str, int], dict[str, int], ProbeFailure | Any, Any]:
         gpu = ThreadedGpuReader(NvmlReader(pynvml))
@@ -204,8 +221,12 @@ def test_constants_match_the_binding() -> None:
     for ours, theirs in new_and_old.items():
         assert by_name[ours] == getattr(pynvml, f"nvmlClocksThrottleReason{theirs}")
         assert by_name[ours] == getattr(pynvml, f"nvmlClocksEventReason{theirs}")
-    assert by_name["board_limit"] == pynvml.nvmlClocksThrottleReasonBoardLimit
-    assert by_name["reliability"] == pynvml.nvmlClocksThrottleReasonReliability
+    # Only under the old prefix, and gone from nvidia-ml-py 13.610 (seen on the gpu tier's
+    # machine): the bits are the driver's, our table keeps them.
+    for ours, theirs in {"board_limit": "BoardLimit", "reliability": "Reliability"}.items():
+        for prefix in ("nvmlClocksThrottleReason", "nvmlClocksEventReason"):
+            if hasattr(pynvml, prefix + theirs):
+                assert by_name[ours] == getattr(pynvml, prefix + theirs)
     assert pynvml.nvmlEventTypeXidCriticalError == nvml.EVENT_XID
     assert pynvml.nvmlEventTypeDoubleBitEccError == nvml.EVENT_DOUBLE_BIT_ECC
     assert pynvml.nvmlEventTypeGpuUnavailableError == nvml.EVENT_GPU_UNAVAILABLE
