@@ -34,6 +34,7 @@ import grp
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -287,7 +288,35 @@ def check_engine_command(
             Level.FAIL,
             f"{shown}: module {module} not found in {versions}: wrong module for this version?",
         )
+    lacking = _ladder_flags_lacking(spec, found["dists"])
+    if lacking:
+        return DoctorCheck(name, Level.FAIL, f"{shown}: {versions} ({python}); {lacking}")
     return DoctorCheck(name, Level.OK, f"{shown}: {versions} ({python})")
+
+
+# Ladder flags and the vLLM release that added them (config/spec.py LADDER_FLAGS).
+_LADDER_FLAG_SINCE: Final = {"max-num-active-seqs": (0, 32)}
+
+
+def _ladder_flags_lacking(spec: EngineSpec, dists: dict[str, str]) -> str | None:
+    """A ladder step's flag that this engine's vLLM does not have: the step would fail to start."""
+    found = [
+        tuple(int(n) for n in match.groups())
+        for dist, version in dists.items()
+        if dist.startswith("vllm") and (match := re.match(r"(\d+)\.(\d+)", version))
+    ]
+    if not found:
+        return None
+    have = found[0]
+    for i, step in enumerate(spec.ladder):
+        for flag in step:
+            since = _LADDER_FLAG_SINCE.get(flag)
+            if since is not None and have < since:
+                return (
+                    f"ladder[{i}] sets {flag}, which vLLM {have[0]}.{have[1]} lacks (added in "
+                    f"{since[0]}.{since[1]}): that step would fail to start; step max-num-seqs instead"
+                )
+    return None
 
 
 def check_api_key_file(spec: EngineSpec, who: Identity) -> DoctorCheck:

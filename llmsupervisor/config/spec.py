@@ -18,9 +18,17 @@ from llmsupervisor.detectors import DetectorConfig
 from llmsupervisor.errors import ConfigProblem
 
 # The flags a ladder step may change: the ones that trade throughput for memory and heat.
-LADDER_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization")
+# max-num-active-seqs (vLLM 0.32's scheduler) caps the requests admitted into RUNNING without
+# resizing the model runner: the warm step down for max-num-seqs, which it may not exceed.
+LADDER_FLAGS: Final = (
+    "max-num-batched-tokens",
+    "max-num-seqs",
+    "max-num-active-seqs",
+    "gpu-memory-utilization",
+)
 # Of those, the ones in vLLM's torch.compile cache key (vllm 0.32 config/scheduler.py
 # SchedulerConfig.compute_hash): a step that changes them compiles from scratch at its first start.
+# Neither max-num-active-seqs nor gpu-memory-utilization is in it.
 COMPILE_KEY_FLAGS: Final = ("max-num-batched-tokens", "max-num-seqs")
 
 # What the canary asks of an engine: a one-token completion or chat reply, one embedding, or
