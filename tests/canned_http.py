@@ -37,15 +37,37 @@ class CannedServer:
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
 
+Connection = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
 @contextlib.asynccontextmanager
-async def canned_server(handler: Handler) -> AsyncIterator[CannedServer]:
-    seen = CannedServer()
+async def serving(handle: Connection) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 running ``handle`` per connection; its URL. Every connection's task
+    is cancelled and awaited when the block ends."""
     tasks: set[asyncio.Task[Any]] = set()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         tasks.add(task)
+        await handle(reader, writer)
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def canned_server(handler: Handler) -> AsyncIterator[CannedServer]:
+    seen = CannedServer()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.connections += 1
         try:
             while True:
@@ -72,13 +94,6 @@ async def canned_server(handler: Handler) -> AsyncIterator[CannedServer]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    seen.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
+    async with serving(handle) as url:
+        seen.url = url
         yield seen
-    finally:
-        server.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await server.wait_closed()

@@ -13,7 +13,7 @@ import pytest
 
 from llmsupervisor.probes import health
 from llmsupervisor.probes.probe_http import ProbeHttp
-from tests.canned_http import canned_server, reply
+from tests.canned_http import canned_server, reply, serving
 
 DRIP_INTERVAL_S = 0.2
 
@@ -23,12 +23,8 @@ async def dripping_server() -> AsyncIterator[str]:
     """A server on 127.0.0.1 that answers any request with 200 and its headers at once, then
     drips the body one byte every 0.2 s: every read finishes well within httpx's per-phase
     timeout, and the whole answer takes minutes."""
-    handlers: set[asyncio.Task[Any]] = set()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             for line in head.decode().split("\r\n"):
@@ -47,16 +43,8 @@ async def dripping_server() -> AsyncIterator[str]:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        for task in handlers:
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        await server.wait_closed()
+    async with serving(handle) as url:
+        yield url
 
 
 Check = Callable[[str, float], Awaitable[health.HttpCheck]]

@@ -33,7 +33,7 @@ from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, vllm_metrics
 from llmsupervisor.probes.host import GroupSweeper, ProcSample, RawProcess
 from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics, parse_metrics
-from tests.canned_http import canned_server, reply
+from tests.canned_http import canned_server, reply, serving
 from tests.test_runner import Harness, ready_as, spec
 from tests.test_runner import run as run_virtual_test
 
@@ -320,12 +320,8 @@ async def flooding_server() -> AsyncIterator[str]:
     """Answers 200 with an endless chunked body of valid-looking metric lines, as fast as it can."""
     chunk = b"".join(b'other_metric{i="%d"} 1\n' % i for i in range(2000))
     framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
-    tasks: set[asyncio.Task[Any]] = set()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        tasks.add(task)
         try:
             await reader.readuntil(b"\r\n\r\n")
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -337,15 +333,8 @@ async def flooding_server() -> AsyncIterator[str]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await server.wait_closed()
+    async with serving(handle) as url:
+        yield url
 
 
 def test_a_metrics_body_over_the_cap_is_a_clear_failure_read_no_further() -> None:
