@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -63,8 +64,7 @@ async def per_request_ms(get: Callable[[], Awaitable[bytes]], requests: int) -> 
 
 
 async def measure(url: str, requests: int) -> dict[str, float]:
-    ssl_context = __import__("ssl").create_default_context()
-    async with httpx.AsyncClient(trust_env=False, verify=ssl_context) as client:
+    async with httpx.AsyncClient(trust_env=False, verify=ssl.create_default_context()) as client:
         probe = ProbeHttp(url)
 
         async def httpx_get(path: str) -> bytes:

@@ -123,7 +123,7 @@ def _engine(
             )
         # vLLM refuses max_num_active_seqs above max_num_seqs (config/scheduler.py): caught here
         # rather than as a failed start at the step.
-        merged = {**spec.args, **spec.step_args(i + 1)}
+        merged = spec.args_at(i + 1)
         active, seqs = merged.get("max-num-active-seqs"), merged.get("max-num-seqs")
         if (
             "max-num-active-seqs" in step

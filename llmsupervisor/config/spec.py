@@ -208,6 +208,10 @@ class EngineSpec:
             merged.update(overrides)  # a step that leaves a flag out keeps the step above's value
         return merged
 
+    def args_at(self, step: int) -> dict[str, Any]:
+        """The engine's own args with the ladder's overrides at ``step``."""
+        return {**self.args, **self.step_args(step)}
+
     def argv(self, step: int = 0) -> list[str]:
         """The full command line: command, then the flags the supervisor owns, then `args`
         (with the ladder step's overrides)."""
@@ -216,7 +220,7 @@ class EngineSpec:
         argv = [*self.command, *model, "--host", self.host, "--port", str(self.port)]
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
-        args = {**self.args, **self.step_args(step)}
+        args = self.args_at(step)
         if len(self.gpus) > 1 and "tensor-parallel-size" not in args and "pipeline-parallel-size" not in args:
             # One engine over several GPUs means tensor parallelism over all of them.
             args["tensor-parallel-size"] = len(self.gpus)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from llmsupervisor.probes import PROBE_FAILURE_KINDS, ProbeFailureKind
-from llmsupervisor.probes.probe_http import BadAnswer, ProbeHttp, TooLarge, Unreachable
+from llmsupervisor.probes.probe_http import ProbeHttp, ProbeHttpError
 
 # vLLM's /health body is empty; anything long is not vLLM.
 HEALTH_MAX_BODY_BYTES = 64 * 1024
@@ -126,10 +126,8 @@ async def check_health(probe: ProbeHttp, *, timeout_s: float, headers: Headers =
             answer = await probe.get("/health", headers=headers, max_body_bytes=HEALTH_MAX_BODY_BYTES)
     except TimeoutError as exc:
         return _from_exception(exc, started, timeout_s)
-    except Unreachable as exc:
-        return _failed("connect", str(exc), started)
-    except (BadAnswer, TooLarge) as exc:
-        return _failed("http", f"{type(exc).__name__}: {exc}", started)
+    except ProbeHttpError as exc:
+        return _failed(exc.kind, str(exc), started)
     if answer.status != 200:
         return _failed("http", f"HTTP {answer.status}", started, answer.status)
     return _passed("HTTP 200", started)

@@ -9,11 +9,12 @@ share of what a round costs; this client spends a fraction of that. The canary, 
 checks and the drain stay on httpx: they run rarely, and they POST JSON.
 
 Every call runs under the caller's deadline (``asyncio.timeout``); this module adds none.
-Failures are exceptions of three kinds, which the probes turn into values:
+Failures are ``ProbeHttpError``s of three kinds, each carrying the probe failure kind the
+probes report it as:
 
-``Unreachable``  refused, reset or closed before or during the answer (the crash path)
-``BadAnswer``    not HTTP/1.x, a malformed head or chunk (a protocol error)
-``TooLarge``     the body is over the caller's cap; it is not read further
+``Unreachable``  ``connect``: refused, reset or closed before or during the answer (the crash path)
+``BadAnswer``    ``http``: not HTTP/1.x, a malformed head or chunk (a protocol error)
+``TooLarge``     ``parse``: the body is over the caller's cap; it is not read further
 
 A connection is reused only after a whole answer that did not say ``Connection: close``; any
 failure, cancellation included, closes it. A kept-alive connection the server closed while
@@ -28,21 +29,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from llmsupervisor.probes import ProbeFailureKind
+
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers together
 MAX_HEADERS = 100
 MAX_IDLE_CONNECTIONS = 2  # /health and /metrics run concurrently in a round
 
 
-class Unreachable(Exception):
+class ProbeHttpError(Exception):
+    kind: ProbeFailureKind
+
+
+class Unreachable(ProbeHttpError):
     """Refused, reset, or closed before the answer was complete."""
 
+    kind = "connect"
 
-class BadAnswer(Exception):
+
+class BadAnswer(ProbeHttpError):
     """Not an HTTP/1.x answer this client can read."""
 
+    kind = "http"
 
-class TooLarge(Exception):
+
+class TooLarge(ProbeHttpError):
     """The body is over the cap."""
+
+    kind = "parse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,15 +193,13 @@ async def _read_answer(
             raise TooLarge(f"Content-Length {length} is over {max_body_bytes} bytes")
         return Answer(status, headers, await reader.readexactly(int(length))), keep
     # Neither: the body runs to the end of the connection.
-    body = await reader.read(max_body_bytes + 1)
-    chunks = [body]
-    size = len(body)
-    while body and size <= max_body_bytes:
-        body = await reader.read(max_body_bytes + 1 - size)
-        chunks.append(body)
-        size += len(body)
-    if size > max_body_bytes:
-        raise TooLarge(f"body over {max_body_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await reader.read(64 * 1024):
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise TooLarge(f"body over {max_body_bytes} bytes")
+        chunks.append(chunk)
     return Answer(status, headers, b"".join(chunks)), False
 
 
@@ -214,4 +225,4 @@ async def _read_chunked(reader: asyncio.StreamReader, max_body_bytes: int) -> by
             raise BadAnswer("a chunk without its CRLF")
 
 
-__all__ = ["Answer", "BadAnswer", "ProbeHttp", "TooLarge", "Unreachable"]
+__all__ = ["Answer", "BadAnswer", "ProbeHttp", "ProbeHttpError", "TooLarge", "Unreachable"]

@@ -44,7 +44,6 @@ parse failure.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import concurrent.futures
 import itertools
 import math
@@ -60,7 +59,7 @@ from typing import Final, Literal, TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.probe_http import BadAnswer, ProbeHttp, TooLarge, Unreachable
+from llmsupervisor.probes.probe_http import ProbeHttp, ProbeHttpError, TooLarge
 
 SleepState = Literal["awake", "weights_offloaded", "discard_all"]
 
@@ -521,7 +520,8 @@ async def fetch_metrics(
             if answer.status != 200:
                 head = answer.body[:200].decode("utf-8", "replace")
                 return ProbeFailure("http", f"GET {url}: HTTP {answer.status}: {head}")
-            body = answer.body.decode(_charset(answer.headers.get("content-type", "")), "replace")
+            # The Prometheus text format is UTF-8 (vLLM serves it as such).
+            body = answer.body.decode("utf-8", "replace")
             parsing = _PARSING[url] = asyncio.get_running_loop().run_in_executor(
                 _parse_pool(), parse_metrics, body
             )
@@ -531,26 +531,12 @@ async def fetch_metrics(
         return ProbeFailure("timeout", f"GET {url}: no answer within {timeout_s} s")
     except TooLarge:
         return ProbeFailure("parse", f"GET {url}: body over {max_body_bytes} bytes (metrics_max_body_bytes)")
-    except Unreachable as exc:
-        return ProbeFailure("connect", f"GET {url}: {exc}")
-    except BadAnswer as exc:
-        return ProbeFailure("http", f"GET {url}: {exc}")
+    except ProbeHttpError as exc:
+        return ProbeFailure(exc.kind, f"GET {url}: {exc}")
     finally:
         done = _PARSING.get(url)
         if done is not None and done.done():
             del _PARSING[url]
-
-
-def _charset(content_type: str) -> str:
-    """The body's charset from its Content-Type (Prometheus' text format is UTF-8)."""
-    for part in content_type.split(";")[1:]:
-        name, _, value = part.strip().partition("=")
-        if name.lower() == "charset" and value:
-            try:
-                return codecs.lookup(value.strip('"')).name
-            except LookupError:
-                break
-    return "utf-8"
 
 
 __all__ = [
