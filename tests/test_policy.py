@@ -264,3 +264,104 @@ def test_an_engine_just_back_counts_as_out_until_the_load_balancer_sees_it() -> 
     assert decision.actions == () and "max_unavailable=1" in decision.deferred[0].why
     later = run(e1, e2, now_s=10_003.0)
     assert kinds(later.actions) == [("e1", A.RESTART, "memory_growth")]
+
+
+# ---- a reload's roll: CONFIG_RESTART (defect E1: the roll decided capacity on its own) ----
+
+
+def test_config_roll_and_a_due_schedule_take_one_engine_out_at_a_time() -> None:
+    """Two engines with a new spec pending and a third's scheduled restart due in the same round,
+    max_unavailable=1: one restart; the next waits until the first is READY again (and seen)."""
+    grace = EngineRules(rotation_grace_s=5.0)
+    e1 = view("e1", config_pending=True, rules=grace, ready_since_s=0.0)
+    e2 = view("e2", config_pending=True, rules=grace, ready_since_s=0.0)
+    e3 = view("e3", scheduled_due_s=1.0, rules=grace, ready_since_s=0.0)
+    first = run(e1, e2, e3)
+    assert kinds(first.actions) == [("e1", A.CONFIG_RESTART, "config_change")]
+    assert first.actions[0].planned and first.actions[0].drain
+    assert [(d.engine, d.kind) for d in first.deferred] == [
+        ("e2", A.CONFIG_RESTART),
+        ("e3", A.SCHEDULED_RESTART),
+    ]
+    # The restart sent but not yet taken (busy), then under way, then READY but not yet seen
+    # by the load balancer: nothing else goes.
+    for e1_now in (
+        dataclasses.replace(e1, busy=True),
+        dataclasses.replace(e1, state=S.DRAINING, busy=True),
+        dataclasses.replace(e1, state=S.STARTING, config_pending=False, config_rolled=True),
+        dataclasses.replace(e1, config_pending=False, config_rolled=True, ready_since_s=9_998.0),
+    ):
+        assert run(e1_now, e2, e3).actions == (), e1_now
+    back = dataclasses.replace(e1, config_pending=False, ready_since_s=9_990.0)
+    assert kinds(run(back, e2, e3).actions) == [("e2", A.CONFIG_RESTART, "config_change")]
+
+
+def test_a_config_restart_waits_for_a_command_not_yet_taken() -> None:
+    """The policy sent e3 a scheduled restart that its runner has not taken (pending: busy):
+    e3 counts as out, so the roll waits (the reload's own check did not see it)."""
+    decision = run(view("e1", config_pending=True), view("e3", busy=True))
+    assert decision.actions == ()
+    assert "max_unavailable=1" in decision.deferred[0].why
+    both = run(view("e1", config_pending=True), view("e3", busy=True), fleet=FleetRules(max_unavailable=2))
+    assert kinds(both.actions) == [("e1", A.CONFIG_RESTART, "config_change")]
+
+
+@pytest.mark.parametrize("failed", [S.BACKOFF, S.FATAL], ids=str)
+def test_a_new_spec_that_fails_to_start_halts_the_roll(failed: EngineState) -> None:
+    e1 = view("e1", state=failed, config_rolled=True)
+    e2 = view("e2", config_pending=True)
+    for fleet in (FleetRules(), FleetRules(max_unavailable=3)):
+        decision = run(e1, e2, fleet=fleet)
+        assert decision.actions == ()
+        assert decision.roll_halted_by == ("e1",)
+        assert "roll halted: e1 failed to start on the new config" in decision.deferred[0].why
+    # e1 READY on its new spec again (its own retries, or the operator's start): the roll goes on.
+    recovered = run(view("e1", ready_since_s=0.0), e2, fleet=FleetRules(max_unavailable=2))
+    assert kinds(recovered.actions) == [("e2", A.CONFIG_RESTART, "config_change")]
+    assert recovered.roll_halted_by == ()
+    # An engine that failed on its OLD spec (its config restart not begun) halts nothing.
+    old = run(
+        view("e1", state=failed, config_rolled=True, config_pending=True),
+        e2,
+        fleet=FleetRules(max_unavailable=2),
+    )
+    assert old.roll_halted_by == ()
+
+
+def test_a_config_change_rolls_in_report_only_mode_and_past_the_rate_limit() -> None:
+    """A reload is the operator's request: automatic_actions: false and the rate limits hold
+    back the policy's own actions, not the roll."""
+    quiet = EngineRules(automatic=False, max_actions_per_hour=1, action_cooldown_s=3600)
+    busy_hour = (9_999.0,)
+    (action,) = run(view("e1", config_pending=True, rules=quiet, action_times_s=busy_hour)).actions
+    assert (action.kind, action.reason, action.planned) == (A.CONFIG_RESTART, "config_change", True)
+    # ...and still within max_unavailable.
+    held = run(view("e1", config_pending=True, rules=quiet), view("e2", state=S.BACKOFF))
+    assert held.actions == () and "max_unavailable=1" in held.deferred[0].why
+
+
+@pytest.mark.parametrize("state", [S.STARTING, S.BACKOFF, S.STOPPED, S.FATAL], ids=str)
+def test_an_engine_out_of_rotation_gets_its_new_spec_at_once(state: EngineState) -> None:
+    """It serves no one: the restart costs no capacity (a stopped or FATAL engine only takes the
+    spec and stays as it is: the runner's rule, D5)."""
+    decision = run(view("e1", state=state, config_pending=True), view("e2", state=S.BACKOFF))
+    (action,) = decision.actions
+    assert (action.engine, action.kind, action.planned) == ("e1", A.CONFIG_RESTART, False)
+
+
+def test_an_engine_draining_or_stopping_is_rolled_after() -> None:
+    for state in (S.DRAINING, S.STOPPING):
+        assert run(view("e1", state=state, config_pending=True)).actions == ()
+    # An operator's drain (held) is out of rotation: its new spec comes at once; it stays held.
+    (action,) = run(view("e1", state=S.DRAINING, held_out=True, config_pending=True)).actions
+    assert (action.kind, action.planned) == (A.CONFIG_RESTART, False)
+
+
+def test_a_config_restart_comes_before_the_engines_own_planned_restart() -> None:
+    (action,) = run(view("e1", finding(K.MEMORY_GROWTH), config_pending=True, scheduled_due_s=1.0)).actions
+    assert action.kind is A.CONFIG_RESTART
+    # A broken engine whose roll waits is still restarted at once (on its old spec).
+    hung = view("e1", finding(K.HANG, Severity.CRITICAL), config_pending=True)
+    decision = run(hung, view("e2", state=S.STARTING))
+    assert kinds(decision.actions) == [("e1", A.RESTART, "hang")]
+    assert [d.kind for d in decision.deferred] == [A.CONFIG_RESTART]

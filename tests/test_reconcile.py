@@ -159,3 +159,92 @@ def test_an_engine_with_a_restart_not_yet_begun_counts_as_out_of_rotation(tmp_pa
     run(rec, *both, now=now)
     run(rec, *both, now=now + 0.1, pending=lambda name: name == "e0")
     assert [name for name, _ in sent.commands] == ["e0"]
+
+
+# ---- a reload's roll (defect E1) ----
+
+
+def test_a_reload_rolls_through_the_policy_with_the_configs_spec(tmp_path: Path) -> None:
+    """The config names new specs for e0 and e1, and e2's scheduled restart is due: one restart,
+    carrying the new spec; nothing more while it is pending, under way or just back."""
+    rec, sent = reconciler(tmp_path)
+    now = 10_000.0
+    new = {n: spec(n, drain_grace_s=5.0, args={"max-num-seqs": 8}) for n in ("e0", "e1")}
+    due = Incarnation(number=1, pid=1, pgid=1, step=0, started_s=0.0, ready_since_s=0.0, scheduled_due_s=1.0)
+    fleet = [status("e0"), status("e1"), status("e2", incarnation=due)]
+    specs = {**new, "e2": fleet[2].spec}
+    run(rec, *fleet, now=now, specs=specs)
+    assert sent.commands == [
+        ("e0", Restart(cause="config_change", reason="config changed", spec=new["e0"])),
+    ]
+    run(rec, *fleet, now=now + 1, specs=specs, pending=lambda name: name == "e0")
+    fleet[0] = status("e0", S.STARTING, spec=new["e0"], since_s=now + 30)
+    run(rec, *fleet, now=now + 40, specs=specs)
+    fleet[0] = status("e0", spec=new["e0"], since_s=now + 60)
+    run(rec, *fleet, now=now + 62, specs=specs)  # READY, not yet seen by the load balancer
+    assert len(sent.commands) == 1
+    run(rec, *fleet, now=now + 70, specs=specs)
+    assert sent.commands[1:] == [
+        ("e1", Restart(cause="config_change", reason="config changed", spec=new["e1"]))
+    ]
+    # An operator's request: no rate-limit budget spent.
+    assert rec.memory.of("e0").action_times_s == []
+
+
+def test_a_new_spec_that_fails_halts_the_roll_until_it_is_ready_or_changed(tmp_path: Path) -> None:
+    rec, sent = reconciler(tmp_path)
+    new = {n: spec(n, args={"max-num-seqs": 8}) for n in ("e0", "e1")}
+    specs = {**new, "e2": spec("e2")}
+    two = FleetRules(max_unavailable=2)
+
+    def run2(*statuses: EngineStatus, now: float, specs: dict[str, EngineSpec]) -> None:
+        rec(statuses, now=now, minute_of_day=NOON, fleet=two, specs=specs)
+
+    run2(status("e0"), status("e1"), status("e2", S.STARTING), now=10_000.0, specs=specs)
+    assert [name for name, _ in sent.commands] == ["e0"]  # e2 starting counts: e1 waits
+    sent.commands.clear()
+    # e0's new spec fails to start; e2 is READY, so e1 would fit, but the roll halts.
+    failed = status("e0", S.BACKOFF, spec=new["e0"])
+    rest = (status("e1"), status("e2"))
+    run2(failed, *rest, now=10_100.0, specs=specs)
+    assert sent.commands == [] and rec.roll_halted_by == ("e0",)
+    # The same file reloaded (equal specs, new objects): still halted.
+    same = {n: dataclasses.replace(s) for n, s in specs.items()}
+    run2(failed, *rest, now=10_200.0, specs=same)
+    assert sent.commands == [] and rec.roll_halted_by == ("e0",)
+    # A fix for e0 (another spec): the halt is lifted; e0 (in backoff) gets it at once, e1 rolls.
+    fixed = {**same, "e0": spec("e0", args={"max-num-seqs": 4})}
+    run2(failed, *rest, now=10_300.0, specs=fixed)
+    assert not rec.roll_halted_by
+    assert [(name, cmd.spec) for name, cmd in sent.commands if isinstance(cmd, Restart)] == [
+        ("e0", fixed["e0"]),
+        ("e1", fixed["e1"]),
+    ]
+
+
+def test_a_rolled_engine_ready_on_its_new_spec_lifts_the_halt(tmp_path: Path) -> None:
+    rec, sent = reconciler(tmp_path)
+    new = {n: spec(n, args={"max-num-seqs": 8}) for n in ("e0", "e1")}
+    many = FleetRules(max_unavailable=2)
+    rec((status("e0"), status("e1")), now=10_000.0, minute_of_day=NOON, fleet=many, specs=new)
+    sent.commands.clear()
+    rec((status("e0", S.FATAL, spec=new["e0"]),), now=10_100.0, minute_of_day=NOON, fleet=many, specs=new)
+    assert rec.roll_halted_by == ("e0",)
+    # The operator started it and it is READY on its new spec: the roll goes on.
+    rec((status("e0", spec=new["e0"]), status("e1")), now=10_200.0, minute_of_day=NOON, fleet=many, specs=new)
+    assert not rec.roll_halted_by
+
+
+def test_e1_a_reload_right_after_a_policy_restart_not_yet_taken_waits(tmp_path: Path) -> None:
+    """The defect's window: the policy sent e1 its scheduled restart and e1's runner has not taken
+    it (its status is still READY, not busy); a reload in that gap changed e0. The roll counted
+    capacity without ``pending`` and restarted e0 too: two out with max_unavailable=1."""
+    rec, sent = reconciler(tmp_path)
+    now = 10_000.0
+    due = Incarnation(number=1, pid=1, pgid=1, step=0, started_s=0, ready_since_s=0, scheduled_due_s=now - 1)
+    fleet = (status("e0"), status("e1", incarnation=due))
+    run(rec, *fleet, now=now, specs={s.name: s.spec for s in fleet})
+    assert [(name, type(cmd)) for name, cmd in sent.commands] == [("e1", Restart)]
+    reloaded = {"e0": spec("e0", args={"max-num-seqs": 8}), "e1": fleet[1].spec}
+    run(rec, *fleet, now=now + 0.5, specs=reloaded, pending=lambda name: name == "e1")
+    assert len(sent.commands) == 1

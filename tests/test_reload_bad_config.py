@@ -53,9 +53,8 @@ class Recorder:
 
 def reloader(recorder: Recorder) -> Reloader:
     notifier = Notifier({"NOTIFY_SOCKET": "/run/fake-notify"}, factory=recorder)
-    # A rejected file never reaches the fleet or the policy memory.
+    # A rejected file never reaches the fleet.
     return Reloader(
-        cast(Any, None),
         cast(Any, None),
         notifier,
         summary=lambda: "1/1 engines ready",

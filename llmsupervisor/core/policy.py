@@ -19,6 +19,8 @@ Cause first, least disruptive first::
                                               drain-restart if it did not help   max_unavailable
     memory growth                             drain-restart                    max_unavailable
     restart_every_h due, inside the window    drain-restart (scheduled)        max_unavailable
+    a reload changed the spec it runs         drain-restart on the new spec    max_unavailable
+                                              (config restart; see below)      only
     out of memory at start                    next start one ladder step down  -
     foreign GPU memory, power cap, INFO       report only                      -
 
@@ -34,6 +36,22 @@ Rules every decision obeys:
   (``max_failures`` in ``failure_window_s``, then FATAL), and leaving a hung engine hung is worse;
 - shedding (and ending it) is never rate limited: it restarts nothing and follows the finding's
   own hysteresis.
+
+A reload is rolled here too, so that one decider owns capacity (a second one, in the reload,
+raced this one: defect E1). The reload gives an engine that is not running its new spec at once;
+one that runs keeps its old spec, and its view says ``config_pending`` until a config restart
+(``CONFIG_RESTART``, cause ``config_change``) gave it the new one:
+- it is the operator's request, so it is exempt from ``automatic_actions: false`` and from the
+  rate limits, and bounded by ``max_unavailable`` only, counted as for every planned action
+  (engines out for any reason, and commands sent but not yet taken, count);
+- an engine that serves is restarted only within ``max_unavailable``; one that does not (starting,
+  in backoff, held by the operator, stopped, FATAL) at once, since that takes nothing out of
+  rotation (a stopped or FATAL engine gets the spec and stays as it is);
+- it comes before the engine's other planned actions (the restart also serves a due schedule);
+- the roll halts, as a Kubernetes Deployment's rollout does, while an engine that a config
+  restart gave the new spec has failed on it (BACKOFF or FATAL, ``config_rolled``): the others
+  keep their old spec running. It goes on once that engine is READY (its own retries, or an
+  operator's ``start``), or when a reload changes that engine's spec again (the fix).
 """
 
 from __future__ import annotations
@@ -71,6 +89,7 @@ class ActionKind(enum.Enum):
     STEP_UP = "step_up"
     SCHEDULED_RESTART = "scheduled_restart"
     RESET_PREFIX_CACHE = "reset_prefix_cache"
+    CONFIG_RESTART = "config_restart"
 
     def __str__(self) -> str:
         return self.value
@@ -139,6 +158,11 @@ class EngineView:
     start_failed_oom: bool = False  # the last start failed out of memory
     prefix_reset_at_s: float | None = None  # the cheap repair, tried during the current degradation
     prefix_reset_supported: bool | None = None  # None: not tried yet
+    # A reload changed this engine's spec and it still runs the old one: a config restart is due.
+    config_pending: bool = False
+    # A config restart gave this engine the spec it runs, and it has not been READY on it since:
+    # if it fails (BACKOFF, FATAL), the roll of the others halts.
+    config_rolled: bool = False
     rules: EngineRules = EngineRules()
 
 
@@ -181,6 +205,7 @@ class Deferred:
 class Decision:
     actions: tuple[Action, ...]
     deferred: tuple[Deferred, ...]
+    roll_halted_by: tuple[str, ...] = ()  # engines that failed on their new config: the roll waits
 
 
 def in_window(minute_of_day: int, window: tuple[int, int] | None) -> bool:
@@ -294,16 +319,77 @@ def _planned(view: EngineView, now_s: float, minute_of_day: int) -> Action | Non
     return None
 
 
+# Where a config restart takes nothing out of rotation: the engine serves no one now.
+_NOT_SERVING = frozenset({S.STARTING, S.BACKOFF, S.STOPPED, S.FATAL})
+
+
+def roll_failures(views: Iterable[EngineView]) -> tuple[str, ...]:
+    """The engines that failed on the spec a config restart gave them: the roll halts for them."""
+    return tuple(
+        sorted(
+            v.name
+            for v in views
+            if v.config_rolled and not v.config_pending and v.state in (S.BACKOFF, S.FATAL)
+        )
+    )
+
+
+def _config_restart(view: EngineView, halted_by: tuple[str, ...]) -> Action | Deferred | None:
+    """The config restart this engine is due, before capacity; None when now is not the time
+    (draining, stopping: the engine is busy with something else and is looked at again)."""
+    name = view.name
+    if halted_by:
+        why = f"roll halted: {', '.join(halted_by)} failed to start on the new config"
+        return Deferred(name, ActionKind.CONFIG_RESTART, "config_change", why)
+    serving = view.state in (S.READY, S.SHEDDING) and not view.held_out
+    if not serving and view.state not in _NOT_SERVING and not (view.held_out and view.state is S.DRAINING):
+        return None
+    return Action(
+        engine=name,
+        kind=ActionKind.CONFIG_RESTART,
+        reason="config_change",
+        detail="config changed",
+        planned=serving,
+    )
+
+
 def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fleet: FleetRules) -> Decision:
     actions: list[Action] = []
     deferred: list[Deferred] = []
     enabled = [v for v in views if v.enabled]
     in_rotation = sum(1 for v in enabled if v.state is S.READY)
     unavailable = len(enabled) - sum(1 for v in enabled if back_in_rotation(v, now_s))
+    halted_by = roll_failures(enabled)
     for view in sorted(views, key=lambda v: v.name):
-        if not view.enabled or not view.rules.automatic:
+        if not view.enabled:
             continue
         name = view.name
+        if view.config_pending and not view.busy:
+            # The operator's request (a reload): before automatic_actions and the rate limits.
+            rolled = _config_restart(view, halted_by)
+            if isinstance(rolled, Deferred):
+                deferred.append(rolled)
+            elif rolled is not None:
+                if not rolled.planned or not back_in_rotation(view, now_s):
+                    actions.append(rolled)  # out of rotation already: costs no capacity
+                    continue
+                if unavailable < fleet.max_unavailable:
+                    unavailable += 1
+                    in_rotation -= 1
+                    actions.append(rolled)
+                    continue
+                deferred.append(
+                    Deferred(
+                        name,
+                        rolled.kind,
+                        rolled.reason,
+                        f"max_unavailable={fleet.max_unavailable}: "
+                        f"{unavailable} engine(s) already out of rotation",
+                    )
+                )
+            # Not rolled now: the engine's automatic rules still apply, on its old spec.
+        if not view.rules.automatic:
+            continue
         if view.start_failed_oom and view.state is S.BACKOFF and not view.busy:
             if view.ladder_step < view.ladder_steps:
                 actions.append(
@@ -393,4 +479,4 @@ def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fle
             unavailable += 1
             in_rotation -= 1
         actions.append(wanted)
-    return Decision(tuple(actions), tuple(deferred))
+    return Decision(tuple(actions), tuple(deferred), halted_by)

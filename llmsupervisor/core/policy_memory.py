@@ -72,9 +72,10 @@ class PolicyMemory:
         key = (kind.value, action.reason)
         m.actions_total[key] = m.actions_total.get(key, 0) + 1
         m.last_action_at[kind.value] = wall_s
-        # Shedding follows its finding's hysteresis, and a broken engine's restarts are bounded
-        # by the failure budget: neither counts toward the rate limit (core/policy.py).
-        if kind not in (ActionKind.SHED, ActionKind.UNSHED) and not action.failure:
+        # Shedding follows its finding's hysteresis, a broken engine's restarts are bounded by
+        # the failure budget, and a config restart is the operator's: none counts toward the
+        # rate limit (core/policy.py).
+        if kind not in (ActionKind.SHED, ActionKind.UNSHED, ActionKind.CONFIG_RESTART) and not action.failure:
             m.action_times_s = [t for t in m.action_times_s if now - t < HOUR_S] + [now]
         if kind in (ActionKind.STEP_DOWN, ActionKind.STEP_UP):
             m.ladder_changed_s = now

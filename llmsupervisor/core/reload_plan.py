@@ -2,9 +2,10 @@
 
 ``plan_reload`` diffs two validated configs; nothing is touched until the whole new config has
 validated (a bad reload keeps the old config running). Engines whose spec changed are restarted
-only if they are meant to run, one at a time (daemon/reload.py); a stopped engine gets its new
-spec and stays stopped (defect D5). Supervisor settings that cannot change under a running
-daemon are listed, so the reload says so instead of applying them partly and silently (D9).
+only if they are meant to run, by the policy within ``max_unavailable`` (core/policy.py,
+``CONFIG_RESTART``); a stopped engine gets its new spec and stays stopped (defect D5).
+Supervisor settings that cannot change under a running daemon are listed, so the reload says so
+instead of applying them partly and silently (D9).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ LIVE_SETTINGS = frozenset(
 class ReloadPlan:
     added: tuple[EngineSpec, ...] = ()
     removed: tuple[str, ...] = ()
-    restart: tuple[EngineSpec, ...] = ()  # changed and meant to run: drained, rolled one at a time
+    restart: tuple[EngineSpec, ...] = ()  # changed and meant to run: the policy rolls them
     respec: tuple[EngineSpec, ...] = ()  # changed but not running: new spec, stays as it is
     enable: tuple[str, ...] = ()  # enabled: true now (after its respec)
     disable: tuple[str, ...] = ()  # enabled: false now: stopped

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition, gpu_unrecoverable
 from llmsupervisor.core.policy import Action, ActionKind
 from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo
@@ -97,9 +98,13 @@ class GpuMarks:
         return new
 
 
-def commands_for(action: Action) -> list[Command]:
-    """What an action asks of its engine, in order."""
+def commands_for(action: Action, spec: EngineSpec | None = None) -> list[Command]:
+    """What an action asks of its engine, in order. ``spec``: a config restart's new spec (the
+    policy names the action; the config it rolls to is the daemon's)."""
     kind = action.kind
+    if kind is ActionKind.CONFIG_RESTART:
+        assert spec is not None, "a config restart without its spec"
+        return [Restart(cause=action.reason, reason=action.detail, drain=action.drain, spec=spec)]
     if kind is ActionKind.SHED:
         return [Shed(action.detail)]
     if kind is ActionKind.UNSHED:
@@ -126,7 +131,7 @@ class ActionExecutor:
         self._gpus_of = gpus_of
         self.marks = marks
 
-    def apply(self, action: Action) -> None:
+    def apply(self, action: Action, *, spec: EngineSpec | None = None) -> None:
         log.warning(
             "action %s (%s): %s",
             action.kind,
@@ -138,5 +143,5 @@ class ActionExecutor:
             self.marks.mark(
                 self._gpus_of(action.engine), action.detail, reason=action.reason, faulted=action.fault_gpus
             )
-        for cmd in commands_for(action):
+        for cmd in commands_for(action, spec):
             self._send(action.engine, cmd)

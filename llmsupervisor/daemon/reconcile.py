@@ -7,16 +7,22 @@
 It runs on the daemon's own turn (a tick, or a runner's "changed"), never inside a runner's
 step, so the policy always sees whole statuses. Level-triggered: a lost change is seen on the
 next pass.
+
+A reload's roll is decided here like any planned action: an engine whose running spec is not
+the config's has ``config_pending`` in its view, and the policy's ``CONFIG_RESTART`` carries the
+config's spec to it, counted against ``max_unavailable`` with the commands still pending.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from llmsupervisor.core.policy import EngineView, FleetRules, decide
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.policy import ActionKind, EngineView, FleetRules, decide
 from llmsupervisor.core.policy_memory import EngineMemory, PolicyMemory, Seen
+from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import ActionExecutor
 from llmsupervisor.engine.status import EngineStatus
 
@@ -53,8 +59,21 @@ def policy_key(status: EngineStatus) -> PolicyKey:
     )
 
 
-def view_of(status: EngineStatus, memory: EngineMemory, *, pending: bool = False) -> EngineView:
-    """What the policy knows of one engine: its status, and the policy's own memory of it."""
+def spec_pending(status: EngineStatus, target: EngineSpec | None) -> bool:
+    """The engine runs another spec than the config names for it (a reload changed it)."""
+    return target is not None and status.spec is not target and status.spec != target
+
+
+def view_of(
+    status: EngineStatus,
+    memory: EngineMemory,
+    *,
+    pending: bool = False,
+    target: EngineSpec | None = None,
+    rolled: bool = False,
+) -> EngineView:
+    """What the policy knows of one engine: its status, and the policy's own memory of it.
+    ``target``: the spec the config names for it; ``rolled``: a config restart gave it that one."""
     inc = status.incarnation
     return EngineView(
         name=status.name,
@@ -73,6 +92,8 @@ def view_of(status: EngineStatus, memory: EngineMemory, *, pending: bool = False
         start_failed_oom=status.start_failed_oom,
         prefix_reset_at_s=memory.prefix_reset_at_s,
         prefix_reset_supported=status.prefix_reset_supported,
+        config_pending=spec_pending(status, target),
+        config_rolled=rolled,
         rules=status.spec.rules,
     )
 
@@ -81,7 +102,11 @@ class Reconciler:
     def __init__(self, memory: PolicyMemory, executor: ActionExecutor) -> None:
         self.memory = memory
         self.executor = executor
-        self._waiting_logged: dict[str, str] = {}  # engine -> the last "waits" line logged
+        self._waiting_logged: dict[tuple[str, str], str] = {}  # (engine, kind) -> the last "waits" line
+        # Engine -> the spec a config restart gave it, until it is READY on it (or the config
+        # names another): while such an engine fails, the roll halts (core/policy.py).
+        self._rolled: dict[str, EngineSpec] = {}
+        self.roll_halted_by: tuple[str, ...] = ()
 
     def __call__(
         self,
@@ -91,7 +116,12 @@ class Reconciler:
         minute_of_day: int,
         fleet: FleetRules,
         pending: Callable[[str], bool] = lambda name: False,
+        specs: Mapping[str, EngineSpec] | None = None,
     ) -> None:
+        """``specs``: the config's spec of each engine, which the policy rolls engines to (None:
+        no roll, as in tests of other rules)."""
+        targets: Mapping[str, EngineSpec] = specs if specs is not None else {}
+        self._forget_rolls(statuses, targets)
         self.memory.observe(
             (
                 Seen(
@@ -105,18 +135,59 @@ class Reconciler:
             now,
         )
         decision = decide(
-            [view_of(s, self.memory.of(s.name), pending=pending(s.name)) for s in statuses],
+            [
+                view_of(
+                    s,
+                    self.memory.of(s.name),
+                    pending=pending(s.name),
+                    target=targets.get(s.name),
+                    rolled=s.name in self._rolled,
+                )
+                for s in statuses
+            ],
             now,
             minute_of_day=minute_of_day,
             fleet=fleet,
         )
-        waiting: dict[str, str] = {}
+        if decision.roll_halted_by != self.roll_halted_by:
+            if decision.roll_halted_by:
+                log.error(
+                    "config roll halted: %s failed to start on the new config; the engines not yet "
+                    "rolled keep their old config (fix the config and reload, or start the engine)",
+                    ", ".join(decision.roll_halted_by),
+                    extra={"event": "reload"},
+                )
+            else:
+                log.info("config roll goes on", extra={"event": "reload"})
+            self.roll_halted_by = decision.roll_halted_by
+        waiting: dict[tuple[str, str], str] = {}
         for held in decision.deferred:
             line = f"{held.kind} ({held.reason}) waits: {held.why}"
-            waiting[held.engine] = line
-            if self._waiting_logged.get(held.engine) != line:
+            # By engine and kind: a config restart and a schedule may both wait on one engine.
+            key = (held.engine, held.kind.value)
+            waiting[key] = line
+            if self._waiting_logged.get(key) != line:
                 log.info("%s", line, extra={"engine": held.engine, "event": "action"})
         self._waiting_logged = waiting
         for action in decision.actions:
             self.memory.record(action, now, wall_s=time.time())
-            self.executor.apply(action)
+            if action.kind is ActionKind.CONFIG_RESTART:
+                spec = targets[action.engine]
+                self._rolled[action.engine] = spec
+                self.executor.apply(action, spec=spec)
+            else:
+                self.executor.apply(action)
+
+    def _forget_rolls(self, statuses: Sequence[EngineStatus], targets: Mapping[str, EngineSpec]) -> None:
+        """A rolled engine leaves the record once READY on its new spec (the roll succeeded for
+        it), when the config names another spec (a reload: a new roll), or when it is gone."""
+        by_name = {s.name: s for s in statuses}
+        for name, spec in list(self._rolled.items()):
+            s = by_name.get(name)
+            target = targets.get(name)
+            if (
+                s is None
+                or (target is not spec and target != spec)  # equal: a reload of the same file
+                or (s.state is EngineState.READY and not spec_pending(s, spec))
+            ):
+                del self._rolled[name]

@@ -1,10 +1,11 @@
-"""Carrying out a reload plan (core/reload_plan.py) on the fleet.
+"""Carrying out a reload plan (core/reload_plan.py) on the fleet: read, validate, place, plan,
+and apply what takes no engine out of rotation.
 
-Removed engines are retired, added ones start, stopped ones get their new spec and stay
-stopped. Engines that run and changed are restarted one at a time: each waits until fewer than
-``max_unavailable`` other engines are out of rotation, and the next one waits until this one is
-READY again (or has failed), so a config change never takes more than one engine away. The roll
-waits on the fleet's changes, not on a polling timer.
+Removed engines are retired, added ones start, engines that do not run get their new spec and
+stay as they are. Engines that run and changed keep their old spec for now: the policy rolls
+them (core/policy.py, ``CONFIG_RESTART``), since it is the one decider of capacity and counts
+everything that takes an engine out (a roll deciding on its own raced it: defect E1). The reload
+itself never waits for a restart, so READY=1 follows RELOADING=1 as soon as the plan is applied.
 """
 
 from __future__ import annotations
@@ -12,29 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
-from llmsupervisor import aio
-from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
-from llmsupervisor.core.policy import back_in_rotation
-from llmsupervisor.core.policy_memory import PolicyMemory
+from llmsupervisor.config import SupervisorConfig, load_config
 from llmsupervisor.core.reload_plan import ReloadPlan, plan_reload
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import Fleet
-from llmsupervisor.daemon.reconcile import view_of
-from llmsupervisor.engine.commands import Respec, Restart, Start, Stop
+from llmsupervisor.engine.commands import Respec, Start, Stop
 from llmsupervisor.errors import ConfigError
 from llmsupervisor.notify import Notifier
 
 log = logging.getLogger("llmsupervisor")
 
-CAPACITY_WAIT_S: Final = 600.0
-SETTLE_MARGIN_S: Final = 120.0
-_SETTLED = (EngineState.READY, EngineState.FATAL, EngineState.BACKOFF, EngineState.STOPPED)
-
 
 def apply_now(plan: ReloadPlan, fleet: Fleet) -> None:
-    """Everything of the plan that takes no engine out of rotation."""
+    """Everything of the plan that takes no engine out of rotation (``plan.restart`` is the
+    policy's to roll)."""
     for name in plan.removed:
         fleet.retire(name)
     for spec in plan.added:
@@ -47,64 +41,23 @@ def apply_now(plan: ReloadPlan, fleet: Fleet) -> None:
         fleet.send(name, Start())
 
 
-async def roll(
-    specs: tuple[EngineSpec, ...],
-    fleet: Fleet,
-    memory: PolicyMemory,
-    *,
-    max_unavailable: Callable[[], int],
-) -> None:
-    for spec in specs:
-        if fleet.shutting_down or fleet.status(spec.name) is None:
-            continue
-        await _await_capacity(spec.name, fleet, memory, max_unavailable)
-        status = fleet.status(spec.name)
-        if fleet.shutting_down or status is None:
-            continue
-        changes_before = status.state_changes_total
-        fleet.send(spec.name, Restart(cause="config_change", reason="config changed", spec=spec))
-        deadline = aio.now() + spec.start_timeout_s + spec.drain_timeout_s + SETTLE_MARGIN_S
-        while not fleet.shutting_down and aio.now() < deadline:
-            status = fleet.status(spec.name)
-            if status is None or (
-                status.state_changes_total > changes_before + 1 and status.state in _SETTLED
-            ):
-                break
-            seen = fleet.changes.version
-            await aio.wait_any(fleet.changes.wait(seen), timeout_s=deadline - aio.now())
-
-
-async def _await_capacity(
-    name: str, fleet: Fleet, memory: PolicyMemory, max_unavailable: Callable[[], int]
-) -> None:
-    """A config change is a planned action: wait (bounded) while max_unavailable other engines
-    are already out of rotation, whatever took them out."""
-    deadline = aio.now() + CAPACITY_WAIT_S
-    logged = False
-    while not fleet.shutting_down and aio.now() < deadline:
-        now = aio.now()
-        out = [
-            s.name
-            for s in fleet.statuses()
-            if s.name != name and s.spec.enabled and not back_in_rotation(view_of(s, memory.of(s.name)), now)
-        ]
-        if len(out) < max_unavailable():
-            return
-        if not logged:
-            log.info(
-                "config change waits: %s out of rotation (max_unavailable=%d)",
-                ", ".join(out),
-                max_unavailable(),
-                extra={"engine": name},
-            )
-            logged = True
-        # Rotation grace passes without a status change: wake for it too.
-        seen = fleet.changes.version
-        await aio.wait_any(fleet.changes.wait(seen), timeout_s=min(1.0, deadline - aio.now()))
+def rolling(config: SupervisorConfig, fleet: Fleet) -> list[str]:
+    """The engines the policy will restart onto ``config``: meant to run, and running another
+    spec. Besides this reload's changes, those a halted roll never reached."""
+    specs = {s.name: s for s in config.engines}
+    return [
+        s.name
+        for s in fleet.statuses()
+        if s.name in specs
+        and specs[s.name].enabled
+        and s.wants_run
+        and s.state is not EngineState.FATAL
+        and s.spec != specs[s.name]
+    ]
 
 
 class Reloader:
-    """Reads, validates and applies a new config; one reload at a time, rolls one after another.
+    """Reads, validates and applies a new config; one reload at a time.
 
     On any problem in the new file the old config keeps running and the problem stays in
     STATUS= until a reload succeeds (the operator must see it in `systemctl status`)."""
@@ -112,7 +65,6 @@ class Reloader:
     def __init__(
         self,
         fleet: Fleet,
-        memory: PolicyMemory,
         notifier: Notifier,
         *,
         summary: Callable[[], str],
@@ -121,12 +73,10 @@ class Reloader:
     ) -> None:
         self._place = place
         self._fleet = fleet
-        self._memory = memory
         self._notifier = notifier
         self._summary = summary
         self._stopping = stopping
         self._lock = asyncio.Lock()
-        self._roll: asyncio.Task[None] | None = None
         self.totals: dict[str, int] = {"ok": 0, "invalid": 0}
         self.problem: str | None = None
 
@@ -169,20 +119,21 @@ class Reloader:
         for setting in plan.next_start_only:
             log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
         apply_now(plan, fleet)
-        if plan.restart:
-            previous = self._roll
-            self._roll = asyncio.create_task(self._roll_after(previous, plan.restart, new), name="roll")
+        to_roll = rolling(new, fleet)
         self.totals["ok"] += 1
         self.problem = None
         changed = list(plan.changed)
         log.info(
-            "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged",
+            "reloaded %s: %d added, %d removed, %d changed (%s), %d unchanged; to restart within "
+            "max_unavailable=%d: %s",
             current.path,
             len(plan.added),
             len(plan.removed),
             len(changed),
             ", ".join(changed) or "-",
             len(new.engines) - len(plan.added) - len(changed),
+            new.supervisor.max_unavailable,
+            ", ".join(to_roll) or "-",
             extra={"event": "reload"},
         )
         return new, {
@@ -190,18 +141,6 @@ class Reloader:
             "added": [s.name for s in plan.added],
             "removed": list(plan.removed),
             "changed": changed,
+            "rolling": to_roll,  # restarted by the policy, within max_unavailable
             "next_start_only": list(plan.next_start_only),
         }
-
-    async def _roll_after(
-        self, previous: asyncio.Task[None] | None, specs: tuple[EngineSpec, ...], config: SupervisorConfig
-    ) -> None:
-        if previous is not None and not previous.done():
-            await asyncio.wait({previous})
-        await roll(
-            specs, self._fleet, self._memory, max_unavailable=lambda: config.supervisor.max_unavailable
-        )
-
-    def cancel(self) -> None:
-        if self._roll is not None:
-            self._roll.cancel()

@@ -120,6 +120,7 @@ class Supervisor:
         self._sigint_count = 0
         self._ready_sent = False
         self._background: set[asyncio.Task[Any]] = set()  # reloads
+        self._config_changed = False  # a reload took a new config: reconcile against it at once
         self.ticks_total = 0
         self.last_tick_duration_s = 0.0
         self.config_loaded_timestamp_s = time.time()  # wall clock: exported as a timestamp
@@ -146,7 +147,6 @@ class Supervisor:
         )
         self.reloader = Reloader(
             self.fleet,
-            self.memory,
             self.notifier,
             summary=self.summary,
             stopping=lambda: self._stopping,
@@ -274,7 +274,10 @@ class Supervisor:
         return status_json(self.snapshot())
 
     def summary(self) -> str:
-        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=self.reloader.problem)
+        problem = self.reloader.problem
+        if problem is None and (halted_by := self.reconcile.roll_halted_by):
+            problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
+        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem)
 
     async def place(self, config: SupervisorConfig) -> SupervisorConfig:
         """``cpus: auto`` engines get their share of this host's CPUs (daemon/placement.py)."""
@@ -382,7 +385,7 @@ class Supervisor:
             # no reconcile. The tick reconciles regardless, for the decisions that time makes.
             policy_changed, state_changed = self._look(self.fleet.changes.take_changed())
             tick_due = aio.now() >= next_tick_s
-            if tick_due or policy_changed or handled:
+            if tick_due or policy_changed or handled or self._config_changed:
                 self._reconcile()
             if tick_due:
                 self._tick()
@@ -422,6 +425,7 @@ class Supervisor:
         if self._stopping:
             return
         self.reconciles_total += 1
+        self._config_changed = False
         self._policy_keys = {s.name: policy_key(s) for s in statuses}
         settings = self.config.supervisor
         self.reconcile(
@@ -432,6 +436,7 @@ class Supervisor:
                 max_unavailable=settings.max_unavailable, min_in_rotation=settings.min_in_rotation
             ),
             pending=self.fleet.pending,
+            specs={e.name: e for e in self.config.engines},  # a reload's changes are rolled from here
         )
 
     def _tick(self) -> None:
@@ -483,7 +488,9 @@ class Supervisor:
 
     async def reload(self) -> dict[str, Any]:
         """Validate the whole new config first; on any problem keep the old one untouched.
-        Otherwise apply the plan: changed engines restart one at a time."""
+        Otherwise apply the plan; the policy rolls the changed engines that run (within
+        max_unavailable), from the next reconcile on, which this wakes at once. READY=1 follows
+        here, without waiting for the roll (systemd would wait in "reloading" for minutes)."""
         new, reply = await self.reloader.reload(self.config)
         if new is not None:
             removed = {e.name for e in self.config.engines} - {e.name for e in new.engines}
@@ -495,6 +502,8 @@ class Supervisor:
             for name in removed:
                 self.exporter.forget_engine(name)
             await self.agents.sync(new.engines)
+            self._config_changed = True
+            self._request_arrived.set()
             self._write_status()
             self.notifier.ready(self.summary())
         return reply
@@ -506,7 +515,6 @@ class Supervisor:
         engine process is left before returning 0."""
         self._stopping = True
         self.fleet.stop_all()
-        self.reloader.cancel()
         log.info("shutting down: stopping %d engine(s)", len(self.fleet.runners))
         self.notifier.stopping(f"stopping {len(self.fleet.runners)} engine(s)")
         deadline = aio.now() + self.config.supervisor.shutdown_timeout_s
