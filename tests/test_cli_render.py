@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from llmsupervisor import cli, cli_control, cli_render, control
-from llmsupervisor.cli_control import Baseline, judge
+from llmsupervisor import control
+from llmsupervisor.cli import control as cli_control
+from llmsupervisor.cli import main as cli
+from llmsupervisor.cli import render as cli_render
+from llmsupervisor.cli.control import Baseline, judge
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.engine.output import later_phase, start_phase
 

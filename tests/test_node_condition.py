@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from llmsupervisor.agent import agent_reply
-from llmsupervisor.cli_render import format_status
+from llmsupervisor.cli.render import format_status
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.node_condition import (

@@ -11,7 +11,7 @@
                                                        │
                                   every tick: status file, sd_notify STATUS/WATCHDOG, metrics
 
-Startup takes the state dir's lock first (cli.py), then: subreaper, the sweep of an earlier
+Startup takes the state dir's lock first (cli/main.py), then: subreaper, the sweep of an earlier
 run's leftovers, the guard, the runners, the control socket and the HTTP listener. Shutdown
 tells every runner (retiring ones too) to stop for good, waits for them under
 ``shutdown_timeout_s`` (a second SIGINT skips the drains), and confirms that nothing is left.
@@ -307,7 +307,7 @@ class Supervisor:
             log.info("file descriptor limit raised from %d to %d (the hard limit)", soft_before, soft_now)
         # Engines of an earlier daemon on this state dir (SIGKILLed, and its guard did not get to
         # them) are not adopted: their spec and drain state are unknown. The state-dir lock
-        # (cli.py) guarantees that no live daemon owns them.
+        # (cli/main.py) guarantees that no live daemon owns them.
         await process.sweep_leftovers(self.state_dir, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)

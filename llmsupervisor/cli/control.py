@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from llmsupervisor import cli_render, control
+from llmsupervisor import control
+from llmsupervisor.cli import render as cli_render
 
 EX_OK: Final = 0
 EX_FAILED: Final = 1

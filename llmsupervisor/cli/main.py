@@ -1,8 +1,7 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
 (``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``) that talk to a
-running daemon over its control socket (llmsupervisor/cli_control.py; what they print:
-llmsupervisor/cli_render.py; the reference with exit codes: docs/cli.md). No supervision logic
-here."""
+running daemon over its control socket (cli/control.py; what they print: cli/render.py; the
+reference with exit codes: docs/cli.md). No supervision logic here."""
 
 from __future__ import annotations
 
@@ -14,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmsupervisor import __version__, cli_control, cli_render, control, logs
+from llmsupervisor import __version__, control, logs
+from llmsupervisor.cli import control as cli_control
+from llmsupervisor.cli import render
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
 from llmsupervisor.config.checks import hub_offline_problem
 from llmsupervisor.daemon import lock
@@ -188,7 +189,7 @@ def control_command(args: argparse.Namespace) -> int:
         return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
     if args.command == "events":
         try:
-            since_s = cli_render.parse_since(args.since) if args.since else None
+            since_s = render.parse_since(args.since) if args.since else None
         except ValueError as exc:
             print(f"llm-supervisor: --since: {exc}", file=err)
             return 2
