@@ -33,15 +33,16 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
-from llmsupervisor.agent import AgentServers
 from llmsupervisor.config import EngineSpec, SupervisorConfig
 from llmsupervisor.core.placement import AUTO
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
+from llmsupervisor.daemon.agent import AgentServers
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
+from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.placement import describe, place_config, topology
@@ -68,7 +69,6 @@ from llmsupervisor.daemon.status import (
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import HostProcesses, Processes
 from llmsupervisor.engine.observer import GroupSampler
-from llmsupervisor.exporter import Exporter
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes import PROBE_ERRORS
