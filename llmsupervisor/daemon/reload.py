@@ -1,4 +1,4 @@
-"""Carrying out a reload plan (core/reload_plan.py) on the fleet.
+"""Carrying out a reload plan (config/reload_plan.py) on the fleet.
 
 Removed engines are retired, added ones start, stopped ones get their new spec and stay
 stopped. Engines that run and changed are restarted one at a time: each waits until fewer than
@@ -16,9 +16,9 @@ from typing import Any, Final
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
+from llmsupervisor.config.reload_plan import ReloadPlan, plan_reload
 from llmsupervisor.core.policy import back_in_rotation
 from llmsupervisor.core.policy_memory import PolicyMemory
-from llmsupervisor.core.reload_plan import ReloadPlan, plan_reload
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.reconcile import view_of
