@@ -19,11 +19,11 @@ from typing import Protocol
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.placement import format_cpu_list, omp_threads_bind
+from llmsupervisor.core.placement import omp_threads_bind
 from llmsupervisor.engine.access_log import probe_access_flags
 from llmsupervisor.engine.evidence import StackDump, dump_stacks
 from llmsupervisor.errors import PortHeld
-from llmsupervisor.probes.cpus import host_cpus
+from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 from llmsupervisor.redact import redact_argv
 
 log = logging.getLogger("llmsupervisor.engine")
