@@ -67,8 +67,8 @@ from llmsupervisor.daemon.status import (
     summary,
 )
 from llmsupervisor.engine.http import EngineHttp
-from llmsupervisor.engine.launch import HostProcesses, Processes
 from llmsupervisor.engine.observer import GroupSampler
+from llmsupervisor.engine.processes import HostProcesses, Processes
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes import PROBE_ERRORS
