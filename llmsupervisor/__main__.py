@@ -1,3 +1,3 @@
-from llmsupervisor.cli import main
+from llmsupervisor.cli.main import main
 
 raise SystemExit(main())

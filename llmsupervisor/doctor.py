@@ -50,9 +50,10 @@ from typing import Final
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.config.launcher import vllm_cli_problem
-from llmsupervisor.core.placement import AUTO, format_cpu_list, omp_threads_bind, overlaps
+from llmsupervisor.core.placement import AUTO, omp_threads_bind, overlaps
 from llmsupervisor.daemon.placement import place_config, topology
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
+from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.nvml import GpuReader, NvmlReader
 from llmsupervisor.redact import redact
 

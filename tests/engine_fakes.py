@@ -1,6 +1,6 @@
 """Fakes at the runner's seams, for tests on virtual time (tests/virtual_time.py).
 
-``FakeProcesses`` stands for the operating system (engine/launch.py ``Processes``): each spawn
+``FakeProcesses`` stands for the operating system (engine/processes.py ``Processes``): each spawn
 is a ``FakeProcess`` with real output pipes and a scripted reaction to signals. ``ScriptedHttp``
 stands for one engine's vLLM server (engine/http.py ``EngineHttp``): the test says what /health,
 /v1/models, the canary and /metrics answer, and can change it at any time.
@@ -20,7 +20,7 @@ from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.engine.evidence import StackDump
 from llmsupervisor.engine.http import PrefixReset
-from llmsupervisor.engine.launch import EngineProcess
+from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from llmsupervisor.agent import AgentServers, agent_reply, weight_percent
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.agent import AgentServers, agent_reply, weight_percent
 from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from tests.conftest import free_port

@@ -11,8 +11,13 @@ from typing import Any
 
 import pytest
 
-from llmsupervisor import cli, cli_control, cli_render, control
-from llmsupervisor.cli_control import Baseline, judge
+from llmsupervisor import control
+from llmsupervisor.cli import control as cli_control
+from llmsupervisor.cli import fleet, wait
+from llmsupervisor.cli import main as cli
+from llmsupervisor.cli import render as cli_render
+from llmsupervisor.cli.client import Client, Unreachable
+from llmsupervisor.cli.wait import Baseline, judge
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.engine.output import later_phase, start_phase
 
@@ -193,7 +198,7 @@ class FakeTty(io.StringIO):
 
 def test_progress_redraws_in_place_on_a_tty() -> None:
     out = FakeTty()
-    progress = cli_control.Progress(out)
+    progress = wait.Progress(out)
     progress.show("a STARTING 1s", 1)
     progress.show("a STARTING 2s", 1)
     progress.end()
@@ -203,7 +208,7 @@ def test_progress_redraws_in_place_on_a_tty() -> None:
 def test_progress_off_a_tty_is_a_line_per_change_or_every_few_seconds() -> None:
     out = io.StringIO()
     now = [0.0]
-    progress = cli_control.Progress(out, clock=lambda: now[0])
+    progress = wait.Progress(out, clock=lambda: now[0])
     progress.show("a STARTING 0s: spawned", ("starting", "spawned"))
     now[0] = 1.0
     progress.show("a STARTING 1s: spawned", ("starting", "spawned"))  # no change: not printed
@@ -217,7 +222,7 @@ def test_progress_off_a_tty_is_a_line_per_change_or_every_few_seconds() -> None:
     ]
 
 
-class FakeClient(cli_control.Client):
+class FakeClient(Client):
     def __init__(self, rounds: list[tuple[list[dict[str, Any]], dict[str, Any]]]) -> None:
         super().__init__(path=Path("/nonexistent"))
         self.rounds = rounds
@@ -242,8 +247,8 @@ def test_wait_follows_the_engine_to_ready() -> None:
         ]
     )
     out, err = io.StringIO(), io.StringIO()
-    waiting = cli_control.Waiting({"a": Baseline("restart", incarnation=1)}, events_seq=5)
-    assert cli_control.wait(client, waiting, timeout_s=None, out=out, err=err) == 0
+    waiting = wait.Waiting({"a": Baseline("restart", incarnation=1)}, events_seq=5)
+    assert wait.wait(client, waiting, timeout_s=None, out=out, err=err) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("a DRAINING ")
     assert lines[1].startswith("a STARTING ") and ": loading weights" in lines[1]
@@ -252,19 +257,19 @@ def test_wait_follows_the_engine_to_ready() -> None:
 
 
 def test_wait_on_an_unreachable_daemon_is_69() -> None:
-    class Gone(cli_control.Client):
+    class Gone(Client):
         def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
-            raise cli_control.Unreachable("the daemon went away")
+            raise Unreachable("the daemon went away")
 
     err = io.StringIO()
-    waiting = cli_control.Waiting({"a": Baseline("start")}, events_seq=0)
-    code = cli_control.wait(Gone(Path("/x")), waiting, timeout_s=None, out=io.StringIO(), err=err)
+    waiting = wait.Waiting({"a": Baseline("start")}, events_seq=0)
+    code = wait.wait(Gone(Path("/x")), waiting, timeout_s=None, out=io.StringIO(), err=err)
     assert code == 69 and "lost the daemon while waiting" in err.getvalue()
 
 
 def test_broken_config_says_so_instead_of_not_running() -> None:
     err = io.StringIO()
-    client = cli_control.Client(Path("/nonexistent.sock"), config_problem="c.yaml:3: x: bad")
+    client = Client(Path("/nonexistent.sock"), config_problem="c.yaml:3: x: bad")
     code = cli_control.status(client, [], as_json=False, out=io.StringIO(), err=err)
     assert code == 78 and err.getvalue() == "llm-supervisor: the config is broken: c.yaml:3: x: bad\n"
 
@@ -390,7 +395,7 @@ def test_what_an_accepted_command_does_and_the_summary_phase() -> None:
     assert summary([starting], now=70.0) == "0/1 engines ready; gpu1 starting (1m10s): compiling"
 
 
-class StatusOnly(cli_control.Client):
+class StatusOnly(Client):
     def __init__(self) -> None:
         super().__init__(Path("/nonexistent"))
         self.calls = 0
@@ -398,7 +403,7 @@ class StatusOnly(cli_control.Client):
     def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
         self.calls += 1
         if self.calls == 2:
-            raise cli_control.Unreachable("the daemon is not running")
+            raise Unreachable("the daemon is not running")
         return snapshot(a=engine())
 
 
@@ -418,7 +423,7 @@ def test_watch_redraws_in_place_keeps_trying_and_ends_cleanly_on_ctrl_c() -> Non
 
 
 def test_events_follow_prints_new_ones_and_ends_on_ctrl_c() -> None:
-    class Events(cli_control.Client):
+    class Events(Client):
         def __init__(self) -> None:
             super().__init__(Path("/nonexistent"))
             self.asked: list[dict[str, Any]] = []
@@ -492,7 +497,7 @@ def test_fleet_table_has_a_host_column_and_unreachable_hosts_are_rows() -> None:
 def test_hosts_file_skips_blanks_and_comments(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_text("# the A cluster\nhttp://h1:9400\n\n  h2:9400   # spare\n#http://h3:9400\n")
-    assert cli_control.read_hosts_file(str(path)) == ["http://h1:9400", "h2:9400"]
+    assert fleet.read_hosts_file(str(path)) == ["http://h1:9400", "h2:9400"]
 
 
 def test_a_host_that_is_not_listening_is_a_row_not_an_error() -> None:
@@ -501,8 +506,8 @@ def test_a_host_that_is_not_listening_is_a_row_not_an_error() -> None:
     with socket.socket() as s:  # a port that was free a moment ago: connection refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    got = cli_control.fetch_host_status(f"127.0.0.1:{port}", deadline_s=1)
+    got = fleet.fetch_host_status(f"127.0.0.1:{port}", deadline_s=1)
     assert got.status is None and got.error
     out, err = io.StringIO(), io.StringIO()
-    assert cli_control.fleet_status([f"127.0.0.1:{port}"], [], as_json=False, out=out, err=err) == 1
+    assert fleet.fleet_status([f"127.0.0.1:{port}"], [], as_json=False, out=out, err=err) == 1
     assert "unreachable" in out.getvalue() and "unreachable" in err.getvalue()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmsupervisor import cli
+from llmsupervisor.cli import main as cli
 from llmsupervisor.config import (
     ENGINE_FIELDS,
     SUPERVISOR_FIELDS,

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from llmsupervisor import cli
+from llmsupervisor.cli import main as cli
 from llmsupervisor.config import ENGINE_FIELDS, SUPERVISOR_FIELDS, load_config
 from llmsupervisor.config.fields import DETECTOR_DOCS
 from llmsupervisor.config.schema import (

@@ -18,7 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from llmsupervisor import cli, control
+from llmsupervisor import control
+from llmsupervisor.cli import main as cli
 from tests.conftest import Daemon, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system

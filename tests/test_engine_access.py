@@ -199,7 +199,7 @@ def test_an_unreadable_api_key_file_is_a_config_problem(tmp_path: Path) -> None:
 def test_check_config_reports_the_key_file_and_exits_78(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from llmsupervisor import cli
+    from llmsupervisor.cli import main as cli
 
     path = _config(tmp_path, "api_key_file: missing.key", key_text=None)
     assert cli.main(["check-config", str(path)]) == 78

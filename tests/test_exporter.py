@@ -30,9 +30,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.exporter import (
+    GPU_METRICS,
+    RELOAD_RESULTS,
+    RESTART_REASONS,
+    TICK_BUCKETS_S,
+    Exporter,
+)
 from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
 from llmsupervisor.detectors.load import ServedLoad
-from llmsupervisor.exporter import GPU_METRICS, RELOAD_RESULTS, RESTART_REASONS, TICK_BUCKETS_S, Exporter
 from llmsupervisor.http_api import HttpApi, Response
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -321,7 +327,7 @@ def test_gpu_names_are_checked_and_logged_once(caplog: pytest.LogCaptureFixture)
         }
     }
     exporter = Exporter(lambda: SNAPSHOT, gpu_samples=lambda: samples)
-    with caplog.at_level(logging.WARNING, logger="llmsupervisor.exporter"):
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor.daemon.exporter"):
         exporter.render()
         exporter.render()
     reg = exporter.registry
@@ -337,7 +343,7 @@ def test_a_failing_gpu_probe_drops_only_the_gpu_series(caplog: pytest.LogCapture
         raise OSError("NVML went away")
 
     exporter = Exporter(lambda: SNAPSHOT, gpu_samples=broken)
-    with caplog.at_level(logging.WARNING, logger="llmsupervisor.exporter"):
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor.daemon.exporter"):
         text = exporter.render().decode()
     assert "llmsupervisor_ticks_total 1234.0" in text
     assert "llmsupervisor_gpu_" not in text

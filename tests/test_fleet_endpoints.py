@@ -149,8 +149,8 @@ def test_auto_picks_json_in_a_pod(
 
 
 def test_load_gauges_are_exported_while_known() -> None:
+    from llmsupervisor.daemon.exporter import Exporter
     from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
-    from llmsupervisor.exporter import Exporter
 
     def engine(name: str, **load: Any) -> EngineSnapshot:
         return EngineSnapshot(

@@ -17,8 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from llmsupervisor.core.placement import format_cpu_list, parse_cpu_list
-from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
+from llmsupervisor.probes.cpus import allowed_cpus_of, format_cpu_list, host_cpus, parse_cpu_list
 from llmsupervisor.probes.nvml import NvmlReader
 from tests.conftest import fake_engine, free_port
 

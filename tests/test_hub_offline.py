@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmsupervisor import cli, doctor
+from llmsupervisor import doctor
+from llmsupervisor.cli import main as cli
 from llmsupervisor.config import EngineSpec, load_config
 from llmsupervisor.config.checks import hub_cache_dir, hub_offline, hub_offline_problem, hub_snapshot
 from llmsupervisor.doctor import Level

@@ -192,7 +192,7 @@ def test_scrape_job_name_matches_the_alerts() -> None:
 
 
 def test_autoscaling_reads_gauges_the_daemon_exports() -> None:
-    from llmsupervisor.exporter import AUTOSCALING_GAUGES
+    from llmsupervisor.daemon.exporter import AUTOSCALING_GAUGES
 
     hpa = _documents(AUTOSCALING / "hpa.yaml")[0]
     names = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmsupervisor import cli, logs
+from llmsupervisor import logs
+from llmsupervisor.cli import main as cli
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, SupervisorError
 from tests.conftest import FAKE_VLLM, free_port

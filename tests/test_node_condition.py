@@ -12,8 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmsupervisor.agent import agent_reply
-from llmsupervisor.cli_render import format_status
+from llmsupervisor.cli.render import format_status
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.node_condition import (
@@ -25,6 +24,7 @@ from llmsupervisor.core.node_condition import (
 from llmsupervisor.core.policy import finding_gpus
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import GpuMarks
+from llmsupervisor.daemon.agent import agent_reply
 from llmsupervisor.engine.status import EngineStatus
 from tests.conftest import fake_engine, free_port
 from tests.test_actions import FAST_DETECTORS, metric, write_gpu

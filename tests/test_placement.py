@@ -14,16 +14,14 @@ from llmsupervisor.core.placement import (
     AUTO,
     Topology,
     Wanted,
-    format_cpu_list,
     omp_threads_bind,
     overlaps,
-    parse_cpu_list,
     plan,
     split_evenly,
 )
 from llmsupervisor.daemon.placement import place_config
 from llmsupervisor.errors import ConfigError
-from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
+from llmsupervisor.probes.cpus import allowed_cpus_of, format_cpu_list, host_cpus, parse_cpu_list
 
 
 def test_cpu_lists_round_trip() -> None:

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 
-from llmsupervisor import cli
+from llmsupervisor.cli import main as cli
 from llmsupervisor.config import load as config_load
 from llmsupervisor.config import load_config, state_dir_named_in
 from llmsupervisor.daemon.reload import Reloader

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSettings
-from llmsupervisor.core.reload_plan import plan_reload
+from llmsupervisor.config.reload_plan import plan_reload
 
 
 def config(*engines: EngineSpec, **settings: object) -> SupervisorConfig:

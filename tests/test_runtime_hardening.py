@@ -465,8 +465,8 @@ def test_one_absurd_histogram_drops_that_series_not_the_scrape(bad: str) -> None
 
 
 def test_probe_errors_and_descriptors_are_exported() -> None:
+    from llmsupervisor.daemon.exporter import Exporter
     from llmsupervisor.daemon.status import Snapshot
-    from llmsupervisor.exporter import Exporter
 
     snap = Snapshot(
         engines=(), probe_errors_total={("proc_sweep", "EMFILE"): 3}, open_fds=1000, fds_limit=1024

@@ -318,7 +318,7 @@ def test_group_gone_reaps_a_member_that_dies_during_the_poll(monkeypatch, tmp_pa
     from types import SimpleNamespace
 
     from llmsupervisor import process
-    from llmsupervisor.engine.launch import HostProcesses
+    from llmsupervisor.engine.processes import HostProcesses
 
     worker = {"alive": True, "reaped": False}
 

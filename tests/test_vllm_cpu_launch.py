@@ -19,9 +19,8 @@ import psutil
 import pytest
 
 from llmsupervisor import process
-from llmsupervisor.core.placement import parse_cpu_list
 from llmsupervisor.engine.evidence import find_py_spy
-from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
+from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus, parse_cpu_list
 from tests.conftest import Daemon, alive, free_port
 from tests.test_vllm_cpu import READY_TIMEOUT_S, VLLM_VENV, build_model, complete, vllm_engine, vllm_python
 

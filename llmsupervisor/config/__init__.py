@@ -21,6 +21,7 @@ The modules, each importing only the ones above it:
 - ``checks``: one engine's entry to an ``EngineSpec``, and the checks between engines.
 - ``load``: ``load_config`` and the top-level sections.
 - ``schema``: the JSON Schema and the field reference, generated from the ``fields`` tables.
+- ``reload_plan``: a reload as a pure diff of two validated configs (used by daemon/reload.py).
 """
 
 from llmsupervisor.config.fields import (

@@ -16,9 +16,9 @@ from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _
 from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import COMPILE_KEY_FLAGS, EngineSpec
-from llmsupervisor.core.placement import AUTO, format_cpu_list
+from llmsupervisor.core.placement import AUTO
 from llmsupervisor.detectors import DetectorConfig
-from llmsupervisor.probes.cpus import host_cpus
+from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 from llmsupervisor.redact import register_secret
 
 

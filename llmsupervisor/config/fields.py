@@ -19,8 +19,9 @@ from typing import Any, Final
 from llmsupervisor.config.launcher import LAUNCHER_CHOICES
 from llmsupervisor.config.problems import Path_, _Collector
 from llmsupervisor.config.spec import CANARY_KINDS, LADDER_FLAGS
-from llmsupervisor.core.placement import AUTO, parse_cpu_list
+from llmsupervisor.core.placement import AUTO
 from llmsupervisor.detectors import DetectorConfig, FindingKind
+from llmsupervisor.probes.cpus import parse_cpu_list
 
 # Flags the supervisor renders itself from engine fields; setting them in `args` would fight it.
 RESERVED_ARGS: Final = frozenset({"model", "host", "port", "served-model-name"})

@@ -122,7 +122,7 @@ class EngineSpec:
     restart_jitter_s: float = 600.0
     restart_window: tuple[int, int] | None = None  # minutes of the local day, [start, end)
     gpu_release_timeout_s: float = 30.0
-    # HAProxy agent-check port for this engine (llmsupervisor/agent.py); None: no agent.
+    # HAProxy agent-check port for this engine (llmsupervisor/daemon/agent.py); None: no agent.
     agent_port: int | None = None
     # Built from `defaults.detectors` and the engine's own `detectors` (the engine's keys win)
     # while the file is validated. Compares by value, so a reload sees a changed threshold.

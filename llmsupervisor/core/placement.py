@@ -1,4 +1,4 @@
-"""Which CPUs each engine runs on: CPU lists, and the plan for ``cpus: auto``. Pure.
+"""Which CPUs each engine runs on: the plan for ``cpus: auto``. Pure (CPU lists: probes/cpus.py).
 
 An engine with ``cpus`` set is bound to those CPUs from its first instruction (the daemon sets
 the spawning thread's affinity, which the child inherits across exec, and every process and
@@ -18,39 +18,12 @@ the config and the host only, so a reload of an unchanged file places every engi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llmsupervisor.probes.cpus import format_cpu_list
+
 AUTO = "auto"
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """``"0-3,8"`` -> (0, 1, 2, 3, 8): ascending, no duplicates. Raises ValueError."""
-    cpus: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            raise ValueError("empty item")
-        first, sep, last = part.partition("-")
-        lo = int(first)
-        hi = int(last) if sep else lo
-        if lo < 0 or hi < lo:
-            raise ValueError(f"bad range {part!r}")
-        cpus.update(range(lo, hi + 1))
-    return tuple(sorted(cpus))
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """(0, 1, 2, 3, 8) -> ``"0-3,8"`` (the kernel's cpulist format, as in Cpus_allowed_list)."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def split_evenly(cpus: Sequence[int], parts: int) -> list[tuple[int, ...]]:

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
+from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.engine.status import EngineStatus
-from llmsupervisor.exporter import Exporter
 from llmsupervisor.http_api import HttpApi, Response
 
 

@@ -26,9 +26,9 @@ from llmsupervisor.core.restarts import is_crash_loop
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.commands import Command, Escalate, Stop
 from llmsupervisor.engine.http import EngineHttp, VllmHttp
-from llmsupervisor.engine.launch import Processes
 from llmsupervisor.engine.lifecycle import History
 from llmsupervisor.engine.observer import GpuSource, GroupSampler
+from llmsupervisor.engine.processes import Processes
 from llmsupervisor.engine.runner import EngineRunner
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.probes.probe_http import ProbeHttp

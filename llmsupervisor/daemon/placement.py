@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from llmsupervisor.config import SupervisorConfig
-from llmsupervisor.core.placement import AUTO, Topology, Wanted, format_cpu_list, plan
-from llmsupervisor.probes.cpus import host_cpus
+from llmsupervisor.core.placement import AUTO, Topology, Wanted, plan
+from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 
 log = logging.getLogger("llmsupervisor")
 

@@ -1,4 +1,4 @@
-"""Carrying out a reload plan (core/reload_plan.py) on the fleet: read, validate, place, plan,
+"""Carrying out a reload plan (config/reload_plan.py) on the fleet: read, validate, place, plan,
 and apply what takes no engine out of rotation.
 
 Removed engines are retired, added ones start, engines that do not run get their new spec and
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmsupervisor.config import SupervisorConfig, load_config
-from llmsupervisor.core.reload_plan import ReloadPlan, plan_reload
+from llmsupervisor.config.reload_plan import ReloadPlan, plan_reload
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.engine.commands import Respec, Start, Stop

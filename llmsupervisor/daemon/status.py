@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from llmsupervisor.core.node_condition import NodeCondition
-from llmsupervisor.core.placement import format_cpu_list
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.files import write_json_atomic
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.nvml import GpuSample
 
 log = logging.getLogger("llmsupervisor")

@@ -11,7 +11,7 @@
                                                        │
                                   every tick: status file, sd_notify STATUS/WATCHDOG, metrics
 
-Startup takes the state dir's lock first (cli.py), then: subreaper, the sweep of an earlier
+Startup takes the state dir's lock first (cli/main.py), then: subreaper, the sweep of an earlier
 run's leftovers, the guard, the runners, the control socket and the HTTP listener. Shutdown
 tells every runner (retiring ones too) to stop for good, waits for them under
 ``shutdown_timeout_s`` (a second SIGINT skips the drains), and confirms that nothing is left.
@@ -33,15 +33,16 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
-from llmsupervisor.agent import AgentServers
 from llmsupervisor.config import EngineSpec, SupervisorConfig
 from llmsupervisor.core.placement import AUTO
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
+from llmsupervisor.daemon.agent import AgentServers
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
+from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.placement import describe, place_config, topology
@@ -66,9 +67,8 @@ from llmsupervisor.daemon.status import (
     summary,
 )
 from llmsupervisor.engine.http import EngineHttp
-from llmsupervisor.engine.launch import HostProcesses, Processes
 from llmsupervisor.engine.observer import GroupSampler
-from llmsupervisor.exporter import Exporter
+from llmsupervisor.engine.processes import HostProcesses, Processes
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes import PROBE_ERRORS
@@ -310,7 +310,7 @@ class Supervisor:
             log.info("file descriptor limit raised from %d to %d (the hard limit)", soft_before, soft_now)
         # Engines of an earlier daemon on this state dir (SIGKILLed, and its guard did not get to
         # them) are not adopted: their spec and drain state are unknown. The state-dir lock
-        # (cli.py) guarantees that no live daemon owns them.
+        # (cli/main.py) guarantees that no live daemon owns them.
         await process.sweep_leftovers(self.state_dir, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)

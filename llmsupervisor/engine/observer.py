@@ -28,7 +28,7 @@ from llmsupervisor.detectors import (
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
 from llmsupervisor.engine.http import EngineHttp
-from llmsupervisor.engine.launch import EngineProcess
+from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
 from llmsupervisor.probes.health import HttpCheck

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.engine.http import EngineHttp
-from llmsupervisor.engine.launch import EngineProcess
+from llmsupervisor.engine.processes import EngineProcess
 
 READINESS_POLL_S = 0.25  # /health while loading: a refused connection is cheap; READY sooner
 

@@ -50,10 +50,11 @@ from llmsupervisor.engine.commands import (
 from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, EVIDENCE_TIMEOUT_S, incident_dir, write_incident
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
-from llmsupervisor.engine.launch import EngineProcess, Processes, launch
+from llmsupervisor.engine.launch import launch
 from llmsupervisor.engine.lifecycle import History, Lifecycle
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
 from llmsupervisor.engine.output import OutputForwarder, later_phase
+from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.engine.readiness import Readiness, await_ready
 from llmsupervisor.engine.repair import PrefixRepair
 from llmsupervisor.engine.status import EngineStatus, Incarnation

@@ -35,7 +35,7 @@ class Incarnation:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineLoad:
     """How loaded a serving engine is, from its last observation rounds: what an autoscaler or a
-    load balancer's weight reads (exporter.py, agent.py). None: vLLM did not say."""
+    load balancer's weight reads (daemon/exporter.py, daemon/agent.py). None: vLLM did not say."""
 
     requests_running: int | None = None
     requests_waiting: int | None = None  # the queue

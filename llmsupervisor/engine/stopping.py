@@ -21,7 +21,7 @@ from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.restarts import StopLadder
 from llmsupervisor.engine.http import EngineHttp
-from llmsupervisor.engine.launch import EngineProcess, Processes
+from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.nvml import GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from llmsupervisor.core.placement import parse_cpu_list
 from llmsupervisor.errors import NvmlUnavailable
+from llmsupervisor.probes.cpus import parse_cpu_list
 from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuLost, GpuProcess, GpuSample
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from llmsupervisor.config import EngineSpec, SupervisorConfig
+from llmsupervisor.config.spec import EngineSpec, SupervisorConfig
 
 # Supervisor settings read live on every use; the others take effect at the next start.
 LIVE_SETTINGS = frozenset(

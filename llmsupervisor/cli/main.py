@@ -1,8 +1,7 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
 (``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``) that talk to a
-running daemon over its control socket (llmsupervisor/cli_control.py; what they print:
-llmsupervisor/cli_render.py; the reference with exit codes: docs/cli.md). No supervision logic
-here."""
+running daemon over its control socket (cli/control.py; what they print: cli/render.py; the
+reference with exit codes: docs/cli.md). No supervision logic here."""
 
 from __future__ import annotations
 
@@ -14,14 +13,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmsupervisor import __version__, cli_control, cli_render, control, logs
+from llmsupervisor import __version__, control, logs
+from llmsupervisor.cli import control as cli_control
+from llmsupervisor.cli import fleet, render
+from llmsupervisor.cli.client import EX_INTERRUPTED, Client
+from llmsupervisor.cli.client import EX_UNAVAILABLE as EX_UNAVAILABLE  # the daemon is not reachable
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
 from llmsupervisor.config.checks import hub_offline_problem
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
 
 SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
-EX_UNAVAILABLE = cli_control.EX_UNAVAILABLE  # the daemon is not reachable
 ENGINE_COMMANDS = (
     ("restart", "drain the engine, then restart it"),
     ("drain", "take the engine out of rotation and let in-flight requests finish"),
@@ -107,9 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--deadline",
         type=float,
-        default=cli_control.FLEET_DEADLINE_S,
+        default=fleet.FLEET_DEADLINE_S,
         metavar="SECONDS",
-        help=f"with --host: how long each host may take (default {cli_control.FLEET_DEADLINE_S:g})",
+        help=f"with --host: how long each host may take (default {fleet.FLEET_DEADLINE_S:g})",
     )
     _common(status, top=False)
     targets = {"restart": "READY again", "drain": "drained", "stop": "STOPPED", "start": "READY"}
@@ -152,16 +154,16 @@ def _config_state_dir(config_path: Path) -> tuple[Path | None, str | None]:
     return state_dir_named_in(config_path), problem
 
 
-def _client(args: argparse.Namespace) -> cli_control.Client:
+def _client(args: argparse.Namespace) -> Client:
     if args.socket:
-        return cli_control.Client(args.socket)
+        return Client(args.socket)
     state_dir, problem = _config_state_dir(Path(args.config))
     candidates = [
         SYSTEMD_SOCKET,
         control.default_socket_path((state_dir or SupervisorSettings().state_dir).resolve()),
     ]
     path = next((p for p in candidates if p.exists()), candidates[-1])
-    return cli_control.Client(path, config_problem=problem)
+    return Client(path, config_problem=problem)
 
 
 def control_command(args: argparse.Namespace) -> int:
@@ -170,14 +172,14 @@ def control_command(args: argparse.Namespace) -> int:
         hosts = list(args.host)
         if args.hosts_file:
             try:
-                hosts += cli_control.read_hosts_file(args.hosts_file)
+                hosts += fleet.read_hosts_file(args.hosts_file)
             except OSError as exc:
                 print(f"llm-supervisor: --hosts-file: {exc}", file=err)
                 return 2
         if args.watch:
             print("llm-supervisor: --watch is not supported with --host/--hosts-file", file=err)
             return 2
-        return cli_control.fleet_status(
+        return fleet.fleet_status(
             hosts, args.names, as_json=args.json, out=out, err=err, deadline_s=args.deadline
         )
     client = _client(args)
@@ -188,7 +190,7 @@ def control_command(args: argparse.Namespace) -> int:
         return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
     if args.command == "events":
         try:
-            since_s = cli_render.parse_since(args.since) if args.since else None
+            since_s = render.parse_since(args.since) if args.since else None
         except ValueError as exc:
             print(f"llm-supervisor: --since: {exc}", file=err)
             return 2
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return control_command(args)
         except KeyboardInterrupt:
-            return cli_control.EX_INTERRUPTED
+            return EX_INTERRUPTED
     if getattr(args, "log_format", None):
         # logs.setup reads it; the variable also reaches `run` without a new parameter.
         os.environ[logs.LOG_FORMAT_ENV] = args.log_format

@@ -1,0 +1,1 @@
+"""The `llm-supervisor` command: entry point cli/main.py."""

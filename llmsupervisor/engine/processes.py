@@ -1,0 +1,125 @@
+"""The runner's seam to the operating system: ``Processes``, and ``HostProcesses``, the real one.
+
+Everything the runner does to the operating system goes through one ``Processes`` object (the
+seam tests replace with a fake, tests/engine_fakes.py): spawning, looking at a process group,
+killing trees, and the recorded-group files in the state dir.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from llmsupervisor import process
+from llmsupervisor.engine.evidence import StackDump, dump_stacks
+
+
+class EngineProcess(Protocol):
+    """One spawn: the API server (the group leader), its exit, its output pipes."""
+
+    pid: int
+    pgid: int
+    stdout_fd: int
+    stderr_fd: int
+    exit_status: process.ExitStatus | None
+
+    @property
+    def returned(self) -> bool: ...
+
+    async def wait(self) -> process.ExitStatus: ...
+
+    def signal_main(self, sig: int) -> None: ...
+
+    def signal_group(self, sig: int) -> None: ...
+
+
+class Processes(Protocol):
+    """The runner's view of the operating system's processes."""
+
+    state_dir: Path
+
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess: ...
+
+    def group_members(self, pgid: int) -> list[int]: ...
+
+    def group_gone(self, proc: EngineProcess) -> bool: ...
+
+    def strays(self, engine: str, *, leader: int) -> list[int]: ...
+
+    async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]: ...
+
+    def record_group(self, engine: str, pid: int) -> None: ...
+
+    def forget_group(self, engine: str) -> None: ...
+
+    def port_holders(self, port: int) -> list[int | None]: ...
+
+    def leftover_of_ours(self, pid: int) -> str | None: ...
+
+    def earlier_runs(self, engine: str) -> list[int]: ...
+
+    def describe(self, pid: int) -> str: ...
+
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        """Each process's Python stacks (engine/evidence.py); None when py-spy is missing."""
+        ...
+
+
+class HostProcesses:
+    """The real processes of this host (llmsupervisor.process)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess:
+        return process.spawn(argv, env, cpus=cpus)
+
+    def group_members(self, pgid: int) -> list[int]:
+        return process.group_members(pgid)
+
+    def group_gone(self, proc: EngineProcess) -> bool:
+        """The leader has exited and no other live member of its group is left (adopted
+        orphans that already exited are reaped on the way)."""
+        members = process.group_members(proc.pgid)
+        # Look before reaping: a member that dies after the reap but before the look would be
+        # counted gone and left a zombie for the daemon's life (its parent, an exiting
+        # EngineCore, handed it to us). Looked at first, it counts as living, and this poll's
+        # or the next one's reap collects it. A member already dead at the look is ours to reap
+        # now (its parent exited and handed it to us) or its living parent's, a member that
+        # keeps the group from being gone.
+        living = [p for p in members if p != proc.pid and process.alive(p)]
+        process.reap_adopted(members, skip=proc.pid)
+        return proc.returned and not living
+
+    def strays(self, engine: str, *, leader: int) -> list[int]:
+        """Processes that left the group (setsid) but carry this engine's marker."""
+        return [p for p in process.marker_processes(self.state_dir, engine=engine) if p != leader]
+
+    async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]:
+        return await process.kill_trees(pids, timeout_s=timeout_s)
+
+    def record_group(self, engine: str, pid: int) -> None:
+        process.record_group(self.state_dir, engine, pid, os.getpid())
+
+    def forget_group(self, engine: str) -> None:
+        process.forget_group(self.state_dir, engine)
+
+    def port_holders(self, port: int) -> list[int | None]:
+        return process.port_holders(port)
+
+    def leftover_of_ours(self, pid: int) -> str | None:
+        """The engine name when ``pid`` is an engine process of ours, None otherwise."""
+        ours, engine = process.is_ours(pid, self.state_dir)
+        return (engine or "?") if ours else None
+
+    def earlier_runs(self, engine: str) -> list[int]:
+        """Processes of ``engine`` spawned by an earlier daemon on this state dir."""
+        return process.marker_processes(self.state_dir, engine=engine, exclude_daemon_pid=os.getpid())
+
+    def describe(self, pid: int) -> str:
+        return process.describe_pid(pid)
+
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        return await dump_stacks(pids, timeout_s=timeout_s)
