@@ -465,12 +465,11 @@ def test_one_absurd_histogram_drops_that_series_not_the_scrape(bad: str) -> None
 
 
 def test_probe_errors_and_descriptors_are_exported() -> None:
-    from llmsupervisor.daemon.status import Snapshot
+    from llmsupervisor.daemon.status import DaemonCounters, Snapshot
     from llmsupervisor.exporter import Exporter
 
-    snap = Snapshot(
-        engines=(), probe_errors_total={("proc_sweep", "EMFILE"): 3}, open_fds=1000, fds_limit=1024
-    )
+    counters = DaemonCounters(probe_errors_total={("proc_sweep", "EMFILE"): 3}, open_fds=1000, fds_limit=1024)
+    snap = Snapshot(engines=(), counters=counters)
     rendered = Exporter(lambda: snap).render().decode()
     assert 'llmsupervisor_probe_errors_total{error="EMFILE",probe="proc_sweep"} 3.0' in rendered
     assert "llmsupervisor_open_fds 1000.0" in rendered
