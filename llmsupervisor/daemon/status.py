@@ -29,6 +29,7 @@ from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import write_json_atomic
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.nvml import GpuSample
+from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor")
 
@@ -280,7 +281,7 @@ class StatusFile:
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
         self._written, self._written_at_s = content, now
-        self._pending = status
+        self._pending = redact_json(status)  # only what is written: not on every tick
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_pending(), name="status-file")
 
