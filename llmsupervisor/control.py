@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
+from llmsupervisor.redact import redact_json
+
 log = logging.getLogger("llmsupervisor.control")
 
 COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload", "events")
@@ -193,7 +195,7 @@ class ControlServer:
 
     async def _reply(self, writer: asyncio.StreamWriter, reply: dict[str, Any]) -> None:
         try:
-            data = json.dumps(reply).encode() + b"\n"
+            data = json.dumps(redact_json(reply)).encode() + b"\n"  # a reason may quote a secret
         except (TypeError, ValueError) as exc:  # a handler's result JSON cannot say
             log.error("control reply not serializable: %s", exc)
             data = json.dumps({"ok": False, "error": f"internal error: {exc}"}).encode() + b"\n"

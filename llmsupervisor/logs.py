@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TextIO
 
-from llmsupervisor.redact import redact
+from llmsupervisor.redact import RedactFilter
 
 JOURNAL_SOCKET: Final = Path("/run/systemd/journal/socket")
 JOURNAL_MESSAGE_LIMIT: Final = 48 * 1024  # bigger payloads would need the memfd path
@@ -135,23 +135,6 @@ def resolve_format(requested: str | None = None, *, stream: TextIO | None = None
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return "json"
     return "text"
-
-
-class RedactFilter(logging.Filter):
-    """Every record's text through ``redact`` before any handler writes it: an engine's
-    ``--api-key`` or a ``*_TOKEN`` value never reaches the journal, whoever logged it (the
-    spawn line, a forwarded vLLM line, an error with a command line in it)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message or record.args:
-            record.msg, record.args = cleaned, ()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        return True
 
 
 def _journal_field(key: str, value: str) -> bytes:

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import sdnotify
 
+from llmsupervisor.redact import redact
+
 log = logging.getLogger("llmsupervisor.notify")
 
 
@@ -125,5 +127,5 @@ class Notifier:
 
 def _status_text(text: str) -> str:
     # One line; sdnotify encodes latin-1, so replace what latin-1 cannot carry.
-    line = " ".join(text.split())
+    line = " ".join(redact(text).split())  # a failure's text may quote a command line
     return line.encode("latin-1", "replace").decode("latin-1")

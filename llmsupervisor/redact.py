@@ -10,16 +10,21 @@ What counts as a secret:
 * any value registered with ``register_secret`` (an engine's API key read from its
   ``api_key_file``), wherever it appears.
 
-The log filter (``logs.RedactFilter``) runs every record through ``redact``; the status file,
-``doctor`` output and config errors call it where they print engine commands or environments.
+Redaction happens where text leaves the process, never where it is made: ``RedactFilter`` sits
+on every logging handler (the journal, text and JSON handlers: logs.py; the ring behind
+`llm-supervisor events`: daemon/events.py), and ``redact_json`` on every JSON reply (the control
+socket: control.py; the HTTP endpoints: daemon/endpoints.py; the status file: daemon/status.py)
+and on sd_notify's STATUS= line (notify.py). So a reason, an exit text or a command line may
+quote a secret anywhere inside the daemon and still never leave it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 MASK: Final = "***"
 
@@ -87,25 +92,33 @@ def redact(text: str) -> str:
     return text
 
 
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A command line with the values of credential flags masked (for the spawn log line)."""
-    out: list[str] = []
-    mask_next = False
-    for arg in argv:
-        if mask_next:
-            out.append(MASK)
-            mask_next = False
-            continue
-        flag, eq, _value = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}={MASK}")
-            else:
-                out.append(arg)
-                mask_next = True
-            continue
-        out.append(redact(arg))
-    return out
+def redact_json(value: Any) -> Any:
+    """A JSON value with every string in it through ``redact`` (keys are names, not text)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: redact_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(item) for item in value]
+    return value
+
+
+class RedactFilter(logging.Filter):
+    """Every record's text through ``redact`` before the handler it sits on writes it: an
+    engine's ``--api-key`` or a ``*_TOKEN`` value never reaches the journal or `llm-supervisor
+    events`, whoever logged it (the spawn line, a forwarded vLLM line, a transition's reason, an
+    error with a command line in it). Every handler gets one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message or record.args:
+            record.msg, record.args = cleaned, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -120,10 +133,11 @@ def redact_all(lines: Iterable[str]) -> list[str]:
 __all__ = [
     "MASK",
     "SECRET_FLAGS",
+    "RedactFilter",
     "redact",
     "redact_all",
-    "redact_argv",
     "redact_env",
+    "redact_json",
     "register_secret",
     "secret_env_name",
 ]

@@ -28,6 +28,7 @@ import yaml
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.exporter import (
@@ -37,8 +38,10 @@ from llmsupervisor.daemon.exporter import (
     TICK_BUCKETS_S,
     Exporter,
 )
-from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
+from llmsupervisor.daemon.status import DaemonCounters, Snapshot
+from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.detectors.load import ServedLoad
+from llmsupervisor.engine.status import EngineStatus, Incarnation
 from llmsupervisor.http_api import HttpApi, Response
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,18 +52,31 @@ DASHBOARD = ROOT / "packaging" / "grafana" / "llm-supervisor.json"
 # Series the rules use that a later module (the detectors) will export; not the exporter's yet.
 FUTURE_SERIES = frozenset({"llmsupervisor_finding_active"})
 
-GPU0 = EngineSnapshot(
-    name="gpu0",
-    state=EngineState.READY,
+NOW_S = 10_000.0
+
+
+def engine(name: str, state: EngineState, gpus: tuple[int, ...], port: int, **changes: Any) -> EngineStatus:
+    """A published status as the runner builds it, aged against the snapshot's NOW_S."""
+    spec_fields = {k: changes.pop(k) for k in ("start_timeout_s",) if k in changes}
+    spec = EngineSpec(name=name, model="m", gpus=gpus, port=port, **spec_fields)
+    return EngineStatus(name=name, spec=spec, state=state, **{"state_reason": "", **changes})
+
+
+def finding(kind: FindingKind, severity: Severity, summary: str) -> Finding:
+    return Finding(engine="gpu0", kind=kind, severity=severity, evidence={}, since_s=0.0, summary=summary)
+
+
+GPU0 = engine(
+    "gpu0",
+    EngineState.READY,
+    (0,),
+    8001,
     state_reason="checks passed",
-    state_age_s=12.5,
-    gpus=(0,),
-    port=8001,
-    pid=4242,
+    state_since_s=NOW_S - 12.5,
+    incarnation=Incarnation(number=1, pid=4242, pgid=4242, step=1, started_s=0.0),
     restarts_total=3,
-    restarts_by_reason={"crash": 2, "health": 1},
+    restarts_by_reason={"crash": 2, "engine_dead": 1},
     state_changes_total=7,
-    in_rotation=True,
     canary_latency_s=0.125,
     start_timeout_s=900.0,
     canary_requests_total=40,
@@ -71,48 +87,49 @@ GPU0 = EngineSnapshot(
         generation_tokens_per_s=120.0,
         canary_requests=20,
     ),
-    actions_total={("step_down", "kv_pressure"): 1},
-    last_action_at={"step_down": 1_790_000_100.0},
     ladder_step=1,
     ladder_steps=2,
-    findings=(("kv_pressure", "warning", "KV cache 97% full"),),
+    findings=(finding(FindingKind.KV_PRESSURE, Severity.WARNING, "KV cache 97% full"),),
 )
-TP2 = EngineSnapshot(
-    name="tp2",
-    state=EngineState.FATAL,
+TP2 = engine(
+    "tp2",
+    EngineState.FATAL,
+    (1, 2),
+    8002,
     state_reason="crash loop: 5 failures in 300 s",
-    state_age_s=-0.5,  # a snapshot built across a clock step must not export a negative age
-    gpus=(1, 2),
-    port=8002,
-    pid=None,
+    state_since_s=NOW_S + 0.5,  # a snapshot taken across a clock step must not export a negative age
     restarts_total=5,
     restarts_by_reason={"start_failed": 4, "cuda_init": 1},
     state_changes_total=11,
     start_timeout_s=600.0,
-    down_s=1234.0,
+    down_since_s=NOW_S - 1234.0,
 )
-HELD = EngineSnapshot(
-    name="held",
-    state=EngineState.DRAINING,
+HELD = engine(
+    "held",
+    EngineState.DRAINING,
+    (3,),
+    8003,
     state_reason="operator drain",
-    state_age_s=30.0,
-    gpus=(3,),
-    port=8003,
-    pid=4343,
-    restarts_total=0,
-    held_by_operator=True,
+    state_since_s=NOW_S - 30.0,
+    incarnation=Incarnation(number=1, pid=4343, pgid=4343, step=0, started_s=0.0),
+    held=True,
 )
 SNAPSHOT = Snapshot(
     engines=(GPU0, TP2, HELD),
-    ticks_total=1234,
-    last_tick_duration_s=0.004,
-    notify_failures_total=2,
-    config_path="/etc/llm-supervisor/config.yaml",
-    config_loaded_timestamp_s=1_790_000_000.5,
-    reloads_total={"ok": 3, "invalid": 1},
-    probe_errors_total={("proc_sweep", "EMFILE"): 4},
-    open_fds=120,
-    fds_limit=524288,
+    now_s=NOW_S,
+    counters=DaemonCounters(
+        ticks_total=1234,
+        last_tick_duration_s=0.004,
+        notify_failures_total=2,
+        config_path="/etc/llm-supervisor/config.yaml",
+        config_loaded_timestamp_s=1_790_000_000.5,
+        reloads_total={"ok": 3, "invalid": 1},
+        probe_errors_total={("proc_sweep", "EMFILE"): 4},
+        open_fds=120,
+        fds_limit=524288,
+    ),
+    actions_total={"gpu0": {("step_down", "kv_pressure"): 1}},
+    last_action_at={"gpu0": {"step_down": 1_790_000_100.0}},
     gpu_faults_marked={1: 2},
     node_conditions=(NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_fault (fault 2): xid 48 on GPU 1"),),
 )
@@ -188,7 +205,7 @@ def test_engine_counters(exporter: Exporter) -> None:
     reg = exporter.registry
     restarts = "llmsupervisor_engine_restarts_total"
     assert value(reg, restarts, engine="gpu0", reason="crash") == 2.0
-    assert value(reg, restarts, engine="gpu0", reason="health") == 1.0
+    assert value(reg, restarts, engine="gpu0", reason="engine_dead") == 1.0
     assert value(reg, restarts, engine="tp2", reason="start_failed") == 4.0
     assert value(reg, restarts, engine="tp2", reason="cuda_init") == 1.0  # an unlisted cause still shows
     # Known causes are there at 0 before they first happen, so increase() counts the first one.
@@ -256,14 +273,14 @@ def test_each_scrape_reads_the_latest_snapshot() -> None:
     current = [SNAPSHOT]
     exporter = Exporter(lambda: current[0])
     assert value(exporter.registry, "llmsupervisor_ticks_total") == 1234.0
-    current[0] = Snapshot(engines=(), ticks_total=1235)
+    current[0] = Snapshot(engines=(), counters=DaemonCounters(ticks_total=1235))
     assert value(exporter.registry, "llmsupervisor_ticks_total") == 1235.0
     assert b"llmsupervisor_ticks_total 1235.0" in exporter.render()
 
 
 def test_own_registry_never_the_global_one() -> None:
     first = Exporter(lambda: SNAPSHOT)
-    second = Exporter(lambda: Snapshot(engines=(), ticks_total=1))
+    second = Exporter(lambda: Snapshot(engines=(), counters=DaemonCounters(ticks_total=1)))
     assert first.registry is not REGISTRY and first.registry is not second.registry
     assert value(first.registry, "llmsupervisor_ticks_total") == 1234.0
     assert value(second.registry, "llmsupervisor_ticks_total") == 1.0

@@ -149,17 +149,20 @@ def test_auto_picks_json_in_a_pod(
 
 
 def test_load_gauges_are_exported_while_known() -> None:
+    from llmsupervisor.config import EngineSpec
     from llmsupervisor.daemon.exporter import Exporter
-    from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
+    from llmsupervisor.daemon.status import Snapshot
+    from llmsupervisor.engine.status import EngineLoad, EngineStatus
 
-    def engine(name: str, **load: Any) -> EngineSnapshot:
-        return EngineSnapshot(
-            name=name, state=S.READY, state_reason="", state_age_s=1.0, gpus=(0,), port=8000, pid=1,
-            restarts_total=0, in_rotation=True, **load,
-        )  # fmt: skip
+    def engine(name: str, load: EngineLoad | None = None) -> EngineStatus:
+        spec = EngineSpec(name=name, model="m", gpus=(0,), port=8000)
+        return EngineStatus(
+            name=name, spec=spec, state=S.READY, state_reason="", state_since_s=0.0, load=load
+        )
 
-    loaded = engine("a", requests_running=2, requests_waiting=5, kv_usage_ratio=0.75, ttft_p95_s=0.25)
-    text = Exporter(lambda: Snapshot(engines=(loaded, engine("b")))).render().decode()
+    load = EngineLoad(requests_running=2, requests_waiting=5, kv_usage_ratio=0.75, ttft_p95_s=0.25)
+    loaded = engine("a", load)
+    text = Exporter(lambda: Snapshot(engines=(loaded, engine("b")), now_s=1.0)).render().decode()
     assert 'llmsupervisor_engine_requests_waiting{engine="a"} 5.0' in text
     assert 'llmsupervisor_engine_requests_running{engine="a"} 2.0' in text
     assert 'llmsupervisor_engine_kv_cache_usage_ratio{engine="a"} 0.75' in text

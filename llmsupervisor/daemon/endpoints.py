@@ -32,10 +32,13 @@ from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
 from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.http_api import HttpApi, Response
+from llmsupervisor.redact import redact_json
 
 
 def _json(status: int, body: dict[str, Any]) -> Response:
-    return Response(status=status, body=json.dumps(body).encode() + b"\n", content_type="application/json")
+    # Reasons and exit texts may quote an engine's command line: redacted where they leave.
+    data = json.dumps(redact_json(body)).encode() + b"\n"
+    return Response(status=status, body=data, content_type="application/json")
 
 
 def meant_to_serve(status: EngineStatus) -> bool:

@@ -5,7 +5,8 @@ The ring is a logging handler: each place that logs one of these already logs it
 lifecycle its transitions, the observer its findings, the executor its actions), and marks the
 record with ``extra={"event": KIND}``. So the ring and the journal can never disagree, and no
 second writer has to be kept in step. It holds what the log holds: with ``log_level: warning``
-the INFO transitions are not logged, and not here either.
+the INFO transitions are not logged, and not here either. Like every handler, it redacts what it
+keeps (redact.py): a reason may quote an engine's command line, and this is where it leaves.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from llmsupervisor import aio
+from llmsupervisor.redact import RedactFilter
 
 EVENTS_KEPT: Final = 1000
 EVENT_KINDS: Final = ("transition", "finding", "action", "operator", "reload")
@@ -56,6 +58,7 @@ class EventRing(logging.Handler):
         self._events: collections.deque[Event] = collections.deque(maxlen=capacity)
         self._seq = 0
         self._guard = threading.Lock()  # a record may come from a worker thread
+        self.addFilter(RedactFilter())
 
     def handle(self, record: logging.LogRecord) -> bool:
         # Most records (every forwarded vLLM line) are not events: skip them before the lock.

@@ -84,7 +84,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from llmsupervisor.core.policy import RESTART_CAUSES
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.status import EngineSnapshot, Snapshot
+from llmsupervisor.daemon.status import Snapshot, held_by_operator
+from llmsupervisor.engine.status import EngineStatus
 
 log = logging.getLogger(__name__)
 
@@ -229,11 +230,15 @@ class Exporter:
 
 
 # The per-engine families with one value each (absent where the value is None): name, type, help,
-# and how to read it from the snapshot. One table, filled in the collector's one loop over engines.
+# and how to read it from an engine's status in the snapshot. One table, filled in the collector's
+# one loop over engines.
 _ENGINE_SCALARS: Final[
     tuple[
         tuple[
-            str, type[GaugeMetricFamily | CounterMetricFamily], str, Callable[[EngineSnapshot], float | None]
+            str,
+            type[GaugeMetricFamily | CounterMetricFamily],
+            str,
+            Callable[[Snapshot, EngineStatus], float | None],
         ],
         ...,
     ]
@@ -242,70 +247,70 @@ _ENGINE_SCALARS: Final[
         "engine_requests_running",
         GaugeMetricFamily,
         "Requests the engine is running now.",
-        lambda e: e.requests_running,
+        lambda _, e: e.load.requests_running if e.load else None,
     ),
     (
         "engine_requests_waiting",
         GaugeMetricFamily,
         "Requests queued in the engine now.",
-        lambda e: e.requests_waiting,
+        lambda _, e: e.load.requests_waiting if e.load else None,
     ),
     (
         "engine_kv_cache_usage_ratio",
         GaugeMetricFamily,
         "Fraction of the engine's KV cache in use, 0 to 1.",
-        lambda e: e.kv_usage_ratio,
+        lambda _, e: e.load.kv_usage_ratio if e.load else None,
     ),
     (
         "engine_ttft_p95_seconds",
         GaugeMetricFamily,
         "95th percentile time to first token over the last 60 seconds, in seconds.",
-        lambda e: e.ttft_p95_s,
+        lambda _, e: e.load.ttft_p95_s if e.load else None,
     ),
     (
         "engine_held_by_operator",
         GaugeMetricFamily,
         "1 while an operator holds the engine out of service (drained, stopped or disabled), else 0.",
-        lambda e: float(e.held_by_operator),
+        lambda _, e: float(held_by_operator(e)),
     ),
     (
         "engine_start_timeout_seconds",
         GaugeMetricFamily,
         "The engine's start_timeout_s: a start younger than this is not an engine down.",
-        lambda e: e.start_timeout_s,
+        lambda _, e: e.spec.start_timeout_s,
     ),
     (
         "engine_down_seconds",
         GaugeMetricFamily,
         "Seconds the engine has been meant to serve and not serving (starting, restarting, "
         "backoff, fatal); 0 while it serves (READY, SHEDDING) or an operator holds it out.",
-        lambda e: e.down_s,
+        lambda snap, e: snap.down_s(e),
     ),
     (
         "engine_canary_requests",
         CounterMetricFamily,
         "Canary requests the supervisor sent that the engine answered; vLLM counts them as "
         "requests, so subtract them from its request counters to get client traffic.",
-        lambda e: e.canary_requests_total,
+        lambda _, e: e.canary_requests_total,
     ),
     (
         "engine_served_requests_per_second",
         GaugeMetricFamily,
         "Requests the engine finished per second over the last minute, the supervisor's canaries excluded.",
-        lambda e: e.served.requests_per_s if e.served is not None else None,
+        lambda _, e: e.served.requests_per_s if e.served is not None else None,
     ),
     (
         "engine_served_generation_tokens_per_second",
         GaugeMetricFamily,
         "Tokens the engine generated per second over the last minute, the supervisor's canaries excluded.",
-        lambda e: e.served.generation_tokens_per_s if e.served is not None else None,
+        lambda _, e: e.served.generation_tokens_per_s if e.served is not None else None,
     ),
     (
         "engine_incidents",
         CounterMetricFamily,
         "Hang or stall incidents whose process stacks were kept before the kill "
         "(STATE_DIR/engines/NAME/incidents).",
-        lambda e: e.incidents_total,
+        lambda _, e: e.incidents_total,
     ),
 )
 
@@ -324,12 +329,12 @@ class _SnapshotCollector:
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        yield from self._engine_families(snap.engines)
+        yield from self._engine_families(snap)
         yield from self._daemon_families(snap)
         if self._gpu_samples is not None:
             yield from self._gpu_families(self._gpu_samples)
 
-    def _engine_families(self, engines: tuple[EngineSnapshot, ...]) -> Iterator[Metric]:
+    def _engine_families(self, snap: Snapshot) -> Iterator[Metric]:
         state = GaugeMetricFamily(
             _name("engine_state"),
             "1 for the engine's current state, 0 for every other state.",
@@ -389,21 +394,21 @@ class _SnapshotCollector:
         scalars = [
             (kind(_name(name), text, labels=["engine"]), read) for name, kind, text, read in _ENGINE_SCALARS
         ]
-        for e in engines:
+        for e in snap.engines:
             for family, read in scalars:
-                value = read(e)
+                value = read(snap, e)
                 if value is not None:
                     family.add_metric([e.name], float(value))
-            for (kind, reason), count in sorted(e.actions_total.items()):
+            for (kind, reason), count in sorted(snap.actions_total.get(e.name, {}).items()):
                 actions.add_metric([e.name, kind, reason], float(count))
-            for kind, at in sorted(e.last_action_at.items()):
+            for kind, at in sorted(snap.last_action_at.get(e.name, {}).items()):
                 last_action.add_metric([e.name, kind], at)
             step.add_metric([e.name], float(e.ladder_step))
             for s in EngineState:
                 state.add_metric([e.name, s.value], 1.0 if e.state is s else 0.0)
             up.add_metric([e.name], 1.0 if e.state is EngineState.READY else 0.0)
             in_rotation.add_metric([e.name], 1.0 if e.in_rotation else 0.0)
-            age.add_metric([e.name], max(0.0, e.state_age_s))
+            age.add_metric([e.name], max(0.0, snap.state_age_s(e)))
             by_reason = {reason: 0 for reason in RESTART_REASONS}
             by_reason.update(e.restarts_by_reason)
             for reason, count in sorted(by_reason.items()):
@@ -411,28 +416,29 @@ class _SnapshotCollector:
             changes.add_metric([e.name], float(e.state_changes_total))
             if e.canary_latency_s is not None:
                 canary.add_metric([e.name], e.canary_latency_s)
-            info.add_metric([e.name, str(e.port), ",".join(str(g) for g in e.gpus)], 1.0)
-            for kind, severity, _summary in e.findings:
-                finding.add_metric([e.name, kind, severity], 1.0)
+            info.add_metric([e.name, str(e.spec.port), ",".join(str(g) for g in e.spec.gpus)], 1.0)
+            for f in e.findings:
+                finding.add_metric([e.name, f.kind.value, f.severity.value], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)
         yield from (actions, last_action, step)
         yield from (family for family, _ in scalars)
 
     def _daemon_families(self, snap: Snapshot) -> Iterator[Metric]:
+        counters = snap.counters
         yield CounterMetricFamily(
-            _name("ticks"), "Supervisor ticks completed since the daemon started.", value=snap.ticks_total
+            _name("ticks"), "Supervisor ticks completed since the daemon started.", value=counters.ticks_total
         )
         yield CounterMetricFamily(
             _name("notify_failures"),
             "sd_notify messages that could not be sent since the daemon started.",
-            value=snap.notify_failures_total,
+            value=counters.notify_failures_total,
         )
         loaded = GaugeMetricFamily(
             _name("config_loaded_timestamp_seconds"),
             "Unix time at which the running configuration was loaded.",
         )
-        if snap.config_loaded_timestamp_s > 0:
-            loaded.add_metric([], snap.config_loaded_timestamp_s)
+        if counters.config_loaded_timestamp_s > 0:
+            loaded.add_metric([], counters.config_loaded_timestamp_s)
         yield loaded
         reloads = CounterMetricFamily(
             _name("config_reloads"),
@@ -440,7 +446,7 @@ class _SnapshotCollector:
             labels=["result"],
         )
         by_result = {result: 0 for result in RELOAD_RESULTS}
-        by_result.update(snap.reloads_total)
+        by_result.update(counters.reloads_total)
         for result, count in sorted(by_result.items()):
             reloads.add_metric([result], float(count))
         yield reloads
@@ -450,16 +456,16 @@ class _SnapshotCollector:
             " and error; engines are kept.",
             labels=["probe", "error"],
         )
-        for (probe, error), count in sorted(snap.probe_errors_total.items()):
+        for (probe, error), count in sorted(counters.probe_errors_total.items()):
             probe_errors.add_metric([probe, error], float(count))
         yield probe_errors
         open_fds = GaugeMetricFamily(_name("open_fds"), "File descriptors the daemon has open.")
-        if snap.open_fds is not None:
-            open_fds.add_metric([], float(snap.open_fds))
+        if counters.open_fds is not None:
+            open_fds.add_metric([], float(counters.open_fds))
         yield open_fds
         max_fds = GaugeMetricFamily(_name("max_fds"), "The daemon's soft file descriptor limit.")
-        if snap.fds_limit is not None:
-            max_fds.add_metric([], float(snap.fds_limit))
+        if counters.fds_limit is not None:
+            max_fds.add_metric([], float(counters.fds_limit))
         yield max_fds
         marked = CounterMetricFamily(
             _name("marked_gpu_faults"),

@@ -1,9 +1,12 @@
 """The daemon's state as others see it: the snapshot, the status JSON, the one-line summary.
 
 Every projection here is a function of the engines' published statuses (engine/status.py) plus
-the daemon's own counters: nothing reads a runner. A snapshot is built per reader call (an
-HTTP scrape, a status request, a status-file write) from those immutable values, so a reader
-can never see a half-updated engine.
+the daemon's own facts (the policy's memory, the GPUs' latest samples, its counters): nothing
+reads a runner. A ``Snapshot`` is taken per reader call (an HTTP scrape, a status request, a
+status-file write) and holds the immutable ``EngineStatus`` values themselves, so a reader can
+never see a half-updated engine, and there is one engine record, not a copy of it per reader.
+The exporter (exporter.py) and the JSON (``status_json``, the one projection the status file,
+the CLI and the HTTP endpoints read) both read a ``Snapshot``.
 """
 
 from __future__ import annotations
@@ -21,91 +24,16 @@ from llmsupervisor.core.node_condition import NodeCondition
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors.load import ServedLoad
-from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import write_json_atomic
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.nvml import GpuSample
+from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor")
 
 STATUS_REFRESH_S: Final = 10.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineSnapshot:
-    name: str
-    state: EngineState
-    state_reason: str
-    state_age_s: float  # seconds in the current state
-    gpus: tuple[int, ...]
-    port: int
-    pid: int | None
-    cpus: tuple[int, ...] = ()  # the CPUs the engine is bound to (none: not placed)
-    # Hang/stall evidence kept before a kill (engine/evidence.py), and the newest file.
-    incidents_total: int = 0
-    last_incident: str | None = None
-    restarts_total: int
-    # Restarts by cause: "crash", "health", "start_failed", "operator", "config_change", ...
-    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
-    state_changes_total: int = 0
-    last_exit: str | None = None
-    last_failure: str | None = None
-    # Whether a load balancer should send this engine traffic (READY and not shedding load).
-    in_rotation: bool = False
-    canary_latency_s: float | None = None
-    # Active findings as (kind, severity, summary), e.g. ("hang", "critical", "canary missed ...").
-    findings: tuple[tuple[str, str, str], ...] = ()
-    # Batch-size ladder: 0 is the engine's own flags, n is n steps down (of ladder_steps).
-    ladder_step: int = 0
-    ladder_steps: int = 0
-    # Automatic actions by (kind, reason), and the wall-clock time of the last of each kind.
-    actions_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    last_action_at: Mapping[str, float] = field(default_factory=dict)
-    # The hottest / most power-hungry of the engine's GPUs (None without NVML).
-    gpu_temperature_c: float | None = None
-    gpu_power_w: float | None = None
-    # GPU memory in use and in all, summed over the engine's GPUs (None without NVML).
-    gpu_memory_used_bytes: int | None = None
-    gpu_memory_total_bytes: int | None = None
-    model: str = ""  # the served model name (what /v1/models lists)
-    start_phase: str | None = None  # while STARTING: spawned, loading weights, ... (engine/output.py)
-    incarnation: int | None = None  # the live spawn's number (1, 2, ...), None without a process
-    last_exit_age_s: float | None = None  # seconds since last_exit happened
-    enabled: bool = True
-    wants_run: bool = True  # the engine is meant to run (not stopped by an operator or config)
-    drain_timeout_s: float = 0.0
-    # Load, while the engine is observed (None: unknown): the autoscaling gauges.
-    requests_running: int | None = None
-    requests_waiting: int | None = None
-    kv_usage_ratio: float | None = None
-    ttft_p95_s: float | None = None
-    # An operator holds the engine out of service: drained (`drain`), or stopped / disabled
-    # (it is not meant to run). Alerts on a down engine leave such an engine alone.
-    held_by_operator: bool = False
-    start_timeout_s: float = 0.0  # the engine's start deadline: a start within it is not "down"
-    down_s: float = 0.0  # seconds meant to serve and not serving (0 while serving or held)
-    canary_requests_total: int = 0  # the supervisor's own canaries: in vLLM's counters, not traffic
-    served: ServedLoad | None = None  # the last minute's traffic, canaries excluded
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Snapshot:
-    engines: tuple[EngineSnapshot, ...]
-    ticks_total: int = 0
-    last_tick_duration_s: float = 0.0
-    notify_failures_total: int = 0
-    config_path: str = ""
-    config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
-    reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
-    gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
-    node_conditions: tuple[NodeCondition, ...] = ()  # GPUs handed to node-level remediation
-    probe_errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, error)
-    open_fds: int | None = None  # None when it could not be read (out of descriptors)
-    fds_limit: int | None = None  # the soft RLIMIT_NOFILE
-
-    def engine(self, name: str) -> EngineSnapshot | None:
-        return next((e for e in self.engines if e.name == name), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,11 +42,59 @@ class DaemonCounters:
     last_tick_duration_s: float = 0.0
     notify_failures_total: int = 0
     config_path: str = ""
-    config_loaded_timestamp_s: float = 0.0
-    reloads_total: Mapping[str, int] = field(default_factory=dict)
-    probe_errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    open_fds: int | None = None
-    fds_limit: int | None = None
+    config_loaded_timestamp_s: float = 0.0  # wall clock, for a *_timestamp_seconds gauge
+    reloads_total: Mapping[str, int] = field(default_factory=dict)  # by result: "ok", "invalid"
+    probe_errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, error)
+    open_fds: int | None = None  # None when it could not be read (out of descriptors)
+    fds_limit: int | None = None  # the soft RLIMIT_NOFILE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """What one reader sees: the engines' published statuses as they are (never copied field by
+    field: a new status field is one line in ``EngineStatus`` and one in ``_engine_json``), and
+    the daemon's own facts beside them, each taken once per reader call."""
+
+    engines: tuple[EngineStatus, ...]
+    now_s: float = 0.0  # the loop clock when taken: ages are now_s - since
+    counters: DaemonCounters = field(default_factory=DaemonCounters)
+    # The policy's memory (core/policy_memory.py), by engine: actions by (kind, reason), and the
+    # wall-clock time of the last of each kind.
+    actions_total: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
+    last_action_at: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    gpu_samples: Mapping[int, GpuSample] = field(default_factory=dict)  # the engines' GPUs (NVML)
+    gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
+    node_conditions: tuple[NodeCondition, ...] = ()  # GPUs handed to node-level remediation
+
+    def state_age_s(self, s: EngineStatus) -> float:
+        """Seconds in the current state."""
+        return self.now_s - s.state_since_s
+
+    def down_s(self, s: EngineStatus) -> float:
+        """Seconds meant to serve and not serving (0 while serving or held by an operator)."""
+        return max(0.0, self.now_s - s.down_since_s) if s.down_since_s is not None else 0.0
+
+    def last_exit_age_s(self, s: EngineStatus) -> float | None:
+        return self.now_s - s.last_exit_at_s if s.last_exit_at_s is not None else None
+
+    def gpu_reading(
+        self, s: EngineStatus, attribute: str, reduce: Callable[[list[float]], float]
+    ) -> float | None:
+        """One reading over the engine's GPUs (the hottest: ``max``; memory in all: ``sum``);
+        None without NVML or where no GPU of the engine has the reading."""
+        values = [
+            value
+            for gpu in s.spec.gpus
+            if (sample := self.gpu_samples.get(gpu)) is not None
+            and (value := getattr(sample, attribute)) is not None
+        ]
+        return reduce(values) if values else None
+
+
+def held_by_operator(s: EngineStatus) -> bool:
+    """An operator holds the engine out of service: drained (`drain`), or stopped / disabled (it
+    is not meant to run). Alerts on a down engine leave such an engine alone."""
+    return s.held or not s.wants_run
 
 
 def descriptor_usage() -> tuple[int | None, int | None]:
@@ -140,24 +116,6 @@ def descriptor_usage() -> tuple[int | None, int | None]:
 GpuSamples = Callable[[Iterable[int]], Mapping[int, GpuSample | ProbeFailure]]
 
 
-def _gpu_max(samples: GpuSamples, gpus: tuple[int, ...], attribute: str) -> float | None:
-    values = [
-        getattr(sample, attribute)
-        for sample in samples(gpus).values()
-        if isinstance(sample, GpuSample) and getattr(sample, attribute) is not None
-    ]
-    return float(max(values)) if values else None
-
-
-def _gpu_sum(samples: GpuSamples, gpus: tuple[int, ...], attribute: str) -> int | None:
-    values = [
-        getattr(sample, attribute)
-        for sample in samples(gpus).values()
-        if isinstance(sample, GpuSample) and getattr(sample, attribute) is not None
-    ]
-    return int(sum(values)) if values else None
-
-
 def snapshot(
     statuses: Sequence[EngineStatus],
     *,
@@ -168,119 +126,89 @@ def snapshot(
     counters: DaemonCounters,
     node_conditions: tuple[NodeCondition, ...] = (),
 ) -> Snapshot:
+    """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
+    the marks) copied, so a reader never sees them change under it."""
+    gpus = {g for s in statuses for g in s.spec.gpus}
     return Snapshot(
-        engines=tuple(
-            EngineSnapshot(
-                name=s.name,
-                state=s.state,
-                state_reason=s.state_reason,
-                state_age_s=now - s.state_since_s,
-                gpus=s.spec.gpus,
-                cpus=s.spec.placement,
-                incidents_total=s.incidents_total,
-                last_incident=s.last_incident,
-                port=s.spec.port,
-                pid=s.pid,
-                restarts_total=s.restarts_total,
-                restarts_by_reason=dict(s.restarts_by_reason),
-                state_changes_total=s.state_changes_total,
-                last_exit=s.last_exit,
-                last_failure=s.last_failure,
-                in_rotation=s.in_rotation,
-                canary_latency_s=s.canary_latency_s,
-                findings=tuple((f.kind.value, f.severity.value, f.summary) for f in s.findings),
-                ladder_step=s.ladder_step,
-                ladder_steps=s.ladder_steps,
-                actions_total=dict(memory.of(s.name).actions_total),
-                last_action_at=dict(memory.of(s.name).last_action_at),
-                gpu_temperature_c=_gpu_max(gpu_samples, s.spec.gpus, "temperature_c"),
-                gpu_power_w=_gpu_max(gpu_samples, s.spec.gpus, "power_w"),
-                gpu_memory_used_bytes=_gpu_sum(gpu_samples, s.spec.gpus, "memory_used_bytes"),
-                gpu_memory_total_bytes=_gpu_sum(gpu_samples, s.spec.gpus, "memory_total_bytes"),
-                model=s.spec.model_id,
-                start_phase=s.start_phase,
-                incarnation=s.incarnation.number if s.incarnation is not None else None,
-                last_exit_age_s=now - s.last_exit_at_s if s.last_exit_at_s is not None else None,
-                enabled=s.spec.enabled,
-                wants_run=s.wants_run,
-                drain_timeout_s=s.spec.drain_timeout_s,
-                requests_running=s.load.requests_running if s.load else None,
-                requests_waiting=s.load.requests_waiting if s.load else None,
-                kv_usage_ratio=s.load.kv_usage_ratio if s.load else None,
-                ttft_p95_s=s.load.ttft_p95_s if s.load else None,
-                held_by_operator=s.held or not s.wants_run,
-                start_timeout_s=s.spec.start_timeout_s,
-                down_s=max(0.0, now - s.down_since_s) if s.down_since_s is not None else 0.0,
-                canary_requests_total=s.canary_requests_total,
-                served=s.served,
-            )
-            for s in statuses
-        ),
+        engines=tuple(statuses),
+        now_s=now,
+        counters=counters,
+        actions_total={s.name: dict(memory.of(s.name).actions_total) for s in statuses},
+        last_action_at={s.name: dict(memory.of(s.name).last_action_at) for s in statuses},
+        gpu_samples={g: v for g, v in gpu_samples(sorted(gpus)).items() if isinstance(v, GpuSample)},
         gpu_faults_marked=dict(gpu_faults_marked),
         node_conditions=node_conditions,
-        ticks_total=counters.ticks_total,
-        last_tick_duration_s=counters.last_tick_duration_s,
-        notify_failures_total=counters.notify_failures_total,
-        config_path=counters.config_path,
-        config_loaded_timestamp_s=counters.config_loaded_timestamp_s,
-        reloads_total=dict(counters.reloads_total),
-        probe_errors_total=dict(counters.probe_errors_total),
-        open_fds=counters.open_fds,
-        fds_limit=counters.fds_limit,
     )
 
 
 def status_json(snap: Snapshot) -> dict[str, Any]:
-    """The snapshot as JSON: the status file, and `llm-supervisor status --json`."""
+    """The snapshot as JSON: the status file, `llm-supervisor status --json` and the HTTP
+    endpoints."""
     return {
         "pid": os.getpid(),
-        "config": snap.config_path,
-        "engines": {
-            e.name: {
-                "state": e.state.value,
-                "phase": e.start_phase,
-                "reason": e.state_reason,
-                "for_s": round(e.state_age_s, 1),
-                "pid": e.pid,
-                "incarnation": e.incarnation,
-                "state_changes": e.state_changes_total,
-                "model": e.model,
-                "port": e.port,
-                "gpus": list(e.gpus),
-                "cpus": format_cpu_list(e.cpus) if e.cpus else None,
-                "in_rotation": e.in_rotation,
-                "restarts": e.restarts_total,
-                "restarts_by_reason": dict(e.restarts_by_reason),
-                "canary_latency_s": e.canary_latency_s,
-                "findings": [{"kind": k, "severity": sev, "summary": text} for k, sev, text in e.findings],
-                "last_exit": e.last_exit,
-                "last_exit_age_s": round(e.last_exit_age_s, 1) if e.last_exit_age_s is not None else None,
-                "requests_running": e.requests_running,
-                "enabled": e.enabled,
-                "wants_run": e.wants_run,
-                "start_timeout_s": e.start_timeout_s,
-                "drain_timeout_s": e.drain_timeout_s,
-                "last_failure": e.last_failure,
-                "batch_step": e.ladder_step,
-                "batch_steps": e.ladder_steps,
-                "actions": {f"{kind}/{reason}": n for (kind, reason), n in sorted(e.actions_total.items())},
-                "gpu_temperature_c": e.gpu_temperature_c,
-                "gpu_power_w": e.gpu_power_w,
-                "gpu_memory_used_bytes": e.gpu_memory_used_bytes,
-                "gpu_memory_total_bytes": e.gpu_memory_total_bytes,
-                "requests_waiting": e.requests_waiting,
-                "kv_usage_ratio": e.kv_usage_ratio,
-                "ttft_p95_s": e.ttft_p95_s,
-                "held_by_operator": e.held_by_operator,
-                "canary_requests": e.canary_requests_total,
-                "served": _served_json(e.served),
-                "incidents": e.incidents_total,
-                "last_incident": e.last_incident,
-            }
-            for e in snap.engines
-        },
+        "config": snap.counters.config_path,
+        "engines": {s.name: _engine_json(snap, s) for s in snap.engines},
         "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
         "node_conditions": [c.as_json() for c in snap.node_conditions],
+    }
+
+
+def _hottest(values: list[float]) -> float:
+    return float(max(values))
+
+
+def _summed(values: list[float]) -> float:
+    return int(sum(values))
+
+
+def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
+    """The one JSON projection of an engine's status."""
+    last_exit_age_s = snap.last_exit_age_s(s)
+    load = s.load or EngineLoad()
+    return {
+        "state": s.state.value,
+        "phase": s.start_phase,
+        "reason": s.state_reason,
+        "for_s": round(snap.state_age_s(s), 1),
+        "pid": s.pid,
+        "incarnation": s.incarnation.number if s.incarnation is not None else None,
+        "state_changes": s.state_changes_total,
+        "model": s.spec.model_id,
+        "port": s.spec.port,
+        "gpus": list(s.spec.gpus),
+        "cpus": format_cpu_list(s.spec.placement) if s.spec.placement else None,
+        "in_rotation": s.in_rotation,
+        "restarts": s.restarts_total,
+        "restarts_by_reason": dict(s.restarts_by_reason),
+        "canary_latency_s": s.canary_latency_s,
+        "findings": [
+            {"kind": f.kind.value, "severity": f.severity.value, "summary": f.summary} for f in s.findings
+        ],
+        "last_exit": s.last_exit,
+        "last_exit_age_s": round(last_exit_age_s, 1) if last_exit_age_s is not None else None,
+        "requests_running": load.requests_running,
+        "enabled": s.spec.enabled,
+        "wants_run": s.wants_run,
+        "start_timeout_s": s.spec.start_timeout_s,
+        "drain_timeout_s": s.spec.drain_timeout_s,
+        "last_failure": s.last_failure,
+        "batch_step": s.ladder_step,
+        "batch_steps": s.ladder_steps,
+        "actions": {
+            f"{kind}/{reason}": n for (kind, reason), n in sorted(snap.actions_total.get(s.name, {}).items())
+        },
+        "gpu_temperature_c": snap.gpu_reading(s, "temperature_c", _hottest),
+        "gpu_power_w": snap.gpu_reading(s, "power_w", _hottest),
+        "gpu_memory_used_bytes": snap.gpu_reading(s, "memory_used_bytes", _summed),
+        "gpu_memory_total_bytes": snap.gpu_reading(s, "memory_total_bytes", _summed),
+        "requests_waiting": load.requests_waiting,
+        "kv_usage_ratio": load.kv_usage_ratio,
+        "ttft_p95_s": load.ttft_p95_s,
+        "held_by_operator": held_by_operator(s),
+        "canary_requests": s.canary_requests_total,
+        "served": _served_json(s.served),
+        "incidents": s.incidents_total,
+        "last_incident": s.last_incident,
     }
 
 
@@ -353,7 +281,7 @@ class StatusFile:
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
         self._written, self._written_at_s = content, now
-        self._pending = status
+        self._pending = redact_json(status)  # only what is written: not on every tick
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_pending(), name="status-file")
 

@@ -142,6 +142,39 @@ def _at_similar_load(spans: Spans | None, cfg: DetectorConfig) -> Spans | None:
     return spans
 
 
+def _below_baseline(
+    spans: Spans,
+    kind: FindingKind,
+    name: str,
+    *,
+    factor: float,
+    summary: Callable[[float, float, float], str],
+    higher_is_worse: bool = False,
+    **evidence: float,
+) -> Finding | None:
+    """The shared tail of the three detectors: the current span's ``name`` (a ``SpanStats``
+    field) against the baseline's, as a ratio; a finding when the ratio is at or below
+    ``factor`` (at or above it when a higher value is worse, as for TTFT). None while either is
+    unknown or the baseline is not positive. ``summary`` gets (current, baseline, ratio); the
+    evidence carries ``name``, ``baseline_<name>``, ``ratio`` and ``evidence``."""
+    base_stats, current_stats, latest = spans
+    base, current = getattr(base_stats, name), getattr(current_stats, name)
+    if base is None or current is None or base <= 0:
+        return None
+    ratio = current / base
+    if (ratio < factor) if higher_is_worse else (ratio > factor):
+        return None
+    return new_finding(
+        latest,
+        kind,
+        Severity.WARNING,
+        current_stats.start_s,
+        summary(current, base, ratio),
+        **{name: current, f"baseline_{name}": base, "ratio": ratio},
+        **evidence,
+    )
+
+
 def detect_throughput_degradation(
     window: ObservationWindow, now: float, cfg: DetectorConfig
 ) -> Finding | None:
@@ -153,24 +186,13 @@ def _throughput_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Fin
     spans = _at_similar_load(all_spans, cfg)
     if spans is None:
         return None
-    base, current, latest = spans
-    if base.tokens_per_s_per_running is None or current.tokens_per_s_per_running is None:
-        return None
-    if base.tokens_per_s_per_running <= 0:
-        return None
-    ratio = current.tokens_per_s_per_running / base.tokens_per_s_per_running
-    if ratio > cfg.degradation_throughput_factor:
-        return None
-    return new_finding(
-        latest,
+    return _below_baseline(
+        spans,
         K.DEGRADATION_THROUGHPUT,
-        Severity.WARNING,
-        current.start_s,
-        f"throughput per running request at {ratio:.0%} of its baseline",
-        tokens_per_s_per_running=current.tokens_per_s_per_running,
-        baseline_tokens_per_s_per_running=base.tokens_per_s_per_running,
-        ratio=ratio,
-        mean_running=current.mean_running or 0.0,
+        "tokens_per_s_per_running",
+        factor=cfg.degradation_throughput_factor,
+        summary=lambda _, __, ratio: f"throughput per running request at {ratio:.0%} of its baseline",
+        mean_running=spans[1].mean_running or 0.0,
     )
 
 
@@ -183,23 +205,16 @@ def _ttft_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Finding |
     spans = _at_similar_load(all_spans, cfg)
     if spans is None:
         return None
-    base, current, latest = spans
+    base, current, _ = spans
     if min(base.ttft_count, current.ttft_count) < cfg.degradation_min_requests:
         return None
-    if base.ttft_p95_s is None or current.ttft_p95_s is None or base.ttft_p95_s <= 0:
-        return None
-    ratio = current.ttft_p95_s / base.ttft_p95_s
-    if ratio < cfg.degradation_ttft_factor:
-        return None
-    return new_finding(
-        latest,
+    return _below_baseline(
+        spans,
         K.DEGRADATION_TTFT,
-        Severity.WARNING,
-        current.start_s,
-        f"TTFT p95 {current.ttft_p95_s * 1000:.0f} ms, {ratio:.1f}x its baseline",
-        ttft_p95_s=current.ttft_p95_s,
-        baseline_ttft_p95_s=base.ttft_p95_s,
-        ratio=ratio,
+        "ttft_p95_s",
+        factor=cfg.degradation_ttft_factor,
+        higher_is_worse=True,
+        summary=lambda now_s, _, ratio: f"TTFT p95 {now_s * 1000:.0f} ms, {ratio:.1f}x its baseline",
         requests=current.ttft_count,
     )
 
@@ -214,25 +229,17 @@ def detect_prefix_cache_degradation(
 def _prefix_cache_degradation(spans: Spans | None, cfg: DetectorConfig) -> Finding | None:
     if spans is None:
         return None
-    base, current, latest = spans
-    if base.prefix_hit_ratio is None or current.prefix_hit_ratio is None:
-        return None
+    base, current, _ = spans
     if min(base.prefix_queries or 0, current.prefix_queries or 0) < cfg.degradation_min_prefix_queries:
         return None
-    if base.prefix_hit_ratio < cfg.degradation_min_prefix_hit_ratio:
+    if base.prefix_hit_ratio is None or base.prefix_hit_ratio < cfg.degradation_min_prefix_hit_ratio:
         return None
-    ratio = current.prefix_hit_ratio / base.prefix_hit_ratio
-    if ratio > cfg.degradation_prefix_hit_factor:
-        return None
-    return new_finding(
-        latest,
+    return _below_baseline(
+        spans,
         K.DEGRADATION_PREFIX_CACHE,
-        Severity.WARNING,
-        current.start_s,
-        f"prefix-cache hit rate {current.prefix_hit_ratio:.0%}, baseline {base.prefix_hit_ratio:.0%}",
-        prefix_hit_ratio=current.prefix_hit_ratio,
-        baseline_prefix_hit_ratio=base.prefix_hit_ratio,
-        ratio=ratio,
+        "prefix_hit_ratio",
+        factor=cfg.degradation_prefix_hit_factor,
+        summary=lambda hit, base_hit, _: f"prefix-cache hit rate {hit:.0%}, baseline {base_hit:.0%}",
     )
 
 

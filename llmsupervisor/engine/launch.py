@@ -20,7 +20,6 @@ from llmsupervisor.engine.access_log import probe_access_flags
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.errors import PortHeld
 from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
-from llmsupervisor.redact import redact_argv
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -100,7 +99,7 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     except OSError as exc:
         return Launched(None, f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
     on = f" on CPU(s) {format_cpu_list(cpus)}" if cpus else ""
-    log.info("spawned pid %d%s: %s", proc.pid, on, " ".join(redact_argv(argv)), extra={"engine": spec.name})
+    log.info("spawned pid %d%s: %s", proc.pid, on, " ".join(argv), extra={"engine": spec.name})
     try:
         procs.record_group(spec.name, proc.pid)
     except OSError as exc:

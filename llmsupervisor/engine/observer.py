@@ -103,9 +103,11 @@ _T = TypeVar("_T")
 
 async def _guarded(probe: str, call: Awaitable[_T]) -> _T | ProbeFailure:
     """A probe's result, or ``ProbeFailure("error")`` when it raised: the round goes on, the
-    error is counted and logged (PROBE_ERRORS), and the engine keeps serving. Probes return
-    their failures as values; this is for the ones nobody foresaw (EMFILE from an accept or a
-    /proc read when the daemon is out of descriptors: issue 17)."""
+    error is counted and logged (PROBE_ERRORS) under ``probe``, and the engine keeps serving.
+    Probes return their foreseen failures as values (timeout, connect, http, parse); this is the
+    one catch-all, for the ones nobody foresaw (EMFILE from a connect or a /proc read when the
+    daemon is out of descriptors: issue 17). A probe keeps no catch-all of its own, so one
+    failure is counted under one name wherever in the probe it raised."""
     try:
         return await call
     except Exception as exc:
@@ -199,7 +201,7 @@ class Observer:
         health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
             _guarded("health", self._http.health(timeout_s=timeout_s)),
             _guarded("metrics", self._http.metrics(timeout_s=timeout_s) if run_metrics else no_metrics()),
-            _guarded("proc", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
+            _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
             _guarded(
                 "canary",
                 self._http.canary(timeout_s=self.canary_deadline_s) if run_canary else no_canary(),

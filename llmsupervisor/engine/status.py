@@ -68,7 +68,7 @@ class EngineStatus:
     start_phase: str | None = None
     prefix_reset_supported: bool | None = None  # None: not tried yet
     restarts_total: int = 0
-    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
+    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)  # by cause (policy RESTART_CAUSES)
     failures: int = 0  # failures counted against the crash-loop budget now
     last_exit: str | None = None
     last_exit_at_s: float | None = None  # when (loop clock) the engine last exited unasked

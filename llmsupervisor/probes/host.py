@@ -26,7 +26,7 @@ from typing import Final
 import psutil
 
 from llmsupervisor import process
-from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure
+from llmsupervisor.probes import ProbeFailure
 
 ZOMBIE: Final = psutil.STATUS_ZOMBIE  # "zombie"
 # A process the kernel holds still: SIGSTOP ("T") or a tracer's stop ("t"). It runs nothing,
@@ -212,7 +212,11 @@ class GroupSweeper:
         return sweep
 
     async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
-        """Group ``pgid`` as the latest shared sweep saw it, or a timeout after ``timeout_s``."""
+        """Group ``pgid`` as the latest shared sweep saw it, or a timeout after ``timeout_s``.
+
+        A sweep that raises (``/proc`` unreadable: EMFILE when the daemon is out of descriptors)
+        raises here, to every asker: the observation round's one catch-all counts it as
+        ``proc_sweep`` wherever it raised (engine/observer.py), so it has one name."""
         now = self._monotonic()
         self._asked_s[pgid] = now
         sweep = self._current(pgid, now)
@@ -234,10 +238,6 @@ class GroupSweeper:
                 samples = await asyncio.shield(sweep.task)
         except TimeoutError:
             return ProbeFailure("timeout", f"process sweep took over {timeout_s} s")
-        except Exception as exc:
-            # /proc unreadable: EMFILE when the daemon is out of descriptors. A probe that fails
-            # is data about the daemon, never a reason to stop an engine (issue 17).
-            return PROBE_ERRORS.record("proc_sweep", exc)
         return samples[pgid]
 
 

@@ -1,0 +1,186 @@
+"""The status JSON's shape, pinned: `status --json`, STATE_DIR/status.json and the HTTP status
+endpoints are read by scripts and dashboards, so a key may be added on purpose, never lost by a
+refactor of how the status is assembled."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition
+from llmsupervisor.core.policy import Action, ActionKind
+from llmsupervisor.core.policy_memory import PolicyMemory
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon import status as daemon_status
+from llmsupervisor.detectors import Finding, FindingKind, Severity
+from llmsupervisor.detectors.load import ServedLoad
+from llmsupervisor.engine.status import EngineLoad, EngineStatus, Incarnation
+from llmsupervisor.probes.nvml import GpuSample
+
+TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions"}
+ENGINE_KEYS = {
+    "state", "phase", "reason", "for_s", "pid", "incarnation", "state_changes", "model", "port", "gpus",
+    "cpus", "in_rotation", "restarts", "restarts_by_reason", "canary_latency_s", "findings", "last_exit",
+    "last_exit_age_s", "requests_running", "enabled", "wants_run", "start_timeout_s", "drain_timeout_s",
+    "last_failure", "batch_step", "batch_steps", "actions", "gpu_temperature_c", "gpu_power_w",
+    "gpu_memory_used_bytes", "gpu_memory_total_bytes", "requests_waiting", "kv_usage_ratio", "ttft_p95_s",
+    "held_by_operator", "canary_requests", "served", "incidents", "last_incident",
+}  # fmt: skip
+SERVED_KEYS = {
+    "span_s", "requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s", "canary_requests",
+}  # fmt: skip
+NOW_S = 1_000.0
+
+
+def busy_engine() -> EngineStatus:
+    spec = EngineSpec(name="gpu0", model="org/m", gpus=(0, 1), port=8001, placement=(2, 3, 4))
+    return EngineStatus(
+        name="gpu0",
+        spec=spec,
+        state=EngineState.READY,
+        state_reason="checks passed",
+        state_since_s=NOW_S - 12.34,
+        state_changes_total=3,
+        incarnation=Incarnation(number=2, pid=4242, pgid=4242, step=1, started_s=900.0),
+        findings=(
+            Finding(
+                engine="gpu0",
+                kind=FindingKind.KV_PRESSURE,
+                severity=Severity.WARNING,
+                evidence={},
+                since_s=990.0,
+                summary="KV cache 97% full",
+            ),
+        ),
+        ladder_step=1,
+        ladder_steps=2,
+        restarts_total=1,
+        restarts_by_reason={"crash": 1},
+        last_exit="exit code 1",
+        last_exit_at_s=NOW_S - 100.0,
+        canary_latency_s=0.125,
+        canary_requests_total=40,
+        served=ServedLoad(
+            span_s=58.04,
+            requests_per_s=2.5,
+            prompt_tokens_per_s=400.0,
+            generation_tokens_per_s=120.0,
+            canary_requests=20,
+        ),
+        incidents_total=1,
+        last_incident="/state/engines/gpu0/incidents/1.txt",
+        load=EngineLoad(requests_running=3, requests_waiting=1, kv_usage_ratio=0.97, ttft_p95_s=0.2),
+    )
+
+
+def idle_engine() -> EngineStatus:
+    spec = EngineSpec(name="off", model="org/m", gpus=(2,), port=8002, enabled=False)
+    return EngineStatus(
+        name="off", spec=spec, state=EngineState.STOPPED, state_reason="", state_since_s=0.0, wants_run=False
+    )
+
+
+def sample(gpu: int, temperature_c: int, memory_used_bytes: int) -> GpuSample:
+    return GpuSample(
+        index=gpu,
+        uuid=f"GPU-{gpu}",
+        name="H100",
+        temperature_c=temperature_c,
+        power_w=300.0,
+        power_limit_w=700.0,
+        sm_clock_mhz=None,
+        mem_clock_mhz=None,
+        clock_event_reasons=None,
+        memory_used_bytes=memory_used_bytes,
+        memory_total_bytes=80 << 30,
+        utilization_gpu_pct=None,
+        ecc_uncorrected_volatile=None,
+        processes=None,
+    )
+
+
+def status_json(*statuses: EngineStatus) -> dict[str, Any]:
+    memory = PolicyMemory()
+    step_down = Action(engine="gpu0", kind=ActionKind.STEP_DOWN, reason="kv_pressure", detail="")
+    memory.record(step_down, NOW_S, wall_s=1_790_000_100.0)
+    samples = {0: sample(0, 71, 10 << 30), 1: sample(1, 88, 20 << 30)}
+    return daemon_status.status_json(
+        daemon_status.snapshot(
+            statuses,
+            now=NOW_S,
+            memory=memory,
+            gpu_samples=lambda gpus: {g: samples[g] for g in gpus if g in samples},
+            gpu_faults_marked={1: 2},
+            node_conditions=(NodeCondition(GPU_UNRECOVERABLE, 1, "xid 48 on GPU 1"),),
+            counters=daemon_status.DaemonCounters(config_path="/etc/llm-supervisor/config.yaml"),
+        )
+    )
+
+
+def test_the_status_json_keeps_its_keys() -> None:
+    doc = status_json(busy_engine(), idle_engine())
+    assert set(doc) == TOP_KEYS
+    assert set(doc["engines"]) == {"gpu0", "off"}
+    for engine in doc["engines"].values():
+        assert set(engine) == ENGINE_KEYS
+    assert set(doc["engines"]["gpu0"]["served"]) == SERVED_KEYS
+    assert doc["engines"]["off"]["served"] is None
+
+
+def test_the_status_json_values_for_a_busy_and_an_idle_engine() -> None:
+    doc = status_json(busy_engine(), idle_engine())
+    assert doc["config"] == "/etc/llm-supervisor/config.yaml"
+    assert doc["gpu_faults_marked"] == {"1": 2}
+    assert doc["node_conditions"][0]["gpu"] == 1
+    busy = doc["engines"]["gpu0"]
+    assert busy == {
+        **busy,
+        "state": "ready",
+        "phase": None,
+        "reason": "checks passed",
+        "for_s": 12.3,
+        "pid": 4242,
+        "incarnation": 2,
+        "state_changes": 3,
+        "model": "org/m",
+        "port": 8001,
+        "gpus": [0, 1],
+        "cpus": "2-4",
+        "in_rotation": True,
+        "restarts": 1,
+        "restarts_by_reason": {"crash": 1},
+        "canary_latency_s": 0.125,
+        "findings": [{"kind": "kv_pressure", "severity": "warning", "summary": "KV cache 97% full"}],
+        "last_exit": "exit code 1",
+        "last_exit_age_s": 100.0,
+        "requests_running": 3,
+        "requests_waiting": 1,
+        "kv_usage_ratio": 0.97,
+        "ttft_p95_s": 0.2,
+        "enabled": True,
+        "wants_run": True,
+        "batch_step": 1,
+        "batch_steps": 2,
+        "actions": {"step_down/kv_pressure": 1},
+        "gpu_temperature_c": 88.0,  # the hottest of its GPUs
+        "gpu_power_w": 300.0,
+        "gpu_memory_used_bytes": 30 << 30,  # summed over its GPUs
+        "gpu_memory_total_bytes": 160 << 30,
+        "held_by_operator": False,
+        "canary_requests": 40,
+        "incidents": 1,
+        "last_incident": "/state/engines/gpu0/incidents/1.txt",
+    }
+    assert isinstance(busy["gpu_memory_used_bytes"], int)
+    assert busy["served"]["span_s"] == 58.0
+    idle = doc["engines"]["off"]
+    assert idle["cpus"] is None and idle["pid"] is None and idle["incarnation"] is None
+    assert idle["gpu_temperature_c"] is None and idle["gpu_memory_used_bytes"] is None
+    assert idle["held_by_operator"] is True and idle["enabled"] is False
+    assert idle["actions"] == {} and idle["requests_running"] is None
+
+
+def test_an_operator_hold_and_a_down_engine() -> None:
+    held = dataclasses.replace(busy_engine(), held=True)
+    assert status_json(held)["engines"]["gpu0"]["held_by_operator"] is True
