@@ -167,16 +167,20 @@ def test_xid_restarts_the_engine_and_marks_the_gpu(daemon_factory: Any, tmp_path
     # XID 43 is the application's own fault: reported, no action.
     write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}])
     d.wait_log("finding gpu_fault (info)", timeout_s=20)
-    write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}, {"id": 2, "gpu": 0, "xid": 48}])
+    # XID 94 (contained ECC) with recovery action NONE: restart the engine and count; no condition.
+    write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}, {"id": 2, "gpu": 0, "xid": 94}])
     d.wait_log("action restart (gpu_fault)", timeout_s=20)
     again = d.wait_state("a", "ready", timeout_s=30, restarts_by_reason={"gpu_fault": 1})
     assert again["pid"] != first["pid"]
     assert again["restarts_by_reason"] == {"gpu_fault": 1}
-    assert "GPU 0 marked: fault 1: GPU fault: xid 48 on GPU 0" in d.log()
+    assert "GPU 0 (GPU-fake-0000) marked: fault 1 in 24 h: GPU fault: xid 94 on GPU 0" in d.log()
     marks = json.loads((d.state_dir / "gpu-faults.json").read_text())
-    assert marks["0"]["count"] == 1
+    (mark,) = marks["gpus"]["GPU-fake-0000"]["marks"]
+    assert mark["verdict"] == "restart" and "unrecoverable" not in marks["gpus"]["GPU-fake-0000"]
     assert d.status()["gpu_faults_marked"] == {"0": 1}
+    assert d.status()["node_conditions"] == []
     assert metric(d.http_url, "llmsupervisor_marked_gpu_faults_total", gpu="0") == 1
+    assert httpx.get(d.http_url + "/readyz", timeout=5).status_code == 200
     assert d.stop() == 0
 
 

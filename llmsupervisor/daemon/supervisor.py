@@ -68,7 +68,7 @@ from llmsupervisor.daemon.status import (
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.launch import HostProcesses, Processes
 from llmsupervisor.engine.observer import GroupSampler
-from llmsupervisor.exporter import Exporter
+from llmsupervisor.exporter import Exporter, gpu_metric_values
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes import PROBE_ERRORS
@@ -140,7 +140,7 @@ class Supervisor:
             http_for=http_for,  # tests: a scripted server
         )
         self.memory = PolicyMemory()
-        self.marks = GpuMarks(self.state_dir / "gpu-faults.json")
+        self.marks = GpuMarks(self.state_dir / "gpu-faults.json", gpus=self.gpu_monitor.gpus_by_index)
         self.reconcile = Reconciler(
             self.memory, ActionExecutor(self.fleet.send, self._gpus_of_engine, self.marks)
         )
@@ -152,7 +152,9 @@ class Supervisor:
             stopping=lambda: self._stopping,
             place=self.place,
         )
-        self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
+        self.exporter = Exporter(
+            self.snapshot, gpu_samples=lambda: gpu_metric_values(self.gpu_monitor.latest)
+        )
         self._rounds_seen: dict[str, int] = {}
         self._policy_keys: dict[str, PolicyKey] = {}  # as the last reconcile saw each engine
         self._changes_seen: dict[str, int] = {}  # state_changes_total as last looked at

@@ -142,8 +142,11 @@ class DetectorConfig:
     gpu_fault_lookback_s: float = 300.0
     # Application-level XIDs (graphics exception, page fault, stopped, cleanup, video decoder):
     # the engine's fault, not the GPU's (docs/host-notes.md §1.5). INFO.
-    xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68})
-    xid_info_only: frozenset[int] = frozenset({63})  # row remap recorded: log and count. INFO.
+    # 109 (context switch timeout) joined the device plugin's ignore list; docs/gpu.md.
+    xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+    # Recorded, not failed: 63 row remap recorded, 92 high single-bit ECC rate, 144-150 NVLink
+    # warnings (the recovery action says when they need more). INFO.
+    xid_info_only: frozenset[int] = frozenset({63, 92, 144, 145, 146, 147, 148, 149, 150})
     gpu_lost_min_samples: int = 2  # consecutive gpu_lost probe failures for one GPU
 
     # MEMORY_GROWTH: least-squares slope of the group's RSS over memory_window_s.
