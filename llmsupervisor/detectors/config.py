@@ -135,8 +135,10 @@ class DetectorConfig:
     degradation_min_prefix_queries: int = 1000  # prompt tokens looked up, in each span
     degradation_min_prefix_hit_ratio: float = 0.1  # a lower baseline hit rate is not compared
 
-    # THERMAL: a thermal clock-event reason, or this temperature or above.
-    thermal_temperature_c: int = 87
+    # THERMAL: clocks held back for heat (duration counters, else the clock-event bits), or the
+    # board's own slowdown temperature reached. This temperature only for a board that reports
+    # no slowdown threshold; 0: never by temperature alone (docs/gpu.md).
+    thermal_temperature_c: int = 0
 
     # GPU_FAULT / GPU_LOST: an event stays evidence this long after it happened.
     gpu_fault_lookback_s: float = 300.0

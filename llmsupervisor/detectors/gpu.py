@@ -91,16 +91,68 @@ def _reasons(sample: GpuSample) -> frozenset[str]:
     return sample.clock_event_reason_names
 
 
-def _thermal(cfg: DetectorConfig) -> Callable[[GpuSample], bool]:
-    def hot(sample: GpuSample) -> bool:
-        reasons = _reasons(sample)
-        if reasons & THERMAL_REASONS:
-            return True
-        if HW_SLOWDOWN in reasons and not reasons & POWER_BRAKE_REASONS:
-            return True
-        return sample.temperature_c is not None and sample.temperature_c >= cfg.thermal_temperature_c
+# From the throttle-duration counters (fields 269 + 270, ns): a sample is throttled for heat when
+# at least this share of the time since the previous sample was spent throttled.
+THERMAL_MIN_FRACTION: Final = 0.5
 
-    return hot
+
+def _thermal_bits(sample: GpuSample) -> bool:
+    reasons = _reasons(sample)
+    if reasons & THERMAL_REASONS:
+        return True
+    return HW_SLOWDOWN in reasons and not reasons & POWER_BRAKE_REASONS
+
+
+def _too_hot(sample: GpuSample, cfg: DetectorConfig) -> bool:
+    """At or above the board's own slowdown threshold; ``thermal_temperature_c`` only for a board
+    that reports none (0: never). Never a fixed constant: 87 C is an H100 SXM's normal boost
+    ceiling (its "GPU Max Operating Temp"), not a fault."""
+    if sample.temperature_c is None:
+        return False
+    limit = sample.slowdown_temperature_c or cfg.thermal_temperature_c
+    return bool(limit) and sample.temperature_c >= limit
+
+
+def _throttled_for_heat(
+    sample: GpuSample, at_s: float, previous: tuple[float, GpuSample] | None, cfg: DetectorConfig
+) -> bool:
+    if _too_hot(sample, cfg):
+        return True
+    if previous is not None:
+        before_s, before = previous
+        if (
+            sample.thermal_throttle_ns is not None
+            and before.thermal_throttle_ns is not None
+            and sample.thermal_throttle_ns >= before.thermal_throttle_ns
+            and at_s > before_s
+        ):
+            # The duration counters say how much of the interval was throttled; the clock-event
+            # mask only what held at one instant.
+            throttled_s = (sample.thermal_throttle_ns - before.thermal_throttle_ns) / 1e9
+            return throttled_s >= THERMAL_MIN_FRACTION * (at_s - before_s)
+    return _thermal_bits(sample)
+
+
+def _thermal_runs(
+    window: ObservationWindow, now: float, cfg: DetectorConfig
+) -> dict[int, tuple[float, GpuSample]]:
+    """Per GPU throttled for heat now: when its run of throttled samples began, and the newest."""
+    previous: dict[int, tuple[float, GpuSample]] = {}
+    runs: dict[int, float] = {}
+    for obs in reversed(list(newest_first(window, now))):
+        for index, sample in obs.gpus.items():
+            if not isinstance(sample, GpuSample):
+                continue  # unknown: neither extends nor breaks a run
+            if _throttled_for_heat(sample, obs.at_s, previous.get(index), cfg):
+                runs.setdefault(index, obs.at_s)
+            else:
+                runs.pop(index, None)
+            previous[index] = (obs.at_s, sample)
+    return {
+        i: (since_s, previous[i][1])
+        for i, since_s in runs.items()
+        if now - previous[i][0] <= cfg.stale_after_s
+    }
 
 
 def _gpu_evidence(samples: Mapping[int, GpuSample]) -> dict[str, float | str]:
@@ -120,13 +172,15 @@ def _gpu_evidence(samples: Mapping[int, GpuSample]) -> dict[str, float | str]:
 
 
 def detect_thermal(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """A thermal clock-event reason (or an unexplained hw_slowdown), or too hot, on any GPU."""
-    latest, samples = _gpu_latest(window, now, cfg)
-    hot = _thermal(cfg)
-    current = {i: s for i, s in samples.items() if hot(s)}
-    if latest is None or not current:
+    """Clocks held back for heat on any GPU, from the throttle-duration counters where the driver
+    has them (else the thermal clock-event bits), or the board's own slowdown temperature
+    reached. The sustain time turns that into a duration, not one 2-second mask."""
+    latest, _ = _gpu_latest(window, now, cfg)
+    runs = _thermal_runs(window, now, cfg)
+    if latest is None or not runs:
         return None
-    since_s = min(_run_start(window, now, i, hot) for i in current)
+    current = {i: sample for i, (_, sample) in runs.items()}
+    since_s = min(since for since, _ in runs.values())
     evidence = _gpu_evidence(current)
     return new_finding(
         latest,
@@ -140,7 +194,10 @@ def detect_thermal(window: ObservationWindow, now: float, cfg: DetectorConfig) -
 
 
 def detect_power_throttle(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """The power brake (WARNING) on any GPU; else the power cap alone (INFO: routine at full load)."""
+    """The power brake (WARNING) on any GPU; else the power cap alone (INFO: routine at full load).
+
+    The brake is the PSU's or BMC's signal: it is alerted on, never restarted for (core/policy.py).
+    """
     latest, samples = _gpu_latest(window, now, cfg)
     if latest is None:
         return None
@@ -378,7 +435,10 @@ def detect_nvml_lost(window: ObservationWindow, now: float, cfg: DetectorConfig)
 def detect_foreign_gpu_memory(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
     """Processes outside the engine's group holding at least ``foreign_min_mib`` on its GPUs.
 
-    Unknown without the engine's PIDs, a process list, or a process's memory figure.
+    Unknown without the engine's PIDs, a process list, or a process's memory figure; and unknown
+    in a container with its own PID namespace (``pids_visible`` False): NVML reports host PIDs
+    (NVIDIA/nvidia-docker#1483), which match nothing the daemon sees, and every process on a GPU
+    given to this pod is the pod's own.
     """
     latest, samples = _gpu_latest(window, now, cfg)
     if latest is None:
@@ -390,6 +450,8 @@ def detect_foreign_gpu_memory(window: ObservationWindow, now: float, cfg: Detect
     threshold = cfg.foreign_min_mib * MIB
 
     def foreign(sample: GpuSample) -> list[tuple[int, int]]:
+        if not sample.pids_visible:
+            return []
         return [
             (p.pid, p.used_bytes)
             for p in sample.processes or ()

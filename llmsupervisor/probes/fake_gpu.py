@@ -50,6 +50,8 @@ def nominal_sample(index: int = 0, uuid: str | None = None, **changes: Any) -> G
         "utilization_gpu_pct": 0,
         "ecc_uncorrected_volatile": 0,
         "processes": (),
+        "slowdown_temperature_c": 90,  # the board's own thresholds (an H100 SXM's, roughly)
+        "max_operating_temperature_c": 87,
     }
     values.update(changes)
     return GpuSample(**values)
