@@ -149,6 +149,9 @@ GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
     "utilization_ratio": GpuMetric("GPU busy fraction over the driver's sample period, 0 to 1."),
     "memory_used_bytes": GpuMetric("GPU memory in use in bytes."),
     "memory_total_bytes": GpuMetric("GPU memory installed in bytes."),
+    "slowdown_temperature_celsius": GpuMetric(
+        "The board's own slowdown temperature threshold in degrees Celsius (NVML)."
+    ),
     "memory_reserved_bytes": GpuMetric(
         "GPU memory reserved by the driver and firmware in bytes (nvmlMemory_v2); not in memory_used."
     ),
@@ -184,6 +187,7 @@ def gpu_metric_values(latest: Mapping[int, GpuSample | ProbeFailure]) -> dict[in
         values: dict[str, float] = {}
         pairs: tuple[tuple[str, float | int | None, float], ...] = (
             ("temperature_celsius", sample.temperature_c, 1.0),
+            ("slowdown_temperature_celsius", sample.slowdown_temperature_c, 1.0),
             ("power_watts", sample.power_w, 1.0),
             ("power_limit_watts", sample.power_limit_w, 1.0),
             ("sm_clock_hertz", sample.sm_clock_mhz, 1e6),
