@@ -254,3 +254,18 @@ def test_automatic_actions_off_reports_only(daemon_factory: Any) -> None:
     assert d.engine("a")["pid"] == first["pid"]
     assert "action restart" not in d.log()
     assert d.stop() == 0
+
+
+def test_an_engine_on_a_mig_gpu_is_not_started(daemon_factory: Any, tmp_path: Path) -> None:
+    p1, p2 = free_port(), free_port()
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"gpus": [{"index": 0, "mig": True}, {"index": 1}], "events": []}))
+    d = daemon_factory(
+        {"engines": [fake_engine("a", p1, gpus=[0]), fake_engine("b", p2, gpus=[1])]},
+        run_args=("--fake-gpu", str(gpu)),
+    )
+    d.start()
+    d.wait_state("b", "ready")
+    assert "engine a not started: GPU(s) [0] have MIG enabled" in d.log()
+    assert d.engine("a")["state"] != "ready"
+    assert d.stop() == 0

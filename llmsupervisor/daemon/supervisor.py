@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import signal
 import time
@@ -286,6 +287,23 @@ class Supervisor:
         log.info("CPU placement: %s", describe(placed))
         return placed
 
+    def _refuse_mig(self, config: SupervisorConfig) -> SupervisorConfig:
+        """Engines on a GPU with MIG enabled are not started: CUDA numbers the MIG devices, not
+        the GPU, so CUDA_VISIBLE_DEVICES=<NVML index> would run them elsewhere than monitored."""
+        engines = []
+        for spec in config.engines:
+            with_mig = self.gpu_monitor.mig_enabled(spec.gpus) if spec.enabled else []
+            if with_mig:
+                log.error(
+                    "engine %s not started: GPU(s) %s have MIG enabled; disable MIG or move the engine"
+                    " (docs/gpu.md)",
+                    spec.name,
+                    with_mig,
+                )
+                spec = dataclasses.replace(spec, enabled=False)
+            engines.append(spec)
+        return dataclasses.replace(config, engines=tuple(engines))
+
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
         return status.spec.gpus if status is not None else ()
@@ -314,6 +332,7 @@ class Supervisor:
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)
         await self.gpu_monitor.start()
+        self.config = self._refuse_mig(self.config)
         self.config = await self.place(self.config)
         for spec in self.config.engines:
             self.fleet.add(spec)
