@@ -230,7 +230,7 @@ def test_a_lost_gpu_sets_the_node_condition_at_once(daemon_factory: Any, tmp_pat
     ready = httpx.get(d.http_url + "/readyz", timeout=5)
     # Not ready even under "any", with a on GPU 0 still in rotation: the node needs repair.
     assert ready.status_code == 503 and ready.json()["reason"].startswith(
-        "gpu_unrecoverable on GPU 1: gpu_lost"
+        "gpu_unrecoverable on GPU 1 (GPU-fake-0001): gpu_lost"
     )
     assert httpx.get(d.http_url + "/engines/a/ready", timeout=5).status_code == 200
     assert httpx.get(d.http_url + "/engines/b/ready", timeout=5).status_code == 503
