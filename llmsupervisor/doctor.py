@@ -563,7 +563,19 @@ def check_nvml(
     gpus = "; ".join(f"{s.index}: {s.name} {s.uuid}" for s in result)
     results = [DoctorCheck("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
     present = {s.index for s in result}
+    mig = {s.index for s in result if s.mig_enabled}
     for spec in config.engines if config is not None else ():
+        with_mig = [g for g in spec.gpus if g in mig]
+        if with_mig and spec.enabled:
+            results.append(
+                DoctorCheck(
+                    f"engine {spec.name} gpus",
+                    Level.FAIL,
+                    f"GPU(s) {with_mig} have MIG enabled: CUDA numbers their MIG devices, not the GPU, so"
+                    " the engine would run elsewhere than monitored; the daemon will not start it"
+                    " (disable MIG, or use a GPU without it; docs/gpu.md)",
+                )
+            )
         absent = [g for g in spec.gpus if g not in present]
         if absent:
             results.append(

@@ -133,11 +133,15 @@ def engine_environment(
     daemon_pid: int,
 ) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
+    # The GPUs the engine is monitored and marked on: an engine's ``env:`` cannot move it.
+    pinned = {
+        # NVML numbers GPUs in PCI bus order; CUDA would otherwise use FASTEST_FIRST.
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+    }
     env.update(
         {
-            # NVML numbers GPUs in PCI bus order; CUDA would otherwise use FASTEST_FIRST.
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            **pinned,
             # The python -m entry points skip the CLI's spawn default; fork after CUDA init breaks.
             "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
             # Persistent compile cache: a warm cache cut engine init from 66 s to 22 s
@@ -147,6 +151,18 @@ def engine_environment(
         }
     )
     env.update(extra)
+    for key, value in pinned.items():
+        if extra.get(key, value) != value:
+            log.warning(
+                "engine %s: env %s=%r ignored: the engine runs on its configured gpus (%s=%r), the ones"
+                " the daemon monitors (docs/gpu.md)",
+                engine,
+                key,
+                extra[key],
+                key,
+                value,
+            )
+        env[key] = value
     # Markers last, so an operator's env cannot hide an engine from the sweeps.
     env[MARKER_ENGINE] = engine
     env[MARKER_STATE_DIR] = str(state_dir)

@@ -167,16 +167,20 @@ def test_xid_restarts_the_engine_and_marks_the_gpu(daemon_factory: Any, tmp_path
     # XID 43 is the application's own fault: reported, no action.
     write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}])
     d.wait_log("finding gpu_fault (info)", timeout_s=20)
-    write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}, {"id": 2, "gpu": 0, "xid": 48}])
+    # XID 94 (contained ECC) with recovery action NONE: restart the engine and count; no condition.
+    write_gpu(gpu, events=[{"id": 1, "gpu": 0, "xid": 43}, {"id": 2, "gpu": 0, "xid": 94}])
     d.wait_log("action restart (gpu_fault)", timeout_s=20)
     again = d.wait_state("a", "ready", timeout_s=30, restarts_by_reason={"gpu_fault": 1})
     assert again["pid"] != first["pid"]
     assert again["restarts_by_reason"] == {"gpu_fault": 1}
-    assert "GPU 0 marked: fault 1: GPU fault: xid 48 on GPU 0" in d.log()
+    assert "GPU 0 (GPU-fake-0000) marked: fault 1 in 24 h: GPU fault: xid 94 on GPU 0" in d.log()
     marks = json.loads((d.state_dir / "gpu-faults.json").read_text())
-    assert marks["0"]["count"] == 1
+    (mark,) = marks["gpus"]["GPU-fake-0000"]["marks"]
+    assert mark["verdict"] == "restart" and "unrecoverable" not in marks["gpus"]["GPU-fake-0000"]
     assert d.status()["gpu_faults_marked"] == {"0": 1}
+    assert d.status()["node_conditions"] == []
     assert metric(d.http_url, "llmsupervisor_marked_gpu_faults_total", gpu="0") == 1
+    assert httpx.get(d.http_url + "/readyz", timeout=5).status_code == 200
     assert d.stop() == 0
 
 
@@ -249,4 +253,19 @@ def test_automatic_actions_off_reports_only(daemon_factory: Any) -> None:
     d.wait_log("finding hang (critical)", timeout_s=30)
     assert d.engine("a")["pid"] == first["pid"]
     assert "action restart" not in d.log()
+    assert d.stop() == 0
+
+
+def test_an_engine_on_a_mig_gpu_is_not_started(daemon_factory: Any, tmp_path: Path) -> None:
+    p1, p2 = free_port(), free_port()
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"gpus": [{"index": 0, "mig": True}, {"index": 1}], "events": []}))
+    d = daemon_factory(
+        {"engines": [fake_engine("a", p1, gpus=[0]), fake_engine("b", p2, gpus=[1])]},
+        run_args=("--fake-gpu", str(gpu)),
+    )
+    d.start()
+    d.wait_state("b", "ready")
+    assert "engine a not started: GPU(s) [0] have MIG enabled" in d.log()
+    assert d.engine("a")["state"] != "ready"
     assert d.stop() == 0

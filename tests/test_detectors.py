@@ -758,9 +758,10 @@ def test_no_baseline_no_degradation() -> None:
 
 GPU_CASES: list[tuple[str, dict[str, Any], Severity | None, Severity | None]] = [
     ("nominal", {}, None, None),
-    ("90 C", {"temperature_c": 90}, Severity.WARNING, None),
-    ("87 C, at the threshold", {"temperature_c": 87}, Severity.WARNING, None),
-    ("86 C", {"temperature_c": 86}, None, None),
+    ("90 C, the board's slowdown threshold", {"temperature_c": 90}, Severity.WARNING, None),
+    # Issue 23: 87 C is an H100 SXM's normal boost ceiling; with no slowdown bit it is no finding.
+    ("87 C, no slowdown bit", {"temperature_c": 87}, None, None),
+    ("95 C on a board without thresholds", {"temperature_c": 95, "slowdown_temperature_c": None}, None, None),
     ("sw_thermal", {"clock_event_reasons": 0x20}, Severity.WARNING, None),
     ("hw_thermal", {"clock_event_reasons": 0x40}, Severity.WARNING, None),
     ("hw_slowdown alone", {"clock_event_reasons": 0x8}, Severity.WARNING, None),
@@ -785,6 +786,35 @@ def test_thermal_and_power(
     for finding in (t_finding, p_finding):
         if finding is not None:
             assert finding.evidence["gpus"] == "1" and finding.since_s == 0
+
+
+def test_thermal_from_the_duration_counters_over_the_sustain_time() -> None:
+    # 8 s of every 10 s throttled for heat (fields 269 + 270), with no bit set at sample time.
+    def throttled(t: float) -> GpuSample:
+        return gpu(temperature_c=80, clock_event_reasons=0x0, thermal_throttle_ns=int(t * 0.8e9))
+
+    observations = [ob(t, gpus={0: throttled(t)}) for t in times(0, 120, 10)]
+    finding = detect_thermal(win(observations), 120, CFG)
+    assert finding is not None and finding.since_s == 10  # the first interval with a delta
+    [first] = opened(replay(observations))
+    assert first.kind is K.THERMAL
+
+
+def test_one_instantaneous_thermal_bit_with_flat_counters_is_not_thermal() -> None:
+    # The mask caught hw_thermal at one instant; the duration counters did not move: not throttled.
+    observations = [ob(t, gpus={0: gpu(thermal_throttle_ns=5_000)}) for t in times(0, 50, 10)]
+    observations.append(ob(60, gpus={0: gpu(clock_event_reasons=0x40, thermal_throttle_ns=5_000)}))
+    assert detect_thermal(win(observations), 60, CFG) is None
+
+
+def test_a_thermal_temperature_is_used_only_where_the_board_reports_no_threshold() -> None:
+    cfg = DetectorConfig(thermal_temperature_c=85)
+    no_threshold = [
+        ob(t, gpus={0: gpu(temperature_c=86, slowdown_temperature_c=None)}) for t in times(0, 60, 10)
+    ]
+    assert detect_thermal(win(no_threshold), 60, cfg) is not None
+    with_threshold = [ob(t, gpus={0: gpu(temperature_c=86)}) for t in times(0, 60, 10)]
+    assert detect_thermal(win(with_threshold), 60, cfg) is None  # the board says 90
 
 
 def test_thermal_needs_sustain_a_single_hot_sample_does_not_open() -> None:
@@ -890,6 +920,110 @@ def test_gpu_fault_and_lost(
     f = detect_gpu_fault(window, now, CFG)
     assert (f and f.severity) == fault
     assert (detect_gpu_lost(window, now, CFG) is not None) is lost
+
+
+def act(n: int, action: int | None, index: int = 0) -> GpuEvent:
+    """XID ``n`` with the recovery action read just after it (None: field 230 unreadable)."""
+    return replace(xid(n, index), recovery_action=action)
+
+
+VERDICT_CASES: list[tuple[str, list[Observation], Severity | None, str | None]] = [
+    ("XID 13: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(13, 0),))], Severity.INFO, None),
+    ("XID 31: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(31, 0),))], Severity.INFO, None),
+    ("XID 43: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(43, 0),))], Severity.INFO, None),
+    ("XID 109: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(109, None),))], Severity.INFO, None),
+    ("XID 92: info", [ob(0, gpus={0: gpu()}, gpu_events=(act(92, None),))], Severity.INFO, None),
+    (
+        "XID 94, action NONE",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(94, 0),))],
+        Severity.CRITICAL,
+        "0=restart",
+    ),
+    (
+        "XID 94, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(94, None),))],
+        Severity.CRITICAL,
+        "0=restart",
+    ),
+    (
+        "XID 8, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(8, None),))],
+        Severity.CRITICAL,
+        "0=restart",
+    ),
+    ("XID 48, GPU_RESET", [ob(0, gpus={0: gpu()}, gpu_events=(act(48, 1),))], Severity.CRITICAL, "0=reset"),
+    (
+        "XID 48, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(48, None),))],
+        Severity.CRITICAL,
+        "0=reset",
+    ),
+    (
+        "XID 95, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(95, None),))],
+        Severity.CRITICAL,
+        "0=reset",
+    ),
+    (
+        "XID 119, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(119, None),))],
+        Severity.CRITICAL,
+        "0=reset",
+    ),
+    (
+        "XID 48, action NONE",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(48, 0),))],
+        Severity.CRITICAL,
+        "0=restart",
+    ),
+    (
+        "XID 61, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(61, None),))],
+        Severity.CRITICAL,
+        "0=unknown",
+    ),
+    (
+        "XID 61, then a sample reads NONE",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(61, None),)), ob(2, gpus={0: gpu(recovery_action=0)})],
+        Severity.CRITICAL,
+        "0=restart",
+    ),
+    (
+        "double-bit ECC event",
+        [ob(0, gpus={0: gpu()}, gpu_events=(event("double_bit_ecc"),))],
+        Severity.CRITICAL,
+        "0=reset",
+    ),
+    ("a standing recovery action", [ob(0, gpus={0: gpu(recovery_action=2)})], Severity.CRITICAL, "0=reset"),
+    ("a failed row remap", [ob(0, gpus={0: gpu(remap_failed=True)})], Severity.CRITICAL, "0=reset"),
+    ("a pending row remap", [ob(0, gpus={0: gpu(remap_pending=True)})], Severity.INFO, None),
+    ("recovery action NONE", [ob(0, gpus={0: gpu(recovery_action=0)})], None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "observations", "severity", "verdicts"), VERDICT_CASES, ids=[c[0] for c in VERDICT_CASES]
+)
+def test_gpu_fault_verdicts(
+    name: str, observations: list[Observation], severity: Severity | None, verdicts: str | None
+) -> None:
+    finding = detect_gpu_fault(win(observations), observations[-1].at_s, CFG)
+    assert (finding and finding.severity) == severity
+    assert (finding and finding.evidence.get("verdicts")) == verdicts
+
+
+def test_no_foreign_finding_in_a_container_with_its_own_pid_namespace() -> None:
+    # NVML's host PID 4242 is the engine's EngineCore; the daemon sees it as, say, PID 17.
+    procs = (GpuProcess(4242, 70 * GIB),)
+    observations = [
+        ob(t, gpus={0: gpu(processes=procs, pids_visible=False)}, engine_pids=frozenset({1, 17}))
+        for t in times(0, 60, 10)
+    ]
+    assert detect_foreign_gpu_memory(win(observations), 60, CFG) is None
+    visible = [
+        ob(t, gpus={0: gpu(processes=procs)}, engine_pids=frozenset({1, 17})) for t in times(0, 60, 10)
+    ]
+    assert detect_foreign_gpu_memory(win(visible), 60, CFG) is not None
 
 
 def test_gpu_fault_evidence_and_event_opens_at_once() -> None:

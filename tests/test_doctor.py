@@ -325,6 +325,21 @@ def test_nvml_lists_gpus_and_flags_missing_indices(tmp_path: Path) -> None:
     assert missing[1] == DoctorCheck("engine a gpus", Level.FAIL, "GPU(s) [3] not present (NVML lists [0])")
 
 
+def test_a_gpu_with_mig_enabled_is_refused(tmp_path: Path) -> None:
+    from llmsupervisor.probes.fake_nvml import FakeDevice, FakeNvml
+
+    # NVML's MIG mode read through the real reader: (current, pending) = enabled.
+    reader = NvmlReader(FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b", mig_mode=(1, 1))]))
+    results = doctor.check_nvml(reader, load_config(config_with_gpus(tmp_path, [1])))
+    assert [r.level for r in results] == [Level.OK, Level.FAIL]
+    assert results[1].name == "engine a gpus" and "GPU(s) [1] have MIG enabled" in results[1].detail
+    fine = doctor.check_nvml(
+        NvmlReader(FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b", mig_mode=(1, 1))])),
+        load_config(config_with_gpus(tmp_path, [0])),
+    )
+    assert [r.level for r in fine] == [Level.OK]
+
+
 def test_nvml_unavailable_and_no_gpus(tmp_path: Path) -> None:
     config = load_config(config_with_gpus(tmp_path, [0]))
     gone = FakeGpu(unavailable=NvmlUnavailable("driver_not_loaded", "the NVIDIA kernel module is not loaded"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from llmsupervisor.daemon.exporter import gpu_metric_values
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.fake_gpu import FakeGpu, nominal_sample
 from llmsupervisor.probes.gpus import GpuMonitor
@@ -33,7 +34,7 @@ def test_samples_go_to_the_gpus_true_index_when_one_is_missing_from_nvml() -> No
             assert monitor.samples_for([0]) == {}  # the engine on GPU 0 gets nothing
             assert monitor.samples_for([1]) == {1: cool}
             assert monitor.samples_for([2]) == {2: hot}
-            assert set(monitor.exporter_samples()) == {1, 2}
+            assert set(gpu_metric_values(monitor.latest)) == {1, 2}
         finally:
             await monitor.close()
 

@@ -31,6 +31,11 @@ from tests.test_actions import FAST_DETECTORS, metric, write_gpu
 from tests.test_fleet_endpoints import _serve
 
 LOST = NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_lost (fault 1): GPU 1 lost")
+UUIDS = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc", 3: "GPU-dddd"}
+
+
+def on(mapping: dict[int, str]) -> Any:
+    return lambda: dict(mapping)
 
 
 def status(name: str, gpus: tuple[int, ...]) -> EngineStatus:
@@ -40,17 +45,21 @@ def status(name: str, gpus: tuple[int, ...]) -> EngineStatus:
 
 
 @pytest.mark.parametrize(
-    ("reason", "marks_before", "unrecoverable"),
+    ("reason", "marks_before", "verdict", "unrecoverable"),
     [
-        ("gpu_lost", 0, True),  # no restart brings a GPU back onto the bus
-        ("gpu_lost", 3, True),
-        ("gpu_fault", 0, False),  # one critical XID: the restart may clear it
-        ("gpu_fault", 1, True),  # the second on the same GPU: the hardware
-        ("hang", 5, False),  # not a GPU-marking cause
+        ("gpu_lost", 0, "unknown", True),  # no restart brings a GPU back onto the bus
+        ("gpu_lost", 3, "restart", True),
+        ("gpu_fault", 0, "reset", True),  # the GPU says reset (or XID 48/95/64/119/120): at once
+        ("gpu_fault", 5, "restart", False),  # recovery action NONE: restart and count, never more
+        ("gpu_fault", 0, "unknown", False),  # no verdict: one fault may be one bad kernel
+        ("gpu_fault", 1, "unknown", True),  # the second in the window on the same GPU: the hardware
+        ("hang", 5, "reset", False),  # not a GPU-marking cause
     ],
 )
-def test_which_faults_make_a_gpu_unrecoverable(reason: str, marks_before: int, unrecoverable: bool) -> None:
-    assert gpu_unrecoverable(reason, marks_before) is unrecoverable
+def test_which_faults_make_a_gpu_unrecoverable(
+    reason: str, marks_before: int, verdict: str, unrecoverable: bool
+) -> None:
+    assert gpu_unrecoverable(reason, marks_before, verdict) is unrecoverable
 
 
 def test_engine_blocked_by_a_condition_on_any_of_its_gpus() -> None:
@@ -58,26 +67,89 @@ def test_engine_blocked_by_a_condition_on_any_of_its_gpus() -> None:
     assert engine_blocked((0, 1), (LOST,)) == LOST
 
 
-def test_marks_set_the_condition_on_the_second_fault_and_keep_it_for_this_boot(tmp_path: Path) -> None:
+def test_marks_set_the_condition_on_the_second_unknown_fault_and_keep_it_for_this_boot(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "gpu-faults.json"
-    marks = GpuMarks(path, boot="boot-1")
-    assert marks.mark((0,), "GPU fault: xid 48 on GPU 0", reason="gpu_fault") == []
+    marks = GpuMarks(path, gpus=on(UUIDS), boot="boot-1")
+    assert marks.mark((0,), "GPU fault: xid 61 on GPU 0", reason="gpu_fault") == []
     assert marks.conditions == ()
-    new = marks.mark((0,), "GPU fault: xid 48 on GPU 0", reason="gpu_fault")
-    assert new == [NodeCondition(GPU_UNRECOVERABLE, 0, "gpu_fault (fault 2): GPU fault: xid 48 on GPU 0")]
+    new = marks.mark((0,), "GPU fault: xid 61 on GPU 0", reason="gpu_fault")
+    assert new == [
+        NodeCondition(GPU_UNRECOVERABLE, 0, "gpu_fault (fault 2): GPU fault: xid 61 on GPU 0", "GPU-aaaa")
+    ]
     assert marks.conditions == tuple(new)
     # Set once: a third fault neither repeats it nor changes its reason.
     assert marks.mark((0,), "again", reason="gpu_fault") == []
     assert marks.conditions == tuple(new)
     # A daemon restart in the same boot keeps it; a reboot (the usual remediation) clears it,
-    # and keeps the count.
-    assert GpuMarks(path, boot="boot-1").conditions == tuple(new)
-    rebooted = GpuMarks(path, boot="boot-2")
+    # and keeps the count within the window.
+    assert GpuMarks(path, gpus=on(UUIDS), boot="boot-1").conditions == tuple(new)
+    rebooted = GpuMarks(path, gpus=on(UUIDS), boot="boot-2")
     assert rebooted.conditions == () and rebooted.counts == {0: 3}
 
 
+def test_a_reset_verdict_sets_the_condition_at_the_first_fault(tmp_path: Path) -> None:
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
+    new = marks.mark((0,), "xid 48 on GPU 0", reason="gpu_fault", verdicts={0: "reset"})
+    assert [(c.gpu, c.uuid) for c in new] == [(0, "GPU-aaaa")]
+    assert "needs a GPU reset" in new[0].reason
+
+
+def test_restart_verdicts_count_but_never_set_the_condition(tmp_path: Path) -> None:
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
+    for _ in range(5):
+        assert marks.mark((0,), "xid 94", reason="gpu_fault", verdicts={0: "restart"}) == []
+    assert marks.counts == {0: 5} and marks.conditions == ()
+
+
+def test_a_mark_follows_the_uuid_not_the_index_after_a_reorder(tmp_path: Path) -> None:
+    # GPU-aaaa at index 0 faults; after a reboot GPU-aaaa is missing and GPU-bbbb moved to 0.
+    path = tmp_path / "gpu-faults.json"
+    marks = GpuMarks(path, gpus=on({0: "GPU-aaaa", 1: "GPU-bbbb"}), boot="boot-1")
+    marks.mark((0,), "xid 48 on GPU 0", reason="gpu_fault", verdicts={0: "reset"})
+    assert marks.counts == {0: 1} and [c.gpu for c in marks.conditions] == [0]
+    # Same boot, index order changed (a GPU that was missing came back at 0): the condition
+    # moves with its board.
+    same_boot = GpuMarks(path, gpus=on({0: "GPU-zzzz", 1: "GPU-aaaa", 2: "GPU-bbbb"}), boot="boot-1")
+    assert [(c.gpu, c.uuid) for c in same_boot.conditions] == [(1, "GPU-aaaa")]
+    assert same_boot.counts == {1: 1}
+    # The board is gone (RMA): nothing lands on the GPU that now has its index.
+    replaced = GpuMarks(path, gpus=on({0: "GPU-bbbb"}), boot="boot-1")
+    assert replaced.conditions == () and replaced.counts == {}
+    # The file followed the pod to another node (a PVC): other UUIDs, nothing applies.
+    elsewhere = GpuMarks(path, gpus=on({0: "GPU-1111"}), boot="boot-9")
+    assert elsewhere.conditions == () and elsewhere.counts == {}
+    stored = json.loads(path.read_text())
+    assert stored["version"] == 2
+    (mark,) = stored["gpus"]["GPU-aaaa"]["marks"]
+    assert mark["boot_id"] == "boot-1" and mark["verdict"] == "reset" and "node" in mark
+
+
+def test_marks_expire_after_the_window(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    marks = GpuMarks(tmp_path / "m.json", gpus=on(UUIDS), boot="b", window_s=3600, clock=lambda: now[0])
+    marks.mark((0,), "xid 61", reason="gpu_fault")
+    now[0] += 3601
+    assert marks.counts == {}
+    assert marks.mark((0,), "xid 61", reason="gpu_fault") == []  # the first is history: no condition
+
+
+def test_the_old_by_index_file_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-faults.json"
+    path.write_text(json.dumps({"0": {"count": 3, "unrecoverable": {"reason": "x", "boot_id": "b"}}}))
+    marks = GpuMarks(path, gpus=on(UUIDS), boot="b")
+    assert marks.counts == {} and marks.conditions == ()
+
+
+def test_a_gpu_nvml_does_not_name_is_not_marked(tmp_path: Path) -> None:
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on({}), boot="b")
+    assert marks.mark((0,), "xid 48", reason="gpu_fault", verdicts={0: "reset"}) == []
+    assert marks.counts == {}
+
+
 def test_a_lost_gpu_is_a_condition_at_once(tmp_path: Path) -> None:
-    marks = GpuMarks(tmp_path / "gpu-faults.json", boot="b")
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
     assert [c.gpu for c in marks.mark((1,), "GPU 1 lost", reason="gpu_lost")] == [1]
 
 
@@ -87,7 +159,9 @@ def test_readyz_engine_ready_and_agent_say_the_condition() -> None:
     code, body = got["/readyz"]
     assert code == 503 and body["ready"] is False
     assert body["reason"] == "gpu_unrecoverable on GPU 1: gpu_lost (fault 1): GPU 1 lost"
-    assert body["node_conditions"] == [{"condition": "gpu_unrecoverable", "gpu": 1, "reason": LOST.reason}]
+    assert body["node_conditions"] == [
+        {"condition": "gpu_unrecoverable", "gpu": 1, "uuid": "", "reason": LOST.reason}
+    ]
     assert got["/engines/a/ready"][0] == 200  # on another GPU: still serves its own traffic
     assert agent_reply(engines[0], (LOST,)).startswith("ready up")
     assert agent_reply(engines[1], (LOST,)) == "maint"
@@ -100,7 +174,9 @@ def test_status_says_the_condition() -> None:
 
 
 @pytest.mark.system
-def test_a_second_critical_xid_sets_the_node_condition(daemon_factory: Any, tmp_path: Path) -> None:
+def test_xid_48_with_recovery_action_gpu_reset_sets_the_condition_at_once(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
     port = free_port()
     gpu = tmp_path / "gpu.json"
     write_gpu(gpu)
@@ -109,27 +185,23 @@ def test_a_second_critical_xid_sets_the_node_condition(daemon_factory: Any, tmp_
         run_args=("--fake-gpu", str(gpu)),
     )
     d.start()
-    d.wait_state("a", "ready")
+    first = d.wait_state("a", "ready")
     assert httpx.get(d.http_url + "/readyz", timeout=5).status_code == 200
-    first = [{"id": 1, "gpu": 0, "xid": 48}]
-    write_gpu(gpu, events=first)
-    d.wait_state("a", "ready", timeout_s=30, restarts_by_reason={"gpu_fault": 1})
-    # One critical XID: the restart may have cleared it. Still ready, no condition.
-    assert httpx.get(d.http_url + "/readyz", timeout=5).status_code == 200
-    assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") is None
-    write_gpu(gpu, events=[*first, {"id": 2, "gpu": 0, "xid": 48}])
+    # The GPU's verdict after the double-bit ECC error: reset (NVML field 230 = GPU_RESET).
+    write_gpu(gpu, recovery_action=1, events=[{"id": 1, "gpu": 0, "xid": 48}])
     d.wait_log("node condition gpu_unrecoverable on GPU 0", timeout_s=30)
     ready = httpx.get(d.http_url + "/readyz", timeout=5)
     assert ready.status_code == 503
-    assert ready.json()["reason"].startswith(
-        "gpu_unrecoverable on GPU 0: gpu_fault (fault 2): GPU fault: xid 48"
-    )
-    engine = httpx.get(d.http_url + "/engines/a/ready", timeout=5)
-    assert engine.status_code == 503 and engine.json()["reason"].startswith("gpu_unrecoverable on GPU 0")
+    assert ready.json()["reason"].startswith("gpu_unrecoverable on GPU 0 (GPU-fake-0000): gpu_fault (needs a")
+    # Not restarted into READY on the un-reset GPU: stopped.
+    d.wait_state("a", "stopped", timeout_s=30)
+    assert d.engine("a")["pid"] != first["pid"] or d.engine("a").get("pid") is None
+    assert "engine stopped, not restarted" in d.log()
     assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") == 1
-    assert d.status()["node_conditions"][0]["gpu"] == 0
+    assert d.status()["node_conditions"][0]["uuid"] == "GPU-fake-0000"
     marks = json.loads((d.state_dir / "gpu-faults.json").read_text())
-    assert marks["0"]["count"] == 2 and "unrecoverable" in marks["0"]
+    assert len(marks["gpus"]["GPU-fake-0000"]["marks"]) == 1
+    assert "unrecoverable" in marks["gpus"]["GPU-fake-0000"]
     assert d.stop() == 0
 
 
@@ -158,7 +230,7 @@ def test_a_lost_gpu_sets_the_node_condition_at_once(daemon_factory: Any, tmp_pat
     ready = httpx.get(d.http_url + "/readyz", timeout=5)
     # Not ready even under "any", with a on GPU 0 still in rotation: the node needs repair.
     assert ready.status_code == 503 and ready.json()["reason"].startswith(
-        "gpu_unrecoverable on GPU 1: gpu_lost"
+        "gpu_unrecoverable on GPU 1 (GPU-fake-0001): gpu_lost"
     )
     assert httpx.get(d.http_url + "/engines/a/ready", timeout=5).status_code == 200
     assert httpx.get(d.http_url + "/engines/b/ready", timeout=5).status_code == 503
@@ -168,7 +240,7 @@ def test_a_lost_gpu_sets_the_node_condition_at_once(daemon_factory: Any, tmp_pat
 
 
 def test_a_tensor_parallel_engine_marks_only_the_gpu_the_fault_was_on(tmp_path: Path) -> None:
-    marks = GpuMarks(tmp_path / "gpu-faults.json", boot="b")
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
     for _ in range(2):
         marks.mark((0, 1), "xid 48 on GPU 1", reason="gpu_fault", faulted=(1,))
     assert marks.counts == {1: 2} and [c.gpu for c in marks.conditions] == [1]

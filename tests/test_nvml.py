@@ -355,13 +355,40 @@ def test_gpu_lost_during_a_sample() -> None:
     assert isinstance(failure, ProbeFailure) and failure.kind == "gpu_lost"
 
 
-def test_other_nvml_errors_surface_as_probe_failures() -> None:
+def test_one_failing_reading_loses_only_that_reading() -> None:
+    # Issue 23: an NVMLError_Unknown on the memory call used to abort the whole sample.
     lib = fake_binding()
 
-    def unknown(h: Any) -> Any:
+    def unknown(*args: Any) -> Any:
         raise err(pynvml.NVML_ERROR_UNKNOWN)
 
     lib.nvmlDeviceGetMemoryInfo = unknown
+
+    async def go() -> GpuSample | ProbeFailure:
+        gpu = ThreadedGpuReader(NvmlReader(lib))
+        await gpu.open()
+        return await gpu.sample(UUIDS[0])
+
+    sample = asyncio.run(go())
+    assert isinstance(sample, GpuSample)
+    assert sample.temperature_c == 67 and sample.memory_used_bytes is None
+    assert sample.unread == ("memory: NVMLError_Unknown",)
+
+
+def test_nvml_errors_on_every_reading_surface_as_a_probe_failure() -> None:
+    lib = fake_binding()
+
+    def unknown(*args: Any) -> Any:
+        raise err(pynvml.NVML_ERROR_UNKNOWN)
+
+    for name in dir(lib):
+        if name.startswith("nvmlDeviceGet") and name not in (
+            "nvmlDeviceGetCount",
+            "nvmlDeviceGetHandleByIndex",
+            "nvmlDeviceGetUUID",
+            "nvmlDeviceGetName",
+        ):
+            setattr(lib, name, unknown)
 
     async def go() -> GpuSample | ProbeFailure:
         gpu = ThreadedGpuReader(NvmlReader(lib))
@@ -379,7 +406,12 @@ def test_xid_events_registered_per_device_within_the_supported_mask() -> None:
     lib = fake_binding(supported_events=(0xF, 0))
     reader = NvmlReader(lib)
     reader.open()
-    assert lib.registered == [(0, nvml.EVENT_DOUBLE_BIT_ECC), (0, nvml.EVENT_XID)]  # one type per call
+    # SBE, DBE and XID are acted on; P-state (0x4) is not, so it is not registered. One type per call.
+    assert lib.registered == [
+        (0, nvml.EVENT_SINGLE_BIT_ECC),
+        (0, nvml.EVENT_DOUBLE_BIT_ECC),
+        (0, nvml.EVENT_XID),
+    ]
     assert reader.wait_event(1000) is None  # NVML's timeout is "no event"
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x8, eventData=79))
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x2, eventData=0))

@@ -113,10 +113,31 @@ def test_shedding_ignores_the_rate_limit() -> None:
     assert kinds(decision.actions) == [("e1", A.SHED, "kv_pressure")]
 
 
-@pytest.mark.parametrize("cause", [K.PREEMPTION_STORM, K.THERMAL, K.POWER_THROTTLE], ids=str)
+@pytest.mark.parametrize("cause", [K.PREEMPTION_STORM, K.THERMAL], ids=str)
 def test_ladder_steps_down_on_load_causes(cause: FindingKind) -> None:
     (action,) = run(view("e1", finding(cause), ladder_steps=2, ladder_step=0)).actions
     assert (action.kind, action.step, action.planned, action.drain) == (A.STEP_DOWN, 1, True, True)
+
+
+def test_the_power_brake_is_alerted_on_not_restarted_for() -> None:
+    # Issue 23: the PSU/BMC asserts the brake; a smaller batch does not clear it.
+    assert run(view("e1", finding(K.POWER_THROTTLE), ladder_steps=2, ladder_step=0)).actions == ()
+
+
+def test_a_gpu_that_needs_a_reset_is_marked_even_while_the_engine_starts() -> None:
+    reset = Finding(
+        engine="e1",
+        kind=K.GPU_FAULT,
+        severity=Severity.CRITICAL,
+        evidence={"gpus": "0", "verdicts": "0=reset"},
+        since_s=0.0,
+        summary="GPU fault that needs a GPU reset: xid 48 on GPU 0",
+    )
+    (action,) = run(view("e1", reset, state=S.STARTING)).actions
+    assert action.mark_gpus and action.gpu_verdicts == ((0, "reset"),) and action.fault_gpus == (0,)
+    # An app-level or restart-class fault during a start is the start's business: no mark.
+    restart = dataclasses.replace(reset, evidence={"gpus": "0", "verdicts": "0=restart"})
+    assert run(view("e1", restart, state=S.STARTING)).actions == ()
 
 
 def test_ladder_bottom_reports_only() -> None:

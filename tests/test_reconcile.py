@@ -49,7 +49,7 @@ class Sent:
 
 def reconciler(tmp_path: Path) -> tuple[Reconciler, Sent]:
     sent = Sent()
-    marks = GpuMarks(tmp_path / "gpu-faults.json")
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=lambda: {i: f"GPU-{i}" for i in range(8)})
     return Reconciler(PolicyMemory(), ActionExecutor(sent, lambda name: (int(name[-1]),), marks)), sent
 
 
@@ -130,7 +130,8 @@ def test_gpu_faults_mark_the_engines_gpus(tmp_path: Path) -> None:
     rec, _sent = reconciler(tmp_path)
     run(rec, status("e3", findings=(finding(K.GPU_FAULT, Severity.CRITICAL),)))
     assert rec.executor.marks.counts == {3: 1}
-    assert GpuMarks(tmp_path / "gpu-faults.json").counts == {3: 1}  # persisted
+    persisted = GpuMarks(tmp_path / "gpu-faults.json", gpus=lambda: {3: "GPU-3"})
+    assert persisted.counts == {3: 1}
 
 
 def test_commands_for_each_action_kind() -> None:

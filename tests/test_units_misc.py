@@ -141,6 +141,13 @@ def test_extra_env_is_applied_but_markers_win() -> None:
     assert env[MARKER_DAEMON_PID] == "4321"
 
 
+def test_an_engines_env_cannot_move_it_to_other_gpus(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 23: env: CUDA_VISIBLE_DEVICES silently ran the engine on a GPU other than the monitored one.
+    env = make_env(gpus=(1,), extra={"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "env CUDA_VISIBLE_DEVICES='0' ignored" in caplog.text
+
+
 def test_base_is_not_modified() -> None:
     base = {"PATH": "/bin", **SYSTEMD_ENV}
     make_env(base=base)

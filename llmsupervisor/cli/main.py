@@ -271,10 +271,13 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
 
         reader = None
         if fake_gpu is not None:
-            from llmsupervisor.probes.fake_gpu import FileGpu
+            from llmsupervisor.probes.fake_nvml import FileNvml
+            from llmsupervisor.probes.nvml import NvmlReader
 
+            # The real reader over a pynvml-level fake: only the binding is faked.
             log.warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
-            reader = FileGpu(fake_gpu)
+            fake = FileNvml(fake_gpu)
+            reader = NvmlReader(fake, pids_visible=fake.pids_visible)
 
         async def supervise() -> int:
             # Built inside the loop: the daemon's clock is the loop's (llmsupervisor/aio.py).

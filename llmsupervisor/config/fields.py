@@ -587,7 +587,8 @@ DETECTOR_DOCS: Final[Mapping[str, str]] = {
     "degradation_max_load_ratio": "degradation: compare only at a load within this factor of the baseline's",
     "degradation_min_prefix_queries": "degradation: prompt tokens looked up per span for hit rates to count",
     "degradation_min_prefix_hit_ratio": "degradation: a baseline hit rate below this is not compared",
-    "thermal_temperature_c": "thermal: this GPU temperature or above (or a thermal clock-event reason)",
+    "thermal_temperature_c": "thermal: this GPU temperature or above, on a board that reports no slowdown"
+    " threshold (0: off)",
     "gpu_fault_lookback_s": "GPU fault/lost: an XID or ECC event stays evidence this long",
     "xid_engine_level": "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
     "xid_info_only": "XIDs only logged and counted (an INFO finding)",

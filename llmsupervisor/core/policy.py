@@ -13,7 +13,7 @@ Cause first, least disruptive first::
     gpu fault / gpu lost (CRITICAL)           restart after a drain, mark GPU  already lost
     kv pressure                               shed: out of rotation, no restart  min_in_rotation
     kv pressure cleared                       back into rotation               -
-    preemption storm, thermal, power brake    drain-restart one ladder step down  max_unavailable
+    preemption storm, thermal                 drain-restart one ladder step down  max_unavailable
     calm for ladder_calm_s on a lower step    drain-restart one step up        max_unavailable
     degradation (throughput, TTFT, prefix)    /reset_prefix_cache, then check;   -, then
                                               drain-restart if it did not help   max_unavailable
@@ -22,7 +22,8 @@ Cause first, least disruptive first::
     a reload changed the spec it runs         drain-restart on the new spec    max_unavailable
                                               (config restart; see below)      only
     out of memory at start                    next start one ladder step down  -
-    foreign GPU memory, power cap, INFO       report only                      -
+    foreign GPU memory, power brake/cap, INFO report only                      -
+    GPU lost / needs a reset, while STARTING  mark GPU (node condition), stop  -
 
 Rules every decision obeys:
 - one action in flight per engine (``EngineView.busy``);
@@ -61,6 +62,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
+from llmsupervisor.core.node_condition import VERDICT_RESET, gpu_verdicts
 from llmsupervisor.core.state import EngineState
 
 K = FindingKind
@@ -71,8 +73,9 @@ BROKEN: tuple[FindingKind, ...] = (K.HANG, K.GPU_LOST, K.GPU_FAULT, K.STALL)
 # Broken, but in-flight requests may still finish: drain first (bounded by drain_timeout_s).
 DRAIN_BEFORE_RESTART: frozenset[FindingKind] = frozenset({K.GPU_FAULT, K.GPU_LOST})
 GPU_MARKING: frozenset[FindingKind] = frozenset({K.GPU_FAULT, K.GPU_LOST})
-# Too much load for this GPU's settings: fewer tokens per step.
-STEP_DOWN_CAUSES: tuple[FindingKind, ...] = (K.PREEMPTION_STORM, K.THERMAL, K.POWER_THROTTLE)
+# Too much load for this GPU's settings: fewer tokens per step. Not the power brake: the PSU or
+# BMC asserts it, and a smaller batch does not clear it (docs/gpu.md); it is alerted on only.
+STEP_DOWN_CAUSES: tuple[FindingKind, ...] = (K.PREEMPTION_STORM, K.THERMAL)
 DEGRADATION: tuple[FindingKind, ...] = (
     K.DEGRADATION_PREFIX_CACHE,
     K.DEGRADATION_TTFT,
@@ -180,6 +183,35 @@ class Action:
     # The GPUs the finding names (its "gpus" evidence), for a node condition on those only; None
     # when it names none: then every GPU of the engine.
     fault_gpus: tuple[int, ...] | None = None
+    # Per GPU, what the fault leads to ("reset", "restart", "unknown"; core/node_condition.py).
+    gpu_verdicts: tuple[tuple[int, str], ...] = ()
+
+
+def _gpu_needs_reset(findings: Sequence[Finding]) -> Finding | None:
+    """A CRITICAL GPU_LOST, or a CRITICAL GPU_FAULT with a GPU whose verdict is a reset."""
+    for f in findings:
+        if f.severity is not Severity.CRITICAL:
+            continue
+        if f.kind is K.GPU_LOST or (
+            f.kind is K.GPU_FAULT and VERDICT_RESET in gpu_verdicts(f.evidence.get("verdicts")).values()
+        ):
+            return f
+    return None
+
+
+def _gpu_restart(name: str, broken: Finding) -> Action:
+    marking = broken.kind in GPU_MARKING
+    return Action(
+        engine=name,
+        kind=ActionKind.RESTART,
+        reason=broken.kind.value,
+        detail=broken.summary,
+        drain=broken.kind in DRAIN_BEFORE_RESTART,
+        failure=True,
+        mark_gpus=marking,
+        fault_gpus=finding_gpus(broken) if marking else None,
+        gpu_verdicts=tuple(sorted(gpu_verdicts(broken.evidence.get("verdicts")).items())) if marking else (),
+    )
 
 
 def finding_gpus(finding: Finding) -> tuple[int, ...] | None:
@@ -403,22 +435,20 @@ def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fle
                     )
                 )
             continue
+        if view.state in (S.STARTING, S.BACKOFF) and not view.busy and not view.held_out:
+            # A starting engine's errors are its own (the start-failure budget handles them),
+            # but a GPU that is lost or says it needs a reset is the GPU's, whatever the engine
+            # is doing: mark it, so that the node condition is set (the executor then stops the
+            # engine instead of restarting it).
+            gpu_broken = _gpu_needs_reset(view.findings)
+            if gpu_broken is not None:
+                actions.append(_gpu_restart(name, gpu_broken))
+            continue
         if view.state not in (S.READY, S.SHEDDING) or view.busy or view.held_out:
             continue
         broken = _first(view.findings, BROKEN, min_severity=Severity.WARNING)
         if broken is not None and (broken.kind is K.STALL or broken.severity is Severity.CRITICAL):
-            actions.append(
-                Action(
-                    engine=name,
-                    kind=ActionKind.RESTART,
-                    reason=broken.kind.value,
-                    detail=broken.summary,
-                    drain=broken.kind in DRAIN_BEFORE_RESTART,
-                    failure=True,
-                    mark_gpus=broken.kind in GPU_MARKING,
-                    fault_gpus=finding_gpus(broken) if broken.kind in GPU_MARKING else None,
-                )
-            )
+            actions.append(_gpu_restart(name, broken))
             continue
         pressure = _first(view.findings, (K.KV_PRESSURE,), min_severity=Severity.WARNING)
         if pressure is not None and view.state is S.READY:

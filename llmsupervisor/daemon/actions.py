@@ -8,14 +8,23 @@ statuses on the next reconcile.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.node_condition import GPU_UNRECOVERABLE, NodeCondition, gpu_unrecoverable
+from llmsupervisor.core.node_condition import (
+    GPU_UNRECOVERABLE,
+    VERDICT_RESET,
+    NodeCondition,
+    gpu_unrecoverable,
+    verdict_for,
+)
 from llmsupervisor.core.policy import Action, ActionKind
-from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo
+from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo, Stop
 from llmsupervisor.files import read_json, write_json_atomic
 
 log = logging.getLogger("llmsupervisor")
@@ -32,32 +41,91 @@ def boot_id(path: Path = BOOT_ID_PATH) -> str:
         return ""
 
 
-class GpuMarks:
-    """Faults counted against each GPU, in ``STATE_DIR/gpu-faults.json``, so that a GPU that
-    keeps faulting is visible across restarts (status, metrics, the journal); and the GPUs found
-    unrecoverable (core/node_condition.py), kept until the node reboots."""
+MARK_WINDOW_S = 24 * 3600.0  # marks older than this are history: neither counted nor kept
+MARKS_VERSION = 2
 
-    def __init__(self, path: Path, *, boot: str | None = None) -> None:
+
+def node_name() -> str:
+    """This node's name for the marks file (informational: marks are keyed by GPU UUID)."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+class GpuMarks:
+    """Faults counted against each physical GPU, in ``STATE_DIR/gpu-faults.json``, so that a GPU
+    that keeps faulting is visible across restarts (status, metrics, the journal); and the GPUs
+    found unrecoverable (core/node_condition.py), kept until the node reboots.
+
+    Keyed by GPU UUID, never by NVML index: an index names another board after a GPU drops out at
+    boot or is replaced, and in Kubernetes the file sits on a volume that follows the pod to
+    another node. Each mark keeps its time, node and boot id; marks older than ``window_s`` are
+    dropped; a condition holds only on the boot that set it. ``gpus`` gives the current NVML
+    index -> UUID map (GpuMonitor's); a GPU it does not list is marked nowhere.
+
+    The old file format (``{"0": {"count": n}}``, by index) cannot say which board a count
+    belongs to, so it is ignored (logged once) and overwritten on the next mark.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        gpus: Callable[[], Mapping[int, str]] = dict,
+        boot: str | None = None,
+        node: str | None = None,
+        window_s: float = MARK_WINDOW_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = path
         self.boot = boot_id() if boot is None else boot
-        raw = read_json(path, {})
-        self.counts: dict[int, int] = {}
-        self._conditions: dict[int, NodeCondition] = {}
-        if isinstance(raw, dict):
-            for gpu, entry in raw.items():
-                try:
-                    self.counts[int(gpu)] = int(entry["count"])
-                except (ValueError, TypeError, KeyError):
-                    continue
-                condition = entry.get("unrecoverable")
-                if isinstance(condition, dict) and condition.get("boot_id") == self.boot:
-                    self._conditions[int(gpu)] = NodeCondition(
-                        GPU_UNRECOVERABLE, int(gpu), str(condition.get("reason", ""))
-                    )
+        self.node = node_name() if node is None else node
+        self.window_s = window_s
+        self._gpus = gpus
+        self._clock = clock
+        self._by_uuid: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        raw = read_json(self.path, {})
+        if not isinstance(raw, dict):
+            return {}
+        if raw.get("version") != MARKS_VERSION:
+            if raw:
+                log.warning(
+                    "%s: GPU marks in the old by-index format are ignored: an index does not say which"
+                    " physical GPU they were on",
+                    self.path,
+                )
+            return {}
+        gpus = raw.get("gpus")
+        return {str(u): e for u, e in gpus.items() if isinstance(e, dict)} if isinstance(gpus, dict) else {}
+
+    def _marks(self, uuid: str) -> list[dict[str, Any]]:
+        entry = self._by_uuid.get(uuid, {})
+        marks = entry.get("marks")
+        horizon = self._clock() - self.window_s
+        if not isinstance(marks, list):
+            return []
+        return [m for m in marks if isinstance(m, dict) and float(m.get("at", 0)) >= horizon]
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """Marks within the window per GPU, by its current NVML index."""
+        out: dict[int, int] = {}
+        for index, uuid in self._gpus().items():
+            n = len(self._marks(uuid))
+            if n:
+                out[index] = n
+        return out
+
+    def _condition(self, index: int, uuid: str) -> NodeCondition | None:
+        held = self._by_uuid.get(uuid, {}).get("unrecoverable")
+        if isinstance(held, dict) and held.get("boot_id") == self.boot:
+            return NodeCondition(GPU_UNRECOVERABLE, index, str(held.get("reason", "")), uuid)
+        return None
 
     @property
     def conditions(self) -> tuple[NodeCondition, ...]:
-        return tuple(self._conditions[g] for g in sorted(self._conditions))
+        found = (self._condition(i, u) for i, u in sorted(self._gpus().items()))
+        return tuple(c for c in found if c is not None)
 
     def mark(
         self,
@@ -66,33 +134,56 @@ class GpuMarks:
         *,
         reason: str = "",
         faulted: tuple[int, ...] | None = None,
+        verdicts: Mapping[int, str] | None = None,
     ) -> list[NodeCondition]:
         """Count a fault against the engine's ``gpus`` that it was on (``faulted``; all of them
-        when the finding did not say, or named none of them); the node conditions it newly sets."""
-        raw = read_json(self.path, {})
-        if not isinstance(raw, dict):
-            raw = {}
+        when the finding did not say, or named none of them); the node conditions it newly sets.
+        ``verdicts`` is each GPU's verdict on the fault (core/node_condition.py)."""
         new: list[NodeCondition] = []
         on = tuple(g for g in gpus if faulted is not None and g in faulted) or gpus
+        uuids = self._gpus()
+        now = self._clock()
         for gpu in on:
-            before = self.counts.get(gpu, 0)
-            self.counts[gpu] = before + 1
-            entry: dict[str, object] = {"count": self.counts[gpu], "last": detail, "at": time.time()}
-            log.error("GPU %d marked: fault %d: %s", gpu, self.counts[gpu], detail, extra={"event": "action"})
-            if gpu not in self._conditions and gpu_unrecoverable(reason, before):
-                condition = NodeCondition(GPU_UNRECOVERABLE, gpu, f"{reason} (fault {before + 1}): {detail}")
-                self._conditions[gpu] = condition
+            uuid = uuids.get(gpu)
+            if uuid is None:
+                log.error("GPU %d: fault not marked, NVML does not name this GPU: %s", gpu, detail)
+                continue
+            verdict = verdict_for(verdicts or {}, gpu)
+            before = len(self._marks(uuid))
+            marks = [
+                *self._marks(uuid),
+                {
+                    "at": now,
+                    "boot_id": self.boot,
+                    "node": self.node,
+                    "reason": reason,
+                    "verdict": verdict,
+                    "detail": detail,
+                },
+            ]
+            entry = self._by_uuid.setdefault(uuid, {})
+            entry["marks"] = marks
+            log.error(
+                "GPU %d (%s) marked: fault %d in %.0f h: %s",
+                gpu,
+                uuid,
+                len(marks),
+                self.window_s / 3600,
+                detail,
+                extra={"event": "action"},
+            )
+            if self._condition(gpu, uuid) is None and gpu_unrecoverable(reason, before, verdict):
+                why = "needs a GPU reset" if verdict == VERDICT_RESET else f"fault {before + 1}"
+                condition = NodeCondition(GPU_UNRECOVERABLE, gpu, f"{reason} ({why}): {detail}", uuid)
+                entry["unrecoverable"] = {"reason": condition.reason, "boot_id": self.boot, "at": now}
                 new.append(condition)
                 log.critical(
                     "node condition %s: the pod is not ready; node-level remediation takes it from here",
                     condition.describe(),
                     extra={"event": "action"},
                 )
-            if gpu in self._conditions:
-                entry["unrecoverable"] = {"reason": self._conditions[gpu].reason, "boot_id": self.boot}
-            raw[str(gpu)] = entry
         try:
-            write_json_atomic(self.path, raw)
+            write_json_atomic(self.path, {"version": MARKS_VERSION, "gpus": self._by_uuid})
         except OSError as exc:
             log.warning("cannot save GPU marks: %s", exc)
         return new
@@ -139,9 +230,25 @@ class ActionExecutor:
             action.detail,
             extra={"engine": action.engine, "event": "action"},
         )
+        commands = commands_for(action, spec)
         if action.mark_gpus:
+            gpus = self._gpus_of(action.engine)
             self.marks.mark(
-                self._gpus_of(action.engine), action.detail, reason=action.reason, faulted=action.fault_gpus
+                gpus,
+                action.detail,
+                reason=action.reason,
+                faulted=action.fault_gpus,
+                verdicts=dict(action.gpu_verdicts),
             )
-        for cmd in commands_for(action, spec):
+            blocked = [c for c in self.marks.conditions if c.gpu in gpus]
+            if blocked:
+                # Not restarted into READY on a GPU that must be reset first (NVIDIA: "terminate
+                # all GPU processes, reset the GPU"): stopped until the node is remediated.
+                log.error(
+                    "engine stopped, not restarted: %s; start it again after the GPU is reset",
+                    blocked[0].describe(),
+                    extra={"engine": action.engine, "event": "action"},
+                )
+                commands = [Stop()]
+        for cmd in commands:
             self._send(action.engine, cmd)

@@ -86,6 +86,8 @@ from llmsupervisor.core.policy import RESTART_CAUSES
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.status import Snapshot, held_by_operator
 from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuSample
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,23 @@ GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
     "utilization_ratio": GpuMetric("GPU busy fraction over the driver's sample period, 0 to 1."),
     "memory_used_bytes": GpuMetric("GPU memory in use in bytes."),
     "memory_total_bytes": GpuMetric("GPU memory installed in bytes."),
+    "slowdown_temperature_celsius": GpuMetric(
+        "The board's own slowdown temperature threshold in degrees Celsius (NVML)."
+    ),
+    "memory_reserved_bytes": GpuMetric(
+        "GPU memory reserved by the driver and firmware in bytes (nvmlMemory_v2); not in memory_used."
+    ),
+    "recovery_action": GpuMetric(
+        "The GPU's recovery action (NVML field 230): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,"
+        " 4 drain and reset, 6 bus reset, 7 system reboot."
+    ),
+    "thermal_throttle_seconds_total": GpuMetric(
+        "Time the GPU clocks were held back for heat (software and hardware thermal slowdown) since"
+        " the driver loaded, in seconds."
+    ),
+    "power_brake_seconds_total": GpuMetric(
+        "Time the GPU clocks were held back by the external power brake since the driver loaded, in seconds."
+    ),
     "fan_speed_ratio": GpuMetric("GPU fan speed as a fraction of its maximum, 0 to 1."),
     "xid_errors_total": GpuMetric("XID error events seen on the GPU since the daemon started."),
     "ecc_uncorrected_errors_total": GpuMetric("Uncorrected ECC errors reported by the GPU."),
@@ -158,6 +177,41 @@ GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
         label="reason",
     ),
 }
+
+
+def gpu_metric_values(latest: Mapping[int, GpuSample | ProbeFailure]) -> dict[int, dict[str, float]]:
+    """The GPU monitor's latest samples under the GPU_METRICS names (failed samples left out)."""
+    out: dict[int, dict[str, float]] = {}
+    for index, sample in latest.items():
+        if not isinstance(sample, GpuSample):
+            continue
+        values: dict[str, float] = {}
+        pairs: tuple[tuple[str, float | int | None, float], ...] = (
+            ("temperature_celsius", sample.temperature_c, 1.0),
+            ("slowdown_temperature_celsius", sample.slowdown_temperature_c, 1.0),
+            ("power_watts", sample.power_w, 1.0),
+            ("power_limit_watts", sample.power_limit_w, 1.0),
+            ("sm_clock_hertz", sample.sm_clock_mhz, 1e6),
+            ("memory_clock_hertz", sample.mem_clock_mhz, 1e6),
+            ("utilization_ratio", sample.utilization_gpu_pct, 0.01),
+            ("memory_used_bytes", sample.memory_used_bytes, 1.0),
+            ("memory_total_bytes", sample.memory_total_bytes, 1.0),
+            ("memory_reserved_bytes", sample.memory_reserved_bytes, 1.0),
+            ("ecc_uncorrected_errors_total", sample.ecc_uncorrected_volatile, 1.0),
+            ("recovery_action", sample.recovery_action, 1.0),
+            ("thermal_throttle_seconds_total", sample.thermal_throttle_ns, 1e-9),
+            ("power_brake_seconds_total", sample.power_brake_ns, 1e-9),
+        )
+        for name, value, scale in pairs:
+            if value is not None:
+                values[name] = float(value) * scale
+        if sample.clock_event_reasons is not None:
+            active = sample.clock_event_reason_names
+            for reason in CLOCK_EVENT_REASONS.values():
+                values[f"throttle_reason/{reason}"] = 1.0 if reason in active else 0.0
+        out[index] = values
+    return out
+
 
 _NAME_RE: Final = re.compile(r"[a-z][a-z0-9_]*\Z")
 _LABEL_VALUE_RE: Final = re.compile(r"[A-Za-z0-9_.:-]+\Z")

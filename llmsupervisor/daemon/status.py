@@ -5,7 +5,7 @@ the daemon's own facts (the policy's memory, the GPUs' latest samples, its count
 reads a runner. A ``Snapshot`` is taken per reader call (an HTTP scrape, a status request, a
 status-file write) and holds the immutable ``EngineStatus`` values themselves, so a reader can
 never see a half-updated engine, and there is one engine record, not a copy of it per reader.
-The exporter (exporter.py) and the JSON (``status_json``, the one projection the status file,
+The exporter (daemon/exporter.py) and the JSON (``status_json``, the one projection the status file,
 the CLI and the HTTP endpoints read) both read a ``Snapshot``.
 """
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import signal
 import time
@@ -42,7 +43,7 @@ from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
 from llmsupervisor.daemon.agent import AgentServers
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
-from llmsupervisor.daemon.exporter import Exporter
+from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.placement import describe, place_config, topology
@@ -141,7 +142,7 @@ class Supervisor:
             http_for=http_for,  # tests: a scripted server
         )
         self.memory = PolicyMemory()
-        self.marks = GpuMarks(self.state_dir / "gpu-faults.json")
+        self.marks = GpuMarks(self.state_dir / "gpu-faults.json", gpus=self.gpu_monitor.gpus_by_index)
         self.reconcile = Reconciler(
             self.memory, ActionExecutor(self.fleet.send, self._gpus_of_engine, self.marks)
         )
@@ -152,7 +153,9 @@ class Supervisor:
             stopping=lambda: self._stopping,
             place=self.place,
         )
-        self.exporter = Exporter(self.snapshot, gpu_samples=self.gpu_monitor.exporter_samples)
+        self.exporter = Exporter(
+            self.snapshot, gpu_samples=lambda: gpu_metric_values(self.gpu_monitor.latest)
+        )
         self._rounds_seen: dict[str, int] = {}
         self._policy_keys: dict[str, PolicyKey] = {}  # as the last reconcile saw each engine
         self._changes_seen: dict[str, int] = {}  # state_changes_total as last looked at
@@ -287,6 +290,23 @@ class Supervisor:
         log.info("CPU placement: %s", describe(placed))
         return placed
 
+    def _refuse_mig(self, config: SupervisorConfig) -> SupervisorConfig:
+        """Engines on a GPU with MIG enabled are not started: CUDA numbers the MIG devices, not
+        the GPU, so CUDA_VISIBLE_DEVICES=<NVML index> would run them elsewhere than monitored."""
+        engines = []
+        for spec in config.engines:
+            with_mig = self.gpu_monitor.mig_enabled(spec.gpus) if spec.enabled else []
+            if with_mig:
+                log.error(
+                    "engine %s not started: GPU(s) %s have MIG enabled; disable MIG or move the engine"
+                    " (docs/gpu.md)",
+                    spec.name,
+                    with_mig,
+                )
+                spec = dataclasses.replace(spec, enabled=False)
+            engines.append(spec)
+        return dataclasses.replace(config, engines=tuple(engines))
+
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
         return status.spec.gpus if status is not None else ()
@@ -315,6 +335,7 @@ class Supervisor:
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)
         await self.gpu_monitor.start()
+        self.config = self._refuse_mig(self.config)
         self.config = await self.place(self.config)
         for spec in self.config.engines:
             self.fleet.add(spec)

@@ -135,15 +135,20 @@ class DetectorConfig:
     degradation_min_prefix_queries: int = 1000  # prompt tokens looked up, in each span
     degradation_min_prefix_hit_ratio: float = 0.1  # a lower baseline hit rate is not compared
 
-    # THERMAL: a thermal clock-event reason, or this temperature or above.
-    thermal_temperature_c: int = 87
+    # THERMAL: clocks held back for heat (duration counters, else the clock-event bits), or the
+    # board's own slowdown temperature reached. This temperature only for a board that reports
+    # no slowdown threshold; 0: never by temperature alone (docs/gpu.md).
+    thermal_temperature_c: int = 0
 
     # GPU_FAULT / GPU_LOST: an event stays evidence this long after it happened.
     gpu_fault_lookback_s: float = 300.0
     # Application-level XIDs (graphics exception, page fault, stopped, cleanup, video decoder):
     # the engine's fault, not the GPU's (docs/host-notes.md §1.5). INFO.
-    xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68})
-    xid_info_only: frozenset[int] = frozenset({63})  # row remap recorded: log and count. INFO.
+    # 109 (context switch timeout) joined the device plugin's ignore list; docs/gpu.md.
+    xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+    # Recorded, not failed: 63 row remap recorded, 92 high single-bit ECC rate, 144-150 NVLink
+    # warnings (the recovery action says when they need more). INFO.
+    xid_info_only: frozenset[int] = frozenset({63, 92, 144, 145, 146, 147, 148, 149, 150})
     gpu_lost_min_samples: int = 2  # consecutive gpu_lost probe failures for one GPU
 
     # MEMORY_GROWTH: least-squares slope of the group's RSS over memory_window_s.

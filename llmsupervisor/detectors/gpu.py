@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
+from llmsupervisor.core.node_condition import VERDICT_RESET, VERDICT_RESTART, VERDICT_UNKNOWN
 from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import MIB, new_finding, newest_first, upto
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import GpuEvent, GpuSample
+from llmsupervisor.probes.nvml import RECOVERY_NONE, GpuEvent, GpuSample, recovery_action_name
 
 K = FindingKind
 
@@ -31,9 +32,29 @@ HW_SLOWDOWN: Final = "hw_slowdown"
 POWER_CAP: Final = "sw_power_cap"  # routine at full load: INFO only
 
 # NVML event kinds (probes.nvml.EVENT_KINDS values) that are faults without an XID.
-FAULT_EVENT_KINDS: Final = frozenset({"double_bit_ecc", "fatal_poison", "dram_retirement_failure"})
+FAULT_EVENT_KINDS: Final = frozenset(
+    {"double_bit_ecc", "fatal_poison", "dram_retirement_failure", "non_fatal_poison", "gpu_recovery_action"}
+)
 LOST_EVENT_KINDS: Final = frozenset({"gpu_unavailable"})
 XID_GPU_LOST: Final = 79  # fallen off the bus
+
+# What a GPU fault leads to (the finding's "verdicts" evidence, per GPU; core/node_condition.py):
+# VERDICT_RESET: the GPU must be reset before use (node condition at once); VERDICT_RESTART: restart
+# the engine and count, no condition; VERDICT_UNKNOWN: a second mark in the window sets it.
+
+# The GPU's own verdict (field 230, read after each event and every sample) decides. For drivers
+# without field 230, NVIDIA's XID catalogue (https://docs.nvidia.com/deploy/xid-errors/, the
+# "Resolution" column) and the memory error guide
+# (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Error Recovery and Response Flags"):
+# - reset before reuse: 48 double-bit ECC ("reboot the system (or reset GPUs)"), 64 row-remap
+#   failure, 95 uncontained ECC (RESET_GPU), 119/120 GSP errors (RESET_GPU), 140 unrecovered ECC;
+# - restart the application only: 8 (RESTART_APP), 94 contained ECC (the recovery action is NONE:
+#   "start a new process"; the remap waits for the next reset).
+XID_RESET_REQUIRED: Final = frozenset({48, 64, 95, 119, 120, 140})
+XID_RESTART_ONLY: Final = frozenset({8, 94})
+EVENT_RESET_REQUIRED: Final = frozenset({"double_bit_ecc", "fatal_poison", "dram_retirement_failure"})
+EVENT_RESTART_ONLY: Final = frozenset({"non_fatal_poison"})
+_VERDICT_ORDER: Final = (VERDICT_RESTART, VERDICT_UNKNOWN, VERDICT_RESET)
 
 
 def _gpu_latest(
@@ -70,16 +91,68 @@ def _reasons(sample: GpuSample) -> frozenset[str]:
     return sample.clock_event_reason_names
 
 
-def _thermal(cfg: DetectorConfig) -> Callable[[GpuSample], bool]:
-    def hot(sample: GpuSample) -> bool:
-        reasons = _reasons(sample)
-        if reasons & THERMAL_REASONS:
-            return True
-        if HW_SLOWDOWN in reasons and not reasons & POWER_BRAKE_REASONS:
-            return True
-        return sample.temperature_c is not None and sample.temperature_c >= cfg.thermal_temperature_c
+# From the throttle-duration counters (fields 269 + 270, ns): a sample is throttled for heat when
+# at least this share of the time since the previous sample was spent throttled.
+THERMAL_MIN_FRACTION: Final = 0.5
 
-    return hot
+
+def _thermal_bits(sample: GpuSample) -> bool:
+    reasons = _reasons(sample)
+    if reasons & THERMAL_REASONS:
+        return True
+    return HW_SLOWDOWN in reasons and not reasons & POWER_BRAKE_REASONS
+
+
+def _too_hot(sample: GpuSample, cfg: DetectorConfig) -> bool:
+    """At or above the board's own slowdown threshold; ``thermal_temperature_c`` only for a board
+    that reports none (0: never). Never a fixed constant: 87 C is an H100 SXM's normal boost
+    ceiling (its "GPU Max Operating Temp"), not a fault."""
+    if sample.temperature_c is None:
+        return False
+    limit = sample.slowdown_temperature_c or cfg.thermal_temperature_c
+    return bool(limit) and sample.temperature_c >= limit
+
+
+def _throttled_for_heat(
+    sample: GpuSample, at_s: float, previous: tuple[float, GpuSample] | None, cfg: DetectorConfig
+) -> bool:
+    if _too_hot(sample, cfg):
+        return True
+    if previous is not None:
+        before_s, before = previous
+        if (
+            sample.thermal_throttle_ns is not None
+            and before.thermal_throttle_ns is not None
+            and sample.thermal_throttle_ns >= before.thermal_throttle_ns
+            and at_s > before_s
+        ):
+            # The duration counters say how much of the interval was throttled; the clock-event
+            # mask only what held at one instant.
+            throttled_s = (sample.thermal_throttle_ns - before.thermal_throttle_ns) / 1e9
+            return throttled_s >= THERMAL_MIN_FRACTION * (at_s - before_s)
+    return _thermal_bits(sample)
+
+
+def _thermal_runs(
+    window: ObservationWindow, now: float, cfg: DetectorConfig
+) -> dict[int, tuple[float, GpuSample]]:
+    """Per GPU throttled for heat now: when its run of throttled samples began, and the newest."""
+    previous: dict[int, tuple[float, GpuSample]] = {}
+    runs: dict[int, float] = {}
+    for obs in reversed(list(newest_first(window, now))):
+        for index, sample in obs.gpus.items():
+            if not isinstance(sample, GpuSample):
+                continue  # unknown: neither extends nor breaks a run
+            if _throttled_for_heat(sample, obs.at_s, previous.get(index), cfg):
+                runs.setdefault(index, obs.at_s)
+            else:
+                runs.pop(index, None)
+            previous[index] = (obs.at_s, sample)
+    return {
+        i: (since_s, previous[i][1])
+        for i, since_s in runs.items()
+        if now - previous[i][0] <= cfg.stale_after_s
+    }
 
 
 def _gpu_evidence(samples: Mapping[int, GpuSample]) -> dict[str, float | str]:
@@ -99,13 +172,15 @@ def _gpu_evidence(samples: Mapping[int, GpuSample]) -> dict[str, float | str]:
 
 
 def detect_thermal(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """A thermal clock-event reason (or an unexplained hw_slowdown), or too hot, on any GPU."""
-    latest, samples = _gpu_latest(window, now, cfg)
-    hot = _thermal(cfg)
-    current = {i: s for i, s in samples.items() if hot(s)}
-    if latest is None or not current:
+    """Clocks held back for heat on any GPU, from the throttle-duration counters where the driver
+    has them (else the thermal clock-event bits), or the board's own slowdown temperature
+    reached. The sustain time turns that into a duration, not one 2-second mask."""
+    latest, _ = _gpu_latest(window, now, cfg)
+    runs = _thermal_runs(window, now, cfg)
+    if latest is None or not runs:
         return None
-    since_s = min(_run_start(window, now, i, hot) for i in current)
+    current = {i: sample for i, (_, sample) in runs.items()}
+    since_s = min(since for since, _ in runs.values())
     evidence = _gpu_evidence(current)
     return new_finding(
         latest,
@@ -119,7 +194,10 @@ def detect_thermal(window: ObservationWindow, now: float, cfg: DetectorConfig) -
 
 
 def detect_power_throttle(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """The power brake (WARNING) on any GPU; else the power cap alone (INFO: routine at full load)."""
+    """The power brake (WARNING) on any GPU; else the power cap alone (INFO: routine at full load).
+
+    The brake is the PSU's or BMC's signal: it is alerted on, never restarted for (core/policy.py).
+    """
     latest, samples = _gpu_latest(window, now, cfg)
     if latest is None:
         return None
@@ -153,11 +231,34 @@ def _is_lost_event(event: GpuEvent) -> bool:
     return event.kind in LOST_EVENT_KINDS or (event.kind == "xid" and event.xid == XID_GPU_LOST)
 
 
-def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """XIDs, fatal ECC/poison events and rising uncorrected ECC counts in the lookback.
+def _worse(a: str | None, b: str) -> str:
+    return b if a is None or _VERDICT_ORDER.index(b) > _VERDICT_ORDER.index(a) else a
 
-    Application-level XIDs (13, 31, 43, 45, 68) and XID 63 alone give INFO: the engine faulted,
-    or the GPU recorded a repair, but the GPU is not to blame. XID 79 is GPU_LOST's.
+
+def _fallback_verdict(event: GpuEvent) -> str:
+    if event.kind == "xid":
+        if event.xid in XID_RESET_REQUIRED:
+            return VERDICT_RESET
+        return VERDICT_RESTART if event.xid in XID_RESTART_ONLY else VERDICT_UNKNOWN
+    if event.kind in EVENT_RESET_REQUIRED:
+        return VERDICT_RESET
+    return VERDICT_RESTART if event.kind in EVENT_RESTART_ONLY else VERDICT_UNKNOWN
+
+
+def _action_verdict(action: int) -> str:
+    return VERDICT_RESTART if action == RECOVERY_NONE else VERDICT_RESET
+
+
+def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
+    """XIDs, fatal ECC/poison events, rising uncorrected ECC counts and the GPU's own recovery
+    action in the lookback (docs/gpu.md, "What each fault leads to").
+
+    Application-level XIDs (13, 31, 43, 45, 68, 109) and informational ones (63, 92, the NVLink
+    warnings) alone give INFO: the engine faulted, or the GPU recorded a repair, but the GPU is
+    not to blame. XID 79 is GPU_LOST's. A critical fault carries a verdict per GPU in its
+    ``verdicts`` evidence ("0=reset,1=restart"): the recovery action read after the fault (field
+    230; NONE is "restart", anything else "reset"), else the XID catalogue's fallback table. A
+    recovery action other than NONE, or a failed row remap, is a fault by itself.
     """
     start_s = now - cfg.gpu_fault_lookback_s
     # A little before the lookback, so that a count that rose at its start has a predecessor.
@@ -166,7 +267,31 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
     critical: list[tuple[float, str]] = []
     info: list[tuple[float, str]] = []
     xids: set[int] = set()
-    critical_gpus: set[int] = set()  # the GPUs the critical faults were on, where known
+    verdicts: dict[int, str] = {}  # per GPU with a critical fault, the worst verdict
+    unknown_gpu = False  # a critical fault on a device NVML could not name
+
+    def fault(index: int | None, verdict: str) -> None:
+        nonlocal unknown_gpu
+        if index is None:
+            unknown_gpu = True
+        else:
+            verdicts[index] = _worse(verdicts.get(index), verdict)
+
+    # The newest recovery action each GPU's samples reported, with when.
+    actions: dict[int, tuple[float, int]] = {}
+    for obs in recent:
+        for index, sample in obs.gpus.items():
+            if isinstance(sample, GpuSample) and sample.recovery_action is not None:
+                actions[index] = (obs.at_s, sample.recovery_action)
+
+    def verdict_of(obs: Observation, event: GpuEvent) -> str:
+        if event.recovery_action is not None:
+            return _action_verdict(event.recovery_action)
+        read = actions.get(event.index) if event.index is not None else None
+        if read is not None and read[0] >= obs.at_s:  # read after the fault: its verdict
+            return _action_verdict(read[1])
+        return _fallback_verdict(event)
+
     for obs, event in _events(recent):
         if _is_lost_event(event):
             continue
@@ -176,12 +301,18 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
             xids.add(event.xid)
             benign = event.xid in cfg.xid_engine_level or event.xid in cfg.xid_info_only
             (info if benign else critical).append((obs.at_s, label))
-            if not benign and event.index is not None:
-                critical_gpus.add(event.index)
+            if not benign:
+                fault(event.index, verdict_of(obs, event))
+        elif event.kind == "gpu_recovery_action" and event.recovery_action is not None:
+            if event.recovery_action != RECOVERY_NONE:
+                name = recovery_action_name(event.recovery_action)
+                critical.append((obs.at_s, f"recovery action {name} on GPU {where}"))
+                fault(event.index, VERDICT_RESET)
         elif event.kind in FAULT_EVENT_KINDS:
             critical.append((obs.at_s, f"{event.kind} on GPU {where}"))
-            if event.index is not None:
-                critical_gpus.add(event.index)
+            fault(event.index, verdict_of(obs, event))
+        elif event.kind in ("dram_retirement", "single_bit_ecc_storm"):
+            info.append((obs.at_s, f"{event.kind} on GPU {where}"))
     # Uncorrected ECC counts are volatile (since the driver loaded): any rise is a new error.
     last_count: dict[int, int] = {}
     for obs in observations:
@@ -192,8 +323,21 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
             previous = last_count.get(index)
             if previous is not None and count > previous and obs.at_s >= start_s:
                 critical.append((obs.at_s, f"uncorrected ECC {previous}->{count} on GPU {index}"))
-                critical_gpus.add(index)
+                read = actions.get(index)
+                fault(index, VERDICT_RESET if read is None else _action_verdict(read[1]))
             last_count[index] = count
+    # The GPU's own standing verdict, with or without an event (at start, say).
+    _, latest = _gpu_latest(window, now, cfg)
+    for index, sample in sorted(latest.items()):
+        if sample.recovery_action is not None and sample.recovery_action != RECOVERY_NONE:
+            name = recovery_action_name(sample.recovery_action)
+            critical.append((now, f"recovery action {name} on GPU {index}"))
+            fault(index, VERDICT_RESET)
+        if sample.remap_failed:
+            critical.append((now, f"row remap failed on GPU {index}"))
+            fault(index, VERDICT_RESET)
+        elif sample.remap_pending:
+            info.append((now, f"row remap pending the next reset on GPU {index}"))
     found = critical + info
     if not found or not observations:
         return None
@@ -203,9 +347,14 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
     evidence: dict[str, float | str] = {"faults": "; ".join(labels), "count": len(found)}
     if xids:
         evidence["xids"] = ",".join(str(x) for x in sorted(xids))
-    if critical_gpus:
-        evidence["gpus"] = ",".join(str(g) for g in sorted(critical_gpus))
+    if verdicts:
+        evidence["gpus"] = ",".join(str(g) for g in sorted(verdicts))
+        evidence["verdicts"] = ",".join(f"{g}={v}" for g, v in sorted(verdicts.items()))
+    if unknown_gpu:
+        evidence["verdict_unknown_gpu"] = "an event's device could not be matched"
     what = "GPU fault" if critical else "engine-level GPU error (not the GPU's fault)"
+    if VERDICT_RESET in verdicts.values():
+        what = "GPU fault that needs a GPU reset"
     return new_finding(
         observations[-1],
         K.GPU_FAULT,
@@ -286,7 +435,10 @@ def detect_nvml_lost(window: ObservationWindow, now: float, cfg: DetectorConfig)
 def detect_foreign_gpu_memory(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
     """Processes outside the engine's group holding at least ``foreign_min_mib`` on its GPUs.
 
-    Unknown without the engine's PIDs, a process list, or a process's memory figure.
+    Unknown without the engine's PIDs, a process list, or a process's memory figure; and unknown
+    in a container with its own PID namespace (``pids_visible`` False): NVML reports host PIDs
+    (NVIDIA/nvidia-docker#1483), which match nothing the daemon sees, and every process on a GPU
+    given to this pod is the pod's own.
     """
     latest, samples = _gpu_latest(window, now, cfg)
     if latest is None:
@@ -298,6 +450,8 @@ def detect_foreign_gpu_memory(window: ObservationWindow, now: float, cfg: Detect
     threshold = cfg.foreign_min_mib * MIB
 
     def foreign(sample: GpuSample) -> list[tuple[int, int]]:
+        if not sample.pids_visible:
+            return []
         return [
             (p.pid, p.used_bytes)
             for p in sample.processes or ()
@@ -330,7 +484,12 @@ __all__ = [
     "POWER_BRAKE_REASONS",
     "POWER_CAP",
     "THERMAL_REASONS",
+    "VERDICT_RESET",
+    "VERDICT_RESTART",
+    "VERDICT_UNKNOWN",
     "XID_GPU_LOST",
+    "XID_RESET_REQUIRED",
+    "XID_RESTART_ONLY",
     "detect_foreign_gpu_memory",
     "detect_gpu_fault",
     "detect_gpu_lost",

@@ -154,7 +154,11 @@ async def await_gpu_release(
     samples_for: Callable[[Iterable[int]], Mapping[int, GpuSample | ProbeFailure]],
 ) -> None:
     """Where NVML lists compute processes: wait until none of the stopped engine's processes
-    holds memory on its GPUs, so that the next start does not fail for want of it."""
+    holds memory on its GPUs, so that the next start does not fail for want of it.
+
+    In a container with its own PID namespace NVML's host PIDs match none of ``pids``
+    (``GpuSample.pids_visible`` False): there every process on the engine's GPUs counts, and the
+    wait is for the list to empty (a GPU given to this pod runs only this pod's engines)."""
     if not spec.gpus or spec.gpu_release_timeout_s <= 0:
         return
     pids = frozenset(pids)
@@ -167,7 +171,7 @@ async def await_gpu_release(
                 for sample in samples_for(spec.gpus).values()
                 if isinstance(sample, GpuSample) and sample.processes
                 for p in sample.processes
-                if p.pid in pids
+                if p.pid in pids or not sample.pids_visible
             }
         )
         if not holders:

@@ -2,7 +2,9 @@
 
 ``FakeGpu`` is scripted in-process (unit and loop tests); ``FileGpu`` reads a JSON file that a
 test or a demo rewrites while the daemon runs (``llm-supervisor run --fake-gpu FILE``);
-``nominal_sample`` is the healthy idle GPU both start from.
+``nominal_sample`` is the healthy idle GPU both start from. ``FakeNvml`` and ``FileNvml``
+(probes/fake_nvml.py) sit one level lower, in place of the ``pynvml`` module itself, so that the
+real reader (``nvml.NvmlReader``) runs over them; ``--fake-gpu FILE`` uses ``FileNvml``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from typing import Any
 
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.cpus import parse_cpu_list
-from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuLost, GpuProcess, GpuSample
+from llmsupervisor.probes.nvml import (
+    CLOCK_EVENT_REASONS,
+    GpuEvent,
+    GpuLost,
+    GpuProcess,
+    GpuSample,
+)
 
 
 def nominal_sample(index: int = 0, uuid: str | None = None, **changes: Any) -> GpuSample:
@@ -39,6 +47,8 @@ def nominal_sample(index: int = 0, uuid: str | None = None, **changes: Any) -> G
         "utilization_gpu_pct": 0,
         "ecc_uncorrected_volatile": 0,
         "processes": (),
+        "slowdown_temperature_c": 90,  # the board's own thresholds (an H100 SXM's, roughly)
+        "max_operating_temperature_c": 87,
     }
     values.update(changes)
     return GpuSample(**values)
@@ -150,9 +160,9 @@ class FakeGpu:
 
 
 class FileGpu:
-    """A ``GpuReader`` driven by a JSON file that a test (or a demo) rewrites while the daemon
-    runs: ``llm-supervisor run --fake-gpu FILE``. Never for production; it stands in for NVML
-    on machines without a GPU, so that the daemon's GPU paths can be exercised end to end.
+    """A ``GpuReader`` driven by a JSON file that a test rewrites, at the sample level (it skips
+    the reader). ``--fake-gpu FILE`` uses ``FileNvml`` instead, with the same file format, so that
+    the real reader runs; this one stays for the monitor's own tests.
 
     The file, re-read on every call::
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
-from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuEvent, GpuReader, GpuSample
+from llmsupervisor.probes.nvml import GpuEvent, GpuReader, GpuSample
 
 log = logging.getLogger("llmsupervisor.probes.gpus")
 
@@ -36,11 +36,25 @@ class GpuMonitor:
         reason = self.reader.unavailable
         return None if reason is None else str(reason)
 
+    def gpus_by_index(self) -> dict[int, str]:
+        """The GPUs NVML opened, NVML index -> UUID (what fault marks are keyed by)."""
+        return {index: uuid for uuid, index in self._index_of.items()}
+
+    def mig_enabled(self, gpus: Iterable[int]) -> list[int]:
+        """Those of ``gpus`` with MIG on: CUDA numbers their MIG devices, not the GPU, so
+        CUDA_VISIBLE_DEVICES=<NVML index> would put an engine elsewhere than monitored."""
+        return sorted(
+            g for g in gpus if isinstance(s := self.latest.get(g), GpuSample) and s.mig_enabled is True
+        )
+
     async def start(self) -> None:
         # NVML's own indices, which engines' ``gpus`` name: a GPU that NVML could not read at
         # open is left out, so indices can have gaps and a position in this mapping means nothing.
         self._index_of = await self.reader.open()
         if self._index_of:
+            # One sample before engines start: MIG mode and a standing recovery action are known
+            # from the first tick.
+            await self._sample_once()
             log.info("NVML: %d GPU(s), indices %s", len(self._index_of), sorted(self._index_of.values()))
             self._tasks = [
                 asyncio.create_task(self._sample_loop(), name="gpu-sample"),
@@ -56,15 +70,17 @@ class GpuMonitor:
         if self._index_of:
             await self.reader.close()
 
+    async def _sample_once(self) -> None:
+        samples = await self.reader.sample_all()
+        # A sample names its GPU's index; a failure has only the UUID it was asked for.
+        self.latest = {
+            s.index if isinstance(s, GpuSample) else self._index_of[uuid]: s for uuid, s in samples.items()
+        }
+
     async def _sample_loop(self) -> None:
         while True:
-            samples = await self.reader.sample_all()
-            # A sample names its GPU's index; a failure has only the UUID it was asked for.
-            self.latest = {
-                s.index if isinstance(s, GpuSample) else self._index_of[uuid]: s
-                for uuid, s in samples.items()
-            }
             await asyncio.sleep(self.interval_s)
+            await self._sample_once()
 
     async def _event_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -72,6 +88,10 @@ class GpuMonitor:
             event = await self.reader.wait_event(1000)
             if isinstance(event, ProbeFailure):
                 await asyncio.sleep(1.0)  # the failure shows in samples; do not spin
+            elif event is not None and event.index is None:
+                log.warning(
+                    "NVML event %s on a device NVML did not name; not attributed to a GPU", event.kind
+                )
             elif event is not None and event.index is not None:
                 # Stamped on receipt with the loop's clock, the one the engines' times are on.
                 backlog = self._events.setdefault(event.index, [])
@@ -106,31 +126,3 @@ class GpuMonitor:
         if since_s is not None:
             taken = [e for e in taken if e.at_s >= since_s]
         return tuple(taken)
-
-    def exporter_samples(self) -> Mapping[int, Mapping[str, float]]:
-        """The latest samples under the exporter's GPU_METRICS names."""
-        out: dict[int, dict[str, float]] = {}
-        for index, sample in self.latest.items():
-            if isinstance(sample, ProbeFailure):
-                continue
-            values: dict[str, float] = {}
-            pairs: tuple[tuple[str, float | int | None, float], ...] = (
-                ("temperature_celsius", sample.temperature_c, 1.0),
-                ("power_watts", sample.power_w, 1.0),
-                ("power_limit_watts", sample.power_limit_w, 1.0),
-                ("sm_clock_hertz", sample.sm_clock_mhz, 1e6),
-                ("memory_clock_hertz", sample.mem_clock_mhz, 1e6),
-                ("utilization_ratio", sample.utilization_gpu_pct, 0.01),
-                ("memory_used_bytes", sample.memory_used_bytes, 1.0),
-                ("memory_total_bytes", sample.memory_total_bytes, 1.0),
-                ("ecc_uncorrected_errors_total", sample.ecc_uncorrected_volatile, 1.0),
-            )
-            for name, value, scale in pairs:
-                if value is not None:
-                    values[name] = float(value) * scale
-            if sample.clock_event_reasons is not None:
-                active = sample.clock_event_reason_names
-                for reason in CLOCK_EVENT_REASONS.values():
-                    values[f"throttle_reason/{reason}"] = 1.0 if reason in active else 0.0
-            out[index] = values
-        return out

@@ -14,6 +14,13 @@ the old one on ``FunctionNotFound`` (``TemperatureV``/``Temperature``,
 permission become ``NvmlUnavailable``; a GPU that fell off the bus becomes ``GpuLost``. Units are
 converted here (mW -> W) so that the rest of the daemon sees plain numbers.
 
+Each reading is read on its own (docs/gpu.md, "What the daemon reads"): a failing call loses that
+reading only (NoPermission on the process list under MIG or in a container still leaves temperature,
+clocks and ECC), and is named in ``GpuSample.unread``. Two answers end the sample instead, because they
+are the GPU's own fault rather than a missing reading: ``NVML_ERROR_GPU_IS_LOST`` and
+``NVML_ERROR_RESET_REQUIRED`` ("GPU requires a reset", nvml.h) both become ``GpuLost``, which the
+daemon treats as a GPU that needs a reset.
+
 NVML errors are unhashable (``__eq__`` without ``__hash__``): never put them in sets or use them
 as dict keys.
 """
@@ -40,6 +47,38 @@ NVML_CLOCK_SM: Final = 1
 NVML_CLOCK_MEM: Final = 2
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED: Final = 1
 NVML_VOLATILE_ECC: Final = 0
+NVML_SUCCESS: Final = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: Final = 1
+NVML_TEMPERATURE_THRESHOLD_GPU_MAX: Final = 3
+NVML_DEVICE_MIG_ENABLE: Final = 1
+# nvmlDeviceGetFieldValues field ids (nvml.h; nvidia-ml-py 13.615 names them NVML_FI_DEV_*).
+FI_GPU_RECOVERY_ACTION: Final = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: the GPU's own verdict
+# Time spent throttled since the driver loaded, in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_*): a
+# duration, where the clock-event mask is one instant.
+FI_SW_THERMAL_NS: Final = 269
+FI_HW_THERMAL_NS: Final = 270
+FI_HW_POWER_BRAKE_NS: Final = 271
+SAMPLE_FIELDS: Final = (FI_GPU_RECOVERY_ACTION, FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS)
+
+# NVML_GPU_RECOVERY_ACTION_* (nvml.h): what the GPU says must happen before it is used again.
+# NONE: "start a new process"; anything else needs at least a GPU reset ("Error Recovery and
+# Response Flags", https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/).
+RECOVERY_NONE: Final = 0
+RECOVERY_ACTIONS: Final[Mapping[int, str]] = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+
+
+def recovery_action_name(action: int) -> str:
+    return RECOVERY_ACTIONS.get(action, f"action_{action}")
+
 
 # Clock-event (throttle) reason bits; old and new constant names share these values.
 CLOCK_EVENT_REASONS: Final[Mapping[int, str]] = {
@@ -77,9 +116,34 @@ EVENT_KINDS: Final[Mapping[int, str]] = {
     EVENT_GPU_UNAVAILABLE: "gpu_unavailable",
     0x8000: "gpu_recovery_action",
 }
-# XIDs carry the fault detail; double-bit ECC and "GPU unavailable" matter without one.
-# Single-bit ECC is corrected by the hardware and only noise here.
-DEFAULT_EVENT_TYPES: Final = EVENT_XID | EVENT_DOUBLE_BIT_ECC | EVENT_GPU_UNAVAILABLE
+EVENT_DRAM_RETIREMENT: Final = 0x400
+EVENT_DRAM_RETIREMENT_FAILURE: Final = 0x800
+EVENT_NON_FATAL_POISON: Final = 0x1000
+EVENT_FATAL_POISON: Final = 0x2000
+EVENT_GPU_RECOVERY_ACTION: Final = 0x8000
+# Every type the detectors act on (detectors/gpu.py); registered where the GPU supports it
+# (nvmlDeviceGetSupportedEventTypes), one bit at a time. Clock and P-state changes are left out:
+# they fire on every boost step, and the clock-event reasons are sampled every tick anyway.
+DEFAULT_EVENT_TYPES: Final = (
+    EVENT_SINGLE_BIT_ECC
+    | EVENT_DOUBLE_BIT_ECC
+    | EVENT_XID
+    | 0x200  # single-bit ECC storm
+    | EVENT_DRAM_RETIREMENT
+    | EVENT_DRAM_RETIREMENT_FAILURE
+    | EVENT_NON_FATAL_POISON
+    | EVENT_FATAL_POISON
+    | EVENT_GPU_UNAVAILABLE
+    | EVENT_GPU_RECOVERY_ACTION
+)
+# After these the GPU's recovery action is read at once and carried on the event.
+_VERDICT_EVENTS: Final = (
+    EVENT_XID
+    | EVENT_DOUBLE_BIT_ECC
+    | EVENT_DRAM_RETIREMENT_FAILURE
+    | EVENT_NON_FATAL_POISON
+    | EVENT_FATAL_POISON
+)
 XID_UNKNOWN: Final = 999  # what NVML reports when it cannot name the XID
 
 # Binding error class name -> (NvmlUnavailable.reason, what it means for the operator).
@@ -109,7 +173,9 @@ def decode_clock_event_reasons(mask: int) -> frozenset[str]:
 
 
 class GpuProcess(NamedTuple):
-    pid: int  # a host PID: bare metal, no PID namespace in between
+    # NVML's PID: always the host's ("you will always get the host pids", NVIDIA/nvidia-docker#1483).
+    # Equal to the daemon's view only where ``GpuSample.pids_visible``.
+    pid: int
     used_bytes: int | None  # None where the driver cannot say (WDDM, some MIG setups)
 
 
@@ -131,6 +197,21 @@ class GpuSample:
     utilization_gpu_pct: int | None
     ecc_uncorrected_volatile: int | None  # since the last driver reload; None = no ECC on this board
     processes: tuple[GpuProcess, ...] | None  # compute processes; None = cannot be listed
+    # nvmlMemory_v2's driver-reserved memory, left out of ``memory_used_bytes`` as nvidia-smi leaves
+    # it out; None where only the v1 call exists (then ``memory_used_bytes`` includes it).
+    memory_reserved_bytes: int | None = None
+    recovery_action: int | None = None  # field 230 (RECOVERY_ACTIONS); None = not readable
+    remap_pending: bool | None = None  # nvmlDeviceGetRemappedRows: a remap waits for the next reset
+    remap_failed: bool | None = None  # a row could not be remapped: the GPU needs a reset
+    slowdown_temperature_c: int | None = None  # the board's own thresholds
+    max_operating_temperature_c: int | None = None
+    thermal_throttle_ns: int | None = None  # fields 269 + 270: time throttled for heat, cumulative
+    power_brake_ns: int | None = None  # field 271
+    mig_enabled: bool | None = None  # nvmlDeviceGetMigMode, current mode; None = no MIG on this board
+    # Whether ``processes``' PIDs are this daemon's: False in a container with its own PID
+    # namespace, where NVML's host PIDs match nothing in our /proc.
+    pids_visible: bool = True
+    unread: tuple[str, ...] = ()  # readings that failed this time ("processes: NVMLError_NoPermission")
 
     @property
     def clock_event_reason_names(self) -> frozenset[str]:
@@ -155,6 +236,9 @@ class GpuEvent:
     kind: str  # EVENT_KINDS value, or "event_0x..." for a type this table lacks
     xid: int | None  # for kind "xid" only; XID_UNKNOWN (999) when NVML cannot name it
     at_s: float  # monotonic, when received
+    # The GPU's recovery action read just after the event (for kind "gpu_recovery_action", the
+    # event's own data); None when not read or not readable.
+    recovery_action: int | None = None
 
 
 class GpuReader(Protocol):
@@ -195,6 +279,22 @@ class _Device:
     name: str
     handle: Any
     events: int = 0
+    mig_enabled: bool | None = None
+    # The board's temperature thresholds never change: read once (None: not supported).
+    thresholds: tuple[int | None, int | None] | None = None
+
+
+# The init PID namespace's inode is fixed (PROC_PID_INIT_INO, include/linux/proc_ns.h): anywhere
+# else, the daemon sees PIDs of its own namespace while NVML reports the host's.
+PROC_PID_INIT_INO: Final = 0xEFFFFFFC
+
+
+def in_host_pid_namespace(path: str = "/proc/self/ns/pid") -> bool:
+    """Whether this process sees the host's PIDs (the ones NVML reports). True when unknowable."""
+    try:
+        return os.stat(path).st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return True
 
 
 def _handle_key(handle: object) -> object:
@@ -209,18 +309,45 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# c_nvmlValue_t's member for each NVML_VALUE_TYPE_* (nvml.h: nvmlValueType_t).
+_VALUE_MEMBERS: Final[Mapping[int, str]] = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+
+class _Readings:
+    """One sample's bookkeeping: which readings answered and which failed."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.failed: list[tuple[str, Exception]] = []
+
+
 class NvmlReader:
     """The real ``GpuReader`` over the nvidia-ml-py binding (the ``pynvml`` module).
 
-    ``lib`` is the binding module, or anything shaped like it (tests pass a ``SimpleNamespace``
-    with the real module's error classes and stubbed functions); None imports ``pynvml``.
-    ``open`` remembers an ``NvmlUnavailable`` and raises the same one again without retrying;
-    build a new reader to try again (after a reboot, say).
+    ``lib`` is the binding module, or anything shaped like it (tests pass
+    ``fake_gpu.FakeNvml``, built from the real module's constants, structs and error classes);
+    None imports ``pynvml``. ``open`` remembers an ``NvmlUnavailable`` and raises the same one
+    again without retrying; build a new reader to try again (after a reboot, say).
     """
 
-    def __init__(self, lib: Any = None, *, event_types: int = DEFAULT_EVENT_TYPES) -> None:
+    def __init__(
+        self,
+        lib: Any = None,
+        *,
+        event_types: int = DEFAULT_EVENT_TYPES,
+        pids_visible: bool | None = None,
+    ) -> None:
         self._lib: Any = lib
         self._event_types = event_types
+        self._pids_visible = in_host_pid_namespace() if pids_visible is None else pids_visible
         self._devices: dict[str, _Device] = {}
         self._by_handle: dict[object, _Device] = {}
         self._missing: set[str] = set()  # function names this driver lacks; go straight to the old one
@@ -243,34 +370,64 @@ class NvmlReader:
                 return NvmlUnavailable(reason, f"{meaning} [{exc}]")
         return None
 
-    def _translate(self, exc: Exception, uuid: str) -> Exception:
+    def _lost(self, exc: BaseException, uuid: str) -> GpuLost | None:
         if self._is(exc, "NVMLError_GpuIsLost"):
             return GpuLost(uuid, str(exc))
-        return self._unavailable_from(exc) or exc
+        if self._is(exc, "NVMLError_ResetRequired"):
+            return GpuLost(uuid, f"the GPU requires a reset (NVML_ERROR_RESET_REQUIRED) [{exc}]")
+        return None
 
-    def _read(self, names: Sequence[str], uuid: str, *args: Any) -> Any:
-        """Call the first function of ``names`` that this driver has; None if unsupported."""
-        for name in names:
-            if name in self._missing:
+    def _translate(self, exc: Exception, uuid: str) -> Exception:
+        return self._lost(exc, uuid) or self._unavailable_from(exc) or exc
+
+    def _read(
+        self,
+        names: Sequence[str | tuple[str, str]],
+        uuid: str,
+        *args: Any,
+        readings: _Readings | None = None,
+        what: str = "",
+    ) -> Any:
+        """Call the first function of ``names`` that this driver has; None if unsupported.
+
+        A name may be ``(key, function)``: ``key`` is what is remembered as missing, so that a
+        failed version-selected call (``nvmlDeviceGetMemoryInfo(h, nvmlMemory_v2)``) does not
+        hide the same function's v1 form. With ``readings``, an error other than a lost GPU is
+        recorded there and the reading is None: one failing call does not blind the sample.
+        """
+        for entry in names:
+            key, name = entry if isinstance(entry, tuple) else (entry, entry)
+            if key in self._missing:
                 continue
             fn = getattr(self._lib, name, None)
             if fn is None:  # an older binding than the names we know
-                self._missing.add(name)
+                self._missing.add(key)
                 continue
             try:
-                return fn(*args)
+                result = fn(*args)
             except Exception as exc:
                 if self._is(exc, "NVMLError_NotSupported"):
+                    if readings is not None:
+                        readings.answered += 1
                     return None
                 # The unversioned process call turns FunctionNotFound into NVMLLibraryMismatchError,
                 # which is not an NVMLError.
                 if self._is(exc, "NVMLError_FunctionNotFound") or self._is(exc, "NVMLLibraryMismatchError"):
-                    self._missing.add(name)
+                    self._missing.add(key)
                     continue
+                lost = self._lost(exc, uuid)
+                if lost is not None:
+                    raise lost from exc
+                if readings is not None:
+                    readings.failed.append((what or name, exc))
+                    return None
                 translated = self._translate(exc, uuid)
                 if translated is exc:
                     raise
                 raise translated from exc
+            if readings is not None:
+                readings.answered += 1
+            return result
         return None
 
     def open(self) -> dict[str, int]:
@@ -314,10 +471,24 @@ class NvmlReader:
                 )
                 continue
             dev = _Device(index=index, uuid=uuid, name=name, handle=handle)
+            dev.mig_enabled = self._mig_enabled(dev)
             self._devices[uuid] = dev
             self._by_handle[_handle_key(handle)] = dev
+        if not self._pids_visible:
+            log.info(
+                "NVML: this daemon runs in its own PID namespace (a container without hostPID): NVML's"
+                " host PIDs cannot be matched, so every process on an engine's GPU counts as the engine's"
+            )
         self._register_events()
         return self._indices()
+
+    def _mig_enabled(self, dev: _Device) -> bool | None:
+        try:
+            modes = self._read(("nvmlDeviceGetMigMode",), dev.uuid, dev.handle)
+        except Exception as exc:
+            log.debug("NVML: GPU %s: MIG mode: %s", dev.uuid, exc)
+            return None
+        return None if modes is None else int(modes[0]) == NVML_DEVICE_MIG_ENABLE
 
     def _indices(self) -> dict[str, int]:
         return {uuid: dev.index for uuid, dev in self._devices.items()}
@@ -346,6 +517,12 @@ class NvmlReader:
                     continue
                 dev.events |= bit
                 registered += 1
+            if dev.events:
+                log.info(
+                    "NVML: GPU %s: events registered: %s",
+                    dev.uuid,
+                    ",".join(kind for bit, kind in EVENT_KINDS.items() if dev.events & bit),
+                )
         if registered:
             self._event_set = event_set
             return
@@ -354,27 +531,117 @@ class NvmlReader:
         with contextlib.suppress(Exception):
             lib.nvmlEventSetFree(event_set)
 
+    def _fields(self, dev: _Device, readings: _Readings | None) -> dict[int, int]:
+        """The sample fields that answered, by id. Each field has its own return code
+        (``c_nvmlFieldValue_t.nvmlReturn``): a driver without field 230 still gives the others."""
+        values = self._read(
+            ("nvmlDeviceGetFieldValues",),
+            dev.uuid,
+            dev.handle,
+            list(SAMPLE_FIELDS),
+            readings=readings,
+            what="field values",
+        )
+        found: dict[int, int] = {}
+        for value in values or ():
+            if int(value.nvmlReturn) != NVML_SUCCESS:
+                continue
+            member = _VALUE_MEMBERS.get(int(value.valueType), "ullVal")
+            found[int(value.fieldId)] = int(getattr(value.value, member))
+        return found
+
+    def _thresholds(self, dev: _Device, readings: _Readings) -> tuple[int | None, int | None]:
+        if dev.thresholds is None:
+            got: list[int | None] = []
+            for threshold in (NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, NVML_TEMPERATURE_THRESHOLD_GPU_MAX):
+                value = self._read(
+                    ("nvmlDeviceGetTemperatureThreshold",),
+                    dev.uuid,
+                    dev.handle,
+                    threshold,
+                    readings=readings,
+                    what="temperature thresholds",
+                )
+                got.append(None if value is None else int(value))
+            if readings.failed and readings.failed[-1][0] == "temperature thresholds":
+                return got[0], got[1]  # try again next time
+            dev.thresholds = (got[0], got[1])
+        return dev.thresholds
+
+    def _memory(self, dev: _Device, readings: _Readings) -> tuple[int | None, int | None, int | None]:
+        """(used, total, reserved). v2 first (nvmlMemory_v2: ``used`` leaves driver-reserved memory
+        out, as nvidia-smi does since R510); v1 where the driver lacks the _v2 symbol."""
+        version = getattr(self._lib, "nvmlMemory_v2", None)
+        if version is not None:
+            v2 = self._read(
+                (("memory_v2", "nvmlDeviceGetMemoryInfo"),),
+                dev.uuid,
+                dev.handle,
+                version,
+                readings=readings,
+                what="memory",
+            )
+            if v2 is not None:
+                return int(v2.used), int(v2.total), int(v2.reserved)
+            if "memory_v2" not in self._missing:
+                return None, None, None  # v2 exists but failed or is not supported here
+        v1 = self._read(("nvmlDeviceGetMemoryInfo",), dev.uuid, dev.handle, readings=readings, what="memory")
+        return (None, None, None) if v1 is None else (int(v1.used), int(v1.total), None)
+
     def sample(self, uuid: str) -> GpuSample:
         dev = self._devices[uuid]
         h = dev.handle
+        r = _Readings()
         temperature = self._read(
-            ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), uuid, h, NVML_TEMPERATURE_GPU
+            ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"),
+            uuid,
+            h,
+            NVML_TEMPERATURE_GPU,
+            readings=r,
+            what="temperature",
         )
-        power_mw = self._read(("nvmlDeviceGetPowerUsage",), uuid, h)
-        limit_mw = self._read(("nvmlDeviceGetEnforcedPowerLimit",), uuid, h)
-        sm_clock = self._read(("nvmlDeviceGetClockInfo",), uuid, h, NVML_CLOCK_SM)
-        mem_clock = self._read(("nvmlDeviceGetClockInfo",), uuid, h, NVML_CLOCK_MEM)
+        power_mw = self._read(("nvmlDeviceGetPowerUsage",), uuid, h, readings=r, what="power")
+        limit_mw = self._read(("nvmlDeviceGetEnforcedPowerLimit",), uuid, h, readings=r, what="power limit")
+        sm_clock = self._read(
+            ("nvmlDeviceGetClockInfo",), uuid, h, NVML_CLOCK_SM, readings=r, what="sm clock"
+        )
+        mem_clock = self._read(
+            ("nvmlDeviceGetClockInfo",), uuid, h, NVML_CLOCK_MEM, readings=r, what="memory clock"
+        )
         reasons = self._read(
-            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), uuid, h
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+            uuid,
+            h,
+            readings=r,
+            what="clock event reasons",
         )
-        memory = self._read(("nvmlDeviceGetMemoryInfo",), uuid, h)
-        utilization = self._read(("nvmlDeviceGetUtilizationRates",), uuid, h)
+        used, total, reserved = self._memory(dev, r)
+        utilization = self._read(("nvmlDeviceGetUtilizationRates",), uuid, h, readings=r, what="utilization")
         ecc = self._read(
-            ("nvmlDeviceGetTotalEccErrors",), uuid, h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+            ("nvmlDeviceGetTotalEccErrors",),
+            uuid,
+            h,
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            NVML_VOLATILE_ECC,
+            readings=r,
+            what="ecc",
         )
         procs = self._read(
-            ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), uuid, h
+            ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+            uuid,
+            h,
+            readings=r,
+            what="processes",
         )
+        fields = self._fields(dev, r)
+        remapped = self._read(("nvmlDeviceGetRemappedRows",), uuid, h, readings=r, what="remapped rows")
+        slowdown_c, max_c = self._thresholds(dev, r)
+        if not r.answered and r.failed:
+            # Nothing answered at all: NVML itself is in trouble, not one reading.
+            first = r.failed[0][1]
+            translated = self._translate(first, uuid)
+            raise translated from first
+        thermal = [fields[f] for f in (FI_SW_THERMAL_NS, FI_HW_THERMAL_NS) if f in fields]
         return GpuSample(
             index=dev.index,
             uuid=uuid,
@@ -385,8 +652,9 @@ class NvmlReader:
             sm_clock_mhz=None if sm_clock is None else int(sm_clock),
             mem_clock_mhz=None if mem_clock is None else int(mem_clock),
             clock_event_reasons=None if reasons is None else int(reasons),
-            memory_used_bytes=None if memory is None else int(memory.used),
-            memory_total_bytes=None if memory is None else int(memory.total),
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            memory_reserved_bytes=reserved,
             utilization_gpu_pct=None if utilization is None else int(utilization.gpu),
             ecc_uncorrected_volatile=None if ecc is None else int(ecc),
             processes=None
@@ -398,6 +666,16 @@ class NvmlReader:
                 )
                 for p in procs
             ),
+            recovery_action=fields.get(FI_GPU_RECOVERY_ACTION),
+            remap_pending=None if remapped is None else bool(remapped[2]),
+            remap_failed=None if remapped is None else bool(remapped[3]),
+            slowdown_temperature_c=slowdown_c,
+            max_operating_temperature_c=max_c,
+            thermal_throttle_ns=sum(thermal) if thermal else None,
+            power_brake_ns=fields.get(FI_HW_POWER_BRAKE_NS),
+            mig_enabled=dev.mig_enabled,
+            pids_visible=self._pids_visible,
+            unread=tuple(f"{what}: {type(exc).__name__}" for what, exc in r.failed),
         )
 
     def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
@@ -429,12 +707,26 @@ class NvmlReader:
                 raise translated from exc
         event_type = int(data.eventType)
         dev = self._by_handle.get(_handle_key(data.device))
+        if dev is None:
+            log.warning(
+                "NVML: event %s for a device this reader does not know; kept without a GPU",
+                EVENT_KINDS.get(event_type, hex(event_type)),
+            )
+        action: int | None = None
+        if event_type & EVENT_GPU_RECOVERY_ACTION:
+            action = int(data.eventData)  # the event's data is the new action, not an XID
+        elif event_type & _VERDICT_EVENTS and dev is not None:
+            # The GPU's verdict on this fault, read now (docs/gpu.md): NONE restarts the engine;
+            # anything else needs a reset first.
+            with contextlib.suppress(Exception):
+                action = self._fields(dev, None).get(FI_GPU_RECOVERY_ACTION)
         return GpuEvent(
             index=None if dev is None else dev.index,
             uuid=None if dev is None else dev.uuid,
             kind=EVENT_KINDS.get(event_type, f"event_0x{event_type:x}"),
             xid=int(data.eventData) if event_type & EVENT_XID else None,
             at_s=time.monotonic(),
+            recovery_action=action,
         )
 
     def close(self) -> None:
@@ -464,6 +756,8 @@ __all__ = [
     "CLOCK_EVENT_REASONS",
     "DEFAULT_EVENT_TYPES",
     "EVENT_KINDS",
+    "RECOVERY_ACTIONS",
+    "RECOVERY_NONE",
     "XID_UNKNOWN",
     "GpuEvent",
     "GpuLost",
@@ -472,4 +766,6 @@ __all__ = [
     "GpuSample",
     "NvmlReader",
     "decode_clock_event_reasons",
+    "in_host_pid_namespace",
+    "recovery_action_name",
 ]

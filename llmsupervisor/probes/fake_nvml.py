@@ -1,0 +1,467 @@
+"""A fake ``pynvml`` module for tests and demos: never used against a real GPU.
+
+It sits in place of the ``pynvml`` module itself, with the real binding's constants, structs
+(``c_nvmlMemory_v2_t``, ``c_nvmlFieldValue_t``) and ``NVMLError`` subclasses, so that the real
+reader (``probes/nvml.NvmlReader``) runs over it. ``FakeNvml`` is scripted per GPU in-process;
+``FileNvml`` reads the JSON file that ``llm-supervisor run --fake-gpu FILE`` watches. The
+``GpuReader``-level doubles (``FakeGpu``, ``FileGpu``) are in probes/fake_gpu.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmsupervisor.probes.cpus import parse_cpu_list
+from llmsupervisor.probes.nvml import (
+    CLOCK_EVENT_REASONS,
+    EVENT_KINDS,
+)
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+@dataclass(slots=True)
+class FakeDevice:
+    """One scripted GPU as NVML would report it. Change the attributes while a reader runs.
+
+    Defaults are an idle H100 SXM as ``nvidia-smi -q`` shows one (thresholds: slowdown 90 C,
+    max operating 87 C; about 0.5 GiB reserved by the driver and firmware); the exact figures
+    are stand-ins, not a recording.
+    """
+
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    temperature_c: int = 40
+    power_mw: int = 90_000
+    power_limit_mw: int = 700_000
+    sm_clock_mhz: int = 1980
+    mem_clock_mhz: int = 2619
+    clock_event_reasons: int = 0x1  # gpu_idle
+    memory_total: int = 80 * GIB
+    memory_reserved: int = 512 * MIB
+    memory_used: int = 0  # v2's used: without the reserved part
+    utilization_gpu_pct: int = 0
+    ecc_uncorrected_volatile: int | None = 0  # None: a board without ECC (NotSupported)
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # host PIDs, bytes
+    # nvmlDeviceGetFieldValues answers, by field id: (per-field return code, value). A field that
+    # is absent answers NVML_ERROR_NOT_SUPPORTED in its own entry, as an older driver does.
+    fields: dict[int, tuple[int, int]] = field(
+        default_factory=lambda: {230: (0, 0), 269: (0, 0), 270: (0, 0), 271: (0, 0)}
+    )
+    thresholds: dict[int, int] = field(default_factory=lambda: {0: 92, 1: 90, 2: 95, 3: 87})
+    mig_mode: tuple[int, int] | None = (0, 0)  # (current, pending); None: NotSupported
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
+    cpus: tuple[int, ...] = ()  # nvmlDeviceGetCpuAffinity; () = NotSupported
+    supported_events: int = 0x1 | 0x2 | 0x8 | 0x200 | 0x400 | 0x800 | 0x1000 | 0x2000 | 0x4000 | 0x8000
+    # Function name -> NVML return code it fails with (pynvml.NVML_ERROR_*), e.g.
+    # {"nvmlDeviceGetComputeRunningProcesses": NVML_ERROR_NO_PERMISSION}.
+    errors: dict[str, int] = field(default_factory=dict)
+    lost: bool = False  # every call: NVML_ERROR_GPU_IS_LOST
+    unreadable: bool = False  # at open: handle lookup fails (the index is left out)
+
+
+class FakeNvml:
+    """A stand-in for the ``pynvml`` module, for ``NvmlReader(lib=FakeNvml(...))``.
+
+    Everything but the functions is the real module's: constants, structs (``c_nvmlMemory_v2_t``,
+    ``c_nvmlFieldValue_t``, ``c_nvmlEventData_t``, ``c_nvmlProcessInfo_v3_t``) and the
+    ``NVMLError`` subclasses, raised the way the binding raises them (``NVMLError(code)`` picks the
+    subclass). The functions follow nvidia-ml-py 13.615's ``pynvml.py`` and NVML's API reference
+    (https://docs.nvidia.com/deploy/nvml-api/), per behaviour:
+
+    - ``nvmlDeviceGetMemoryInfo(h, version=None)``: no version is the v1 struct, whose ``used`` is
+      total - free and so includes driver-reserved memory; ``nvmlMemory_v2`` selects the
+      ``_v2`` symbol, with ``reserved`` on its own (nvidia-smi R510+ shows v2's used; rust-nvml#57).
+      ``missing`` holding ``"nvmlDeviceGetMemoryInfo_v2"`` makes that symbol absent
+      (``NVML_ERROR_FUNCTION_NOT_FOUND``, as ``_nvmlGetFunctionPointer`` raises on an old driver).
+    - ``nvmlDeviceGetFieldValues``: the call succeeds and each entry carries its own
+      ``nvmlReturn`` (nvml.h, nvmlFieldValue_t: "Return code for retrieving this value").
+    - ``nvmlEventSetWait(set, ms)``: raises ``NVMLError_Timeout`` when nothing arrives in time;
+      only registered types are delivered; the event's ``device`` is a new pointer object to the
+      same handle, as in the C struct copy.
+    - process lists carry host PIDs (NVIDIA/nvidia-docker#1483), whatever the caller's namespace.
+    - a function name in ``missing`` raises ``NVML_ERROR_FUNCTION_NOT_FOUND`` (an older driver).
+    """
+
+    def __init__(
+        self,
+        devices: Iterable[FakeDevice] = (),
+        *,
+        missing: Iterable[str] = (),
+        init_error: int | None = None,
+    ) -> None:
+        import pynvml
+
+        self._pynvml = pynvml
+        self.devices: list[FakeDevice] = list(devices)
+        self.missing = set(missing)
+        self.init_error = init_error
+        self.calls: Counter[str] = Counter()
+        self.registered: list[tuple[int, int]] = []  # (index, event bit)
+        self.dropped: list[tuple[int, int, int]] = []  # events of unregistered types
+        self._events: deque[tuple[int, int, int]] = deque()  # (index, type, data)
+        self._cond = threading.Condition()
+        self.initialised = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants, structs and error classes: the real module's.
+        if name.startswith(("NVML", "nvmlMemory", "nvmlEventType", "c_nvml")):
+            return getattr(self._pynvml, name)
+        raise AttributeError(name)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _error(self, code: int) -> Exception:
+        exc: Exception = self._pynvml.NVMLError(code)
+        return exc
+
+    def _handle(self, index: int) -> Any:
+        return ctypes.cast(ctypes.c_void_p(0x1000 + index), self._pynvml.c_nvmlDevice_t)
+
+    def _index(self, handle: Any) -> int:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0) - 0x1000
+
+    def _dev(self, name: str, handle: Any) -> FakeDevice:
+        self.calls[name] += 1
+        if name in self.missing:
+            raise self._error(self._pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        dev = self.devices[self._index(handle)]
+        if dev.lost:
+            raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
+        if name in dev.errors:
+            raise self._error(dev.errors[name])
+        return dev
+
+    def push_event(self, index: int, event_type: int, data: int = 0) -> None:
+        """Queue an event; delivered only if its type was registered on that GPU."""
+        with self._cond:
+            if (index, event_type) in self.registered:
+                self._events.append((index, event_type, data))
+                self._cond.notify_all()
+            else:
+                self.dropped.append((index, event_type, data))
+
+    def xid(self, index: int, xid: int) -> None:
+        self.push_event(index, self._pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    # -- the functions ---------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if self.init_error is not None:
+            raise self._error(self.init_error)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+        self.initialised -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        if self.devices[index].unreadable:
+            raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
+        return self._handle(index)
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        return self._dev("nvmlDeviceGetUUID", h).uuid
+
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        return self._dev("nvmlDeviceGetName", h).name
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        dev = self._dev("nvmlDeviceGetMigMode", h)
+        if dev.mig_mode is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(dev.mig_mode)
+
+    def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int, version: int | None = None) -> int:
+        return self._dev("nvmlDeviceGetTemperatureV", h).temperature_c
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        return self._dev("nvmlDeviceGetTemperature", h).temperature_c
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: Any, threshold: int) -> int:
+        dev = self._dev("nvmlDeviceGetTemperatureThreshold", h)
+        if threshold not in dev.thresholds:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return dev.thresholds[threshold]
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        return self._dev("nvmlDeviceGetPowerUsage", h).power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
+        return self._dev("nvmlDeviceGetEnforcedPowerLimit", h).power_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
+        dev = self._dev("nvmlDeviceGetClockInfo", h)
+        return dev.sm_clock_mhz if clock == self._pynvml.NVML_CLOCK_SM else dev.mem_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
+        return self._dev("nvmlDeviceGetCurrentClocksEventReasons", h).clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: Any) -> int:
+        return self._dev("nvmlDeviceGetCurrentClocksThrottleReasons", h).clock_event_reasons
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> Any:
+        # pynvml.py: no version -> c_nvmlMemory_t and the v1 symbol; a version -> the _v2 symbol.
+        if version:
+            dev = self._dev("nvmlDeviceGetMemoryInfo_v2", h)
+            if version != self._pynvml.nvmlMemory_v2:
+                raise self._error(self._pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            v2 = self._pynvml.c_nvmlMemory_v2_t()
+            v2.version = version
+            v2.total = dev.memory_total
+            v2.reserved = dev.memory_reserved
+            v2.used = dev.memory_used
+            v2.free = dev.memory_total - dev.memory_reserved - dev.memory_used
+            return v2
+        dev = self._dev("nvmlDeviceGetMemoryInfo", h)
+        v1 = self._pynvml.c_nvmlMemory_t()
+        v1.total = dev.memory_total
+        v1.free = dev.memory_total - dev.memory_reserved - dev.memory_used
+        v1.used = dev.memory_total - v1.free  # reserved included: what v1 has always reported
+        return v1
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        dev = self._dev("nvmlDeviceGetUtilizationRates", h)
+        rates = self._pynvml.c_nvmlUtilization_t()
+        rates.gpu = dev.utilization_gpu_pct
+        rates.memory = 0
+        return rates
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter_type: int) -> int:
+        dev = self._dev("nvmlDeviceGetTotalEccErrors", h)
+        if dev.ecc_uncorrected_volatile is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return dev.ecc_uncorrected_volatile
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        dev = self._dev("nvmlDeviceGetComputeRunningProcesses", h)
+        out = []
+        for pid, used in dev.processes:
+            info = self._pynvml.c_nvmlProcessInfo_v3_t()
+            info.pid = pid
+            info.usedGpuMemory = (
+                self._pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used
+            )
+            obj = self._pynvml.nvmlStructToFriendlyObject(info)
+            if obj.usedGpuMemory == self._pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None  # as the binding does
+            out.append(obj)
+        return out
+
+    def nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[int]) -> Any:
+        dev = self._dev("nvmlDeviceGetFieldValues", h)
+        values = (self._pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for i, field_id in enumerate(field_ids):
+            ret, value = dev.fields.get(field_id, (self._pynvml.NVML_ERROR_NOT_SUPPORTED, 0))
+            values[i].fieldId = field_id
+            values[i].nvmlReturn = ret
+            values[i].valueType = self._pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            values[i].value.ullVal = value
+        return values
+
+    def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
+        dev = self._dev("nvmlDeviceGetRemappedRows", h)
+        if dev.remapped_rows is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return dev.remapped_rows
+
+    def nvmlDeviceGetCpuAffinity(self, h: Any, words: int) -> list[int]:
+        dev = self._dev("nvmlDeviceGetCpuAffinity", h)
+        if not dev.cpus:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mask = [0] * words
+        for cpu in dev.cpus:
+            if cpu // 64 < words:
+                mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
+
+    def nvmlEventSetCreate(self) -> object:
+        self.calls["nvmlEventSetCreate"] += 1
+        return object()
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
+        return self._dev("nvmlDeviceGetSupportedEventTypes", h).supported_events
+
+    def nvmlDeviceRegisterEvents(self, h: Any, mask: int, event_set: object) -> None:
+        dev = self._dev("nvmlDeviceRegisterEvents", h)
+        if mask & ~dev.supported_events:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        index = self._index(h)
+        self.registered += [(index, bit) for bit in (1 << b for b in range(64)) if mask & bit]
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
+        self.calls["nvmlEventSetWait"] += 1
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._events), timeout_ms / 1000)
+            if not self._events:
+                raise self._error(self._pynvml.NVML_ERROR_TIMEOUT)
+            index, event_type, data = self._events.popleft()
+        event = self._pynvml.c_nvmlEventData_t()
+        event.device = self._handle(index)  # a new pointer object to the same device
+        event.eventType = event_type
+        event.eventData = data
+        event.gpuInstanceId = 0xFFFFFFFF
+        event.computeInstanceId = 0xFFFFFFFF
+        return event
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self.calls["nvmlEventSetFree"] += 1
+
+
+def fake_uuid(index: int) -> str:
+    return f"GPU-fake-{index:04d}"
+
+
+class FileNvml(FakeNvml):
+    """``FakeNvml`` driven by a JSON file that a test (or a demo) rewrites while the daemon runs:
+    ``llm-supervisor run --fake-gpu FILE`` builds ``NvmlReader(FileNvml(FILE))``, so the real
+    reader runs. Never for production. The file, re-read on every sample and event wait::
+
+        {"gpus": [{"index": 0, "uuid": "GPU-...", "temperature_c": 91,
+                   "clock_event_reasons": ["hw_thermal"], "memory_used_bytes": 0,
+                   "processes": [[4242, 75161927680]], "recovery_action": 1,
+                   "fields": {"270": 5000000000}, "errors": {"nvmlDeviceGetComputeRunningProcesses":
+                   "NoPermission"}, "mig": true, "remap_failure": true, "lost": false,
+                   "cpus": "0-3"}],
+         "events": [{"id": 1, "gpu": 0, "xid": 48}, {"id": 2, "gpu": 0, "kind": "double_bit_ecc"}]}
+
+    A GPU's place in NVML's order is its ``index`` (indices the file leaves out are unreadable
+    GPUs); ``uuid`` defaults to ``GPU-fake-0000`` style; a top-level ``"pids_visible": false`` plays
+    a daemon in a container without hostPID (read once, at start). Each event is delivered once (by id), and
+    only if its type was registered, as NVML does.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._delivered: set[object] = set()
+        self._closed = threading.Event()
+        # The file's PIDs are the test's own; "pids_visible": false plays a container without
+        # hostPID, where NVML's host PIDs match nothing in the daemon's /proc.
+        self.pids_visible = bool(self._load().get("pids_visible", True))
+
+    def _read_file(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _load(self) -> dict[str, Any]:
+        data = self._read_file()
+        raw_gpus = [g for g in data.get("gpus", []) if isinstance(g, dict)]
+        by_index = {int(g.get("index", i)): g for i, g in enumerate(raw_gpus)}
+        count = max(by_index) + 1 if by_index else 0
+        devices = []
+        for index in range(count):
+            raw = by_index.get(index)
+            devices.append(_device_from(index, raw) if raw is not None else FakeDevice(fake_uuid(index)))
+            if raw is None:
+                devices[-1].unreadable = True
+        if not self.initialised or len(devices) == len(self.devices):
+            self.devices = devices  # the count is fixed after open, as NVML's is
+        return data
+
+    def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int, version: int | None = None) -> int:
+        self._load()  # once per sample: temperature is the first reading
+        return super().nvmlDeviceGetTemperatureV(h, sensor, version)
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
+        deadline = time.monotonic() + timeout_ms / 1000
+        by_kind = {kind: bit for bit, kind in EVENT_KINDS.items()}
+        while not self._closed.is_set():
+            for raw in self._load().get("events", []):
+                key = raw.get("id", json.dumps(raw, sort_keys=True))
+                if key in self._delivered:
+                    continue
+                self._delivered.add(key)
+                kind = str(raw.get("kind", "xid"))
+                data = int(raw.get("xid", raw.get("data", 0)))
+                self.push_event(int(raw.get("gpu", 0)), by_kind.get(kind, 0x8), data)
+            with self._cond:
+                if self._events:
+                    return super().nvmlEventSetWait(event_set, 0)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._closed.wait(min(0.2, left))
+        raise self._error(self._pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self._closed.set()
+        super().nvmlEventSetFree(event_set)
+
+
+def _device_from(index: int, raw: Mapping[str, Any]) -> FakeDevice:
+    """A ``FakeDevice`` from one entry of the ``--fake-gpu`` file (see ``FileNvml``)."""
+    import pynvml
+
+    dev = FakeDevice(str(raw.get("uuid", fake_uuid(index))))
+    simple = {
+        "name": "name",
+        "temperature_c": "temperature_c",
+        "utilization_gpu_pct": "utilization_gpu_pct",
+        "memory_used_bytes": "memory_used",
+        "memory_total_bytes": "memory_total",
+        "memory_reserved_bytes": "memory_reserved",
+        "ecc_uncorrected_volatile": "ecc_uncorrected_volatile",
+        "sm_clock_mhz": "sm_clock_mhz",
+        "mem_clock_mhz": "mem_clock_mhz",
+    }
+    for key, attr in simple.items():
+        if key in raw:
+            setattr(dev, attr, raw[key])
+    if "power_w" in raw:
+        dev.power_mw = int(float(raw["power_w"]) * 1000)
+    if "power_limit_w" in raw:
+        dev.power_limit_mw = int(float(raw["power_limit_w"]) * 1000)
+    reasons = raw.get("clock_event_reasons")
+    if isinstance(reasons, list):
+        by_name = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
+        dev.clock_event_reasons = sum(by_name[name] for name in reasons)
+    elif isinstance(reasons, int):
+        dev.clock_event_reasons = reasons
+    if isinstance(raw.get("processes"), list):
+        dev.processes = [(int(p[0]), None if p[1] is None else int(p[1])) for p in raw["processes"]]
+    if "recovery_action" in raw:
+        action = raw["recovery_action"]
+        dev.fields[230] = (
+            (pynvml.NVML_ERROR_NOT_SUPPORTED, 0) if action is None else (pynvml.NVML_SUCCESS, int(action))
+        )
+    for field_id, value in dict(raw.get("fields", {})).items():
+        dev.fields[int(field_id)] = (pynvml.NVML_SUCCESS, int(value))
+    for fn, error in dict(raw.get("errors", {})).items():
+        code: Any = getattr(pynvml, f"NVML_ERROR_{_snake(str(error))}", error)
+        dev.errors[str(fn)] = int(code)
+    if raw.get("mig"):
+        dev.mig_mode = (1, 1)
+    if raw.get("remap_failure"):
+        dev.remapped_rows = (0, 1, 0, 1)
+    if isinstance(raw.get("cpus"), str):
+        dev.cpus = tuple(sorted(parse_cpu_list(raw["cpus"])))
+    dev.lost = bool(raw.get("lost"))
+    return dev
+
+
+def _snake(name: str) -> str:
+    """``NoPermission`` -> ``NO_PERMISSION`` (the NVML_ERROR_* spelling)."""
+    if name.isupper() or not name.isalpha():
+        return name
+    return "".join(("_" + c if c.isupper() and i else c) for i, c in enumerate(name)).upper()
+
+
+__all__ = ["GIB", "MIB", "FakeDevice", "FakeNvml", "FileNvml", "fake_uuid"]

@@ -1,0 +1,158 @@
+"""The real reader (``NvmlReader``) over the pynvml-level fake (``fake_gpu.FakeNvml``), whose
+constants, structs and error classes are the installed nvidia-ml-py module's (issue 23)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from llmsupervisor.probes import nvml
+from llmsupervisor.probes.fake_nvml import GIB, MIB, FakeDevice, FakeNvml, FileNvml
+from llmsupervisor.probes.nvml import GpuLost, NvmlReader
+
+
+def reader(*devices: FakeDevice, missing: tuple[str, ...] = (), pids_visible: bool = True) -> NvmlReader:
+    r = NvmlReader(FakeNvml(devices, missing=missing), pids_visible=pids_visible)
+    r.open()
+    return r
+
+
+def test_the_fake_is_built_from_the_real_binding() -> None:
+    fake = FakeNvml()
+    assert fake.NVMLError_NoPermission is pynvml.NVMLError_NoPermission
+    assert fake.nvmlMemory_v2 == pynvml.nvmlMemory_v2 == 0x02000028
+    assert fake.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == nvml.FI_GPU_RECOVERY_ACTION == 230
+    assert (nvml.FI_SW_THERMAL_NS, nvml.FI_HW_THERMAL_NS, nvml.FI_HW_POWER_BRAKE_NS) == (
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+    )
+    assert nvml.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET] == "gpu_reset"
+    assert nvml.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET] == "drain_and_reset"
+    assert nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    assert nvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX == pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+    assert pynvml.nvmlEventTypeFatalPoisonError == nvml.EVENT_FATAL_POISON
+    assert pynvml.nvmlEventTypeGpuRecoveryAction == nvml.EVENT_GPU_RECOVERY_ACTION
+    assert pynvml.nvmlEventTypeDramRetirementFailure == nvml.EVENT_DRAM_RETIREMENT_FAILURE
+
+
+def test_idle_memory_is_0_used_with_reserved_on_its_own() -> None:
+    # v2 leaves driver-reserved memory out of used, as nvidia-smi does (the lent H100 showed
+    # 0.5/80 GB with v1).
+    sample = reader(FakeDevice("GPU-a")).sample("GPU-a")
+    assert sample.memory_used_bytes == 0
+    assert sample.memory_reserved_bytes == 512 * MIB
+    assert sample.memory_total_bytes == 80 * GIB
+
+
+def test_memory_falls_back_to_v1_where_the_driver_lacks_the_v2_symbol() -> None:
+    r = reader(FakeDevice("GPU-a", memory_used=10 * GIB), missing=("nvmlDeviceGetMemoryInfo_v2",))
+    for _ in range(2):  # the v2 key is remembered as missing; v1 still answers
+        sample = r.sample("GPU-a")
+        assert sample.memory_used_bytes == 10 * GIB + 512 * MIB  # v1: reserved included
+        assert sample.memory_reserved_bytes is None
+
+
+def test_no_permission_on_the_process_list_still_reads_the_rest() -> None:
+    dev = FakeDevice(
+        "GPU-a",
+        temperature_c=71,
+        errors={"nvmlDeviceGetComputeRunningProcesses": pynvml.NVML_ERROR_NO_PERMISSION},
+    )
+    sample = reader(dev).sample("GPU-a")
+    assert sample.processes is None
+    assert sample.temperature_c == 71 and sample.sm_clock_mhz == 1980
+    assert sample.ecc_uncorrected_volatile == 0 and sample.recovery_action == 0
+    assert sample.unread == ("processes: NVMLError_NoPermission",)
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_GPU_IS_LOST])
+def test_reset_required_and_gpu_is_lost_are_faults_not_probe_warnings(code: int) -> None:
+    r = reader(FakeDevice("GPU-a", errors={"nvmlDeviceGetPowerUsage": code}))
+    with pytest.raises(GpuLost):
+        r.sample("GPU-a")
+
+
+def test_recovery_action_is_read_per_field_return_code() -> None:
+    dev = FakeDevice("GPU-a")
+    dev.fields[230] = (pynvml.NVML_SUCCESS, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    dev.fields[270] = (pynvml.NVML_SUCCESS, 7_000_000_000)
+    dev.fields.pop(269)  # an older driver: that field answers NotSupported in its own entry
+    sample = reader(dev).sample("GPU-a")
+    assert sample.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    assert sample.thermal_throttle_ns == 7_000_000_000
+    old = FakeDevice("GPU-b", fields={})
+    assert reader(old).sample("GPU-b").recovery_action is None
+
+
+def test_remapped_rows_thresholds_and_mig() -> None:
+    dev = FakeDevice("GPU-a", remapped_rows=(0, 1, 0, 1), mig_mode=(1, 1))
+    sample = reader(dev).sample("GPU-a")
+    assert sample.remap_failed is True and sample.remap_pending is False
+    assert (sample.slowdown_temperature_c, sample.max_operating_temperature_c) == (90, 87)
+    assert sample.mig_enabled is True
+    assert reader(FakeDevice("GPU-b", mig_mode=None)).sample("GPU-b").mig_enabled is None
+
+
+def test_every_supported_event_type_acted_on_is_registered() -> None:
+    fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b", supported_events=0x8 | 0x2)])
+    NvmlReader(fake).open()
+    on_a = {bit for i, bit in fake.registered if i == 0}
+    assert on_a == {0x1, 0x2, 0x8, 0x200, 0x400, 0x800, 0x1000, 0x2000, 0x4000, 0x8000}
+    assert {bit for i, bit in fake.registered if i == 1} == {0x2, 0x8}  # the intersection
+
+
+def test_an_xid_event_carries_the_recovery_action_read_after_it() -> None:
+    fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b")])
+    r = NvmlReader(fake)
+    r.open()
+    fake.devices[1].fields[230] = (pynvml.NVML_SUCCESS, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    fake.xid(1, 48)
+    event = r.wait_event(100)
+    assert event is not None
+    assert (event.index, event.uuid, event.kind, event.xid) == (1, "GPU-b", "xid", 48)
+    assert event.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    # A recovery-action event's data is the action, not an XID.
+    fake.push_event(0, pynvml.nvmlEventTypeGpuRecoveryAction, pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)
+    event = r.wait_event(100)
+    assert event is not None and event.xid is None and event.kind == "gpu_recovery_action"
+    assert event.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    assert r.wait_event(10) is None  # NVMLError_Timeout: nothing happened
+
+
+def test_host_pids_are_marked_when_the_daemon_is_in_its_own_pid_namespace() -> None:
+    dev = FakeDevice("GPU-a", processes=[(4242, 70 * GIB)])
+    sample = reader(dev, pids_visible=False).sample("GPU-a")
+    assert sample.processes == (nvml.GpuProcess(4242, 70 * GIB),)
+    assert sample.pids_visible is False
+
+
+def test_pid_namespace_detection_reads_the_namespace_inode(tmp_path: Path) -> None:
+    assert nvml.in_host_pid_namespace(str(tmp_path / "absent")) is True  # unknowable: assume host
+    assert nvml.in_host_pid_namespace(str(tmp_path)) is False  # any other inode
+
+
+def test_the_fake_gpu_file_drives_the_real_reader(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    path.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {"index": 0, "uuid": "GPU-x", "temperature_c": 91, "clock_event_reasons": ["hw_thermal"]},
+                    {"index": 2, "errors": {"nvmlDeviceGetComputeRunningProcesses": "NoPermission"}},
+                ],
+                "events": [{"id": 1, "gpu": 2, "xid": 31}],
+            }
+        )
+    )
+    r = NvmlReader(FileNvml(path))
+    assert r.open() == {"GPU-x": 0, "GPU-fake-0002": 2}  # index 1 unreadable: left out
+    hot = r.sample("GPU-x")
+    assert hot.temperature_c == 91 and hot.clock_event_reason_names == {"hw_thermal"}
+    assert r.sample("GPU-fake-0002").unread == ("processes: NVMLError_NoPermission",)
+    event = r.wait_event(1000)
+    assert event is not None and (event.index, event.xid) == (2, 31)
+    r.close()
