@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from llmsupervisor import aio
 from llmsupervisor.core.state import EngineState
@@ -97,6 +100,34 @@ def test_retired_engines_are_awaited_by_shutdown(tmp_path: Path) -> None:
         await asyncio.wait(fleet.all_tasks(), timeout=3600)
         assert not procs.live
         fleet.send("e", Stop())  # a removed engine takes no commands
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_a_dead_runners_state_change_walks_edges_and_is_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 3 (§2, E3): the fleet fabricated the dead runner's BACKOFF with replace(),
+    outside EDGES, without logging it or counting it in the state-change metric."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        procs.bug = False
+        fleet.add(spec())
+        ready = await settle(fleet, "e", lambda s: s.state is S.READY)
+        with caplog.at_level(logging.INFO, logger="llmsupervisor"):
+            fleet.tasks["e"].cancel()  # the runner's task ends without being asked to
+            died = await settle(fleet, "e", lambda s: s.task_failed is not None)
+        assert died.state is S.BACKOFF and died.state_reason.startswith("runner task ended")
+        assert died.state_changes_total == ready.state_changes_total + 1
+        assert any(
+            getattr(r, "event", None) == "transition"
+            and r.getMessage().startswith("READY -> BACKOFF: runner task")
+            for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+        fleet.stop_all()
+        await asyncio.wait(fleet.all_tasks(), timeout=3600)
         await fleet.aclose()
 
     run_virtual(scenario())
