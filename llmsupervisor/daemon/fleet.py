@@ -4,8 +4,10 @@ The fleet is the only place runners are created, replaced and retired. A runner 
 of a bug is out of rotation at once (its status says so the moment the task ends); its ledger
 records the death (``Ledger.runner_died``: a failure, and a state change along EDGES, logged and
 counted like any other). Its successor, after ``RUNNER_RESTART_DELAY_S``, carries on the same
-ledger. A runner is never replaced while the daemon shuts down; repeated deaths spend the budget
-and end in FATAL like any other crash loop (defect D6).
+ledger and the same desired state, so an operator's stop or drain stays (review 3, E2), and the
+commands sent meanwhile are queued for it, not dropped. A runner is never replaced while the
+daemon shuts down; repeated deaths spend the budget and end in FATAL like any other crash loop
+(defect D6), where an operator's ``start`` replaces it again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import httpx
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.engine.commands import Command, Desired, Escalate, Stop
+from llmsupervisor.engine.commands import Command, Desired, Escalate, Start, Stop
 from llmsupervisor.engine.http import EngineHttp, VllmHttp
 from llmsupervisor.engine.launch import Processes
 from llmsupervisor.engine.ledger import Ledger
@@ -130,8 +132,16 @@ class Fleet:
         if runner is None:
             return
         self._sent[name] = self._sent.get(name, 0) + 1
-        if name not in self._successor:
+        successor = self._successor.get(name)
+        if successor is None:
             runner.send(cmd)
+            return
+        # The runner died: the command waits for its successor, which takes it first thing.
+        successor[3].append(cmd)
+        if name not in self._replacing and isinstance(cmd, Start) and not self.shutting_down:
+            # Given up (FATAL): an operator's start tries again, as for any FATAL engine.
+            log.info("start of an engine whose runner gave up: replacing it now", extra={"engine": name})
+            self._add_successor(name)
 
     def pending(self, name: str) -> bool:
         """Commands sent that the runner has not taken yet: the policy must not act on this
@@ -211,9 +221,11 @@ class Fleet:
         self._add_successor(name)
 
     def _add_successor(self, name: str) -> None:
-        spec, ledger, _desired, _queued = self._successor[name]
+        spec, ledger, desired, queued = self._successor[name]
         ledger.restarted("runner_died")
-        self.add(spec, ledger=ledger)
+        self.add(spec, desired=desired, ledger=ledger)
+        for cmd in queued:
+            self.send(name, cmd)
 
     # ---- shutdown ----
 
