@@ -506,3 +506,12 @@ def test_a_host_that_is_not_listening_is_a_row_not_an_error() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert cli_control.fleet_status([f"127.0.0.1:{port}"], [], as_json=False, out=out, err=err) == 1
     assert "unreachable" in out.getvalue() and "unreachable" in err.getvalue()
+
+
+def test_a_held_engine_is_visibly_held_in_the_table() -> None:
+    held = engine(
+        state="stopped", in_rotation=False, hold={"hold": "stop", "by": "alice (uid 1000)", "since": 0.0}
+    )
+    rows = cli_render.status_rows({"gpu1": held})
+    assert rows[1][cli_render.STATUS_HEADER.index("ROTATION")] == "held"
+    assert rows[1][-1].startswith("[stop hold by alice (uid 1000) since ")

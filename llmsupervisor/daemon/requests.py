@@ -31,6 +31,7 @@ class EngineRequest:
     command: str  # restart, drain, stop, start
     engine: str
     reply: asyncio.Future[Any] = field(compare=False)
+    by: str = "operator"  # who sent it (daemon/holds.py operator_name)
 
 
 @dataclass(frozen=True, slots=True)
