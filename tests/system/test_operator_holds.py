@@ -58,3 +58,22 @@ def test_stop_and_drain_holds_survive_a_daemon_restart(daemon_factory) -> None:
     assert json.loads(cli(d, "status", "--json").stdout)["engines"]["a"]["hold"] is None
     assert d.engine("b")["state"] == "draining"  # still held
     assert d.stop() == 0
+
+
+def test_restart_wait_on_a_drained_engine_returns_once_it_is_up_and_held(daemon_factory) -> None:
+    """Issue 22: `restart --wait` on a drained engine never returned (READY for an instant, then
+    DRAINING by the operator's drain, which a restart keeps)."""
+    d = daemon_factory({"engines": [fake_engine("b", free_port())]})
+    d.start()
+    first = d.wait_state("b", "ready", timeout_s=60)
+    assert cli(d, "drain", "b").returncode == 0
+    d.wait_state("b", "draining", timeout_s=60)
+    out = cli(d, "restart", "b", "--wait", "--timeout", "60", timeout_s=90)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("b: restart accepted;") and "stays drained" in lines[0], lines
+    assert lines[-1] == "b: READY and held out of rotation by a drain (restart done)", lines
+    after = d.engine("b")
+    assert after["incarnation"] == first["incarnation"] + 1 and after["state"] == "draining"
+    assert ready_code(d, "b") != 200
+    assert d.stop() == 0
