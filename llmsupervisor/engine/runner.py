@@ -47,7 +47,7 @@ from llmsupervisor.engine.commands import (
     restart_taken,
     spec_taken,
 )
-from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, EVIDENCE_TIMEOUT_S, incident_dir, write_incident
+from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, take_evidence
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import EngineProcess, Processes, launch
@@ -440,48 +440,6 @@ class EngineRunner:
 
     # ---- stopping and failing ----
 
-    async def _take_evidence(self, cause: str, reason: str) -> None:
-        """The stacks of every process of the hung engine, before the stop destroys them;
-        bounded by EVIDENCE_TIMEOUT_S, and never in the way of the restart."""
-        proc = self._proc
-        if proc is None or self._procs.group_gone(proc):
-            return
-        pids = self._procs.group_members(proc.pgid)  # the API server, EngineCore, workers
-        started_s = aio.now()
-        dumps = await self._procs.dump_stacks(pids, timeout_s=EVIDENCE_TIMEOUT_S)
-        if dumps is None:
-            log.warning(
-                "%s: py-spy not found (next to the daemon's python or on PATH): no stacks of the engine",
-                reason,
-                extra={"engine": self.name},
-            )
-            return
-        directory = incident_dir(self._procs.state_dir, self.name)
-        try:
-            # A small local file written at once, like ladder.json and status.json.
-            path = write_incident(directory, engine=self.name, cause=cause, reason=reason, dumps=dumps)
-        except OSError as exc:
-            log.warning(
-                "%s: cannot keep the engine's stacks in %s: %s",
-                reason,
-                directory,
-                exc.strerror or exc,
-                extra={"engine": self.name},
-            )
-            return
-        self._ledger.incident(str(path))
-        taken = sum(1 for d in dumps if d.ok)
-        log.warning(
-            "%s: stacks of %d/%d engine process(es) before the kill, in %.2f s: %s",
-            reason,
-            taken,
-            len(dumps),
-            aio.now() - started_s,
-            path,
-            extra={"engine": self.name},
-        )
-        self._publish()
-
     async def _drain(self, why: str) -> None:
         proc = self._proc
         if proc is None or proc.returned or self._ledger.state not in SERVING or self._quick():
@@ -536,7 +494,10 @@ class EngineRunner:
                 if cause in EVIDENCE_CAUSES:
                     # Out of rotation already (STOPPING), not yet signalled: the stacks show
                     # the hang itself, and recovery waits for them at most EVIDENCE_TIMEOUT_S.
-                    await self._take_evidence(cause, reason)
+                    path = await take_evidence(self.name, self._proc, self._procs, cause=cause, reason=reason)
+                    if path is not None:
+                        self._ledger.incident(str(path))
+                        self._publish()
             await self._terminate(quick=True)
         if verdict.give_up:
             self._gave_up = True
