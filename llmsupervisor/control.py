@@ -9,7 +9,10 @@ answers ``{"events": [...], "last_seq": N}`` from the daemon's ring (daemon/even
 ``wait_s`` it waits (at most 30 s) for a first new event, so that `events --follow` is a long
 poll: one request after another, each with the last seq it got. The server only
 parses and hands the request to a callback, which puts it on the daemon's one request queue
-(daemon/requests.py) and awaits the loop's answer.
+(daemon/requests.py) and awaits the loop's answer. The server adds ``peer_uid`` to the request:
+the uid of the process on the other end (SO_PEERCRED, from the kernel; None where it cannot be
+read), replacing whatever the client sent under that key. An operator's hold names it
+(daemon/holds.py).
 
 Any local client in the group can connect, so a connection is cheap to hold and bounded: its
 request must arrive within ``idle_timeout_s`` and fit in ``read_limit_bytes``; at most
@@ -29,6 +32,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
@@ -135,7 +139,7 @@ class ControlServer:
                 line = await self._read_request(reader)
             finally:
                 self._waiting.pop(task, None)
-            reply = await self._answer(line)
+            reply = await self._answer(line, peer_uid(writer))
             await self._reply(writer, reply)
         except _TooLarge:
             await self._reply(
@@ -177,10 +181,10 @@ class ControlServer:
                     raise _TooLarge
         return bytes(data).split(b"\n", 1)[0]
 
-    async def _answer(self, line: bytes) -> dict[str, Any]:
+    async def _answer(self, line: bytes, uid: int | None = None) -> dict[str, Any]:
         try:
             request = json.loads(line.strip() or b"{}")
-            return {"ok": True, "result": await self.handler(_validated(request))}
+            return {"ok": True, "result": await self.handler({**_validated(request), "peer_uid": uid})}
         except ControlError as exc:
             return {"ok": False, "error": str(exc)}
         except RecursionError:
@@ -203,6 +207,17 @@ class ControlServer:
             async with asyncio.timeout(self.idle_timeout_s):
                 writer.write(data)
                 await writer.drain()
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    """The connected client's uid, as the kernel recorded it at connect (SO_PEERCRED: struct
+    ucred, three ints: pid, uid, gid; Linux). None where the socket cannot say."""
+    sock = writer.get_extra_info("socket")
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except (AttributeError, OSError, struct.error):
+        return None
+    return int(uid)
 
 
 async def _linger(reader: asyncio.StreamReader) -> None:

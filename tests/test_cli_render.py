@@ -511,3 +511,29 @@ def test_a_host_that_is_not_listening_is_a_row_not_an_error() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert fleet.fleet_status([f"127.0.0.1:{port}"], [], as_json=False, out=out, err=err) == 1
     assert "unreachable" in out.getvalue() and "unreachable" in err.getvalue()
+
+
+def test_judge_restart_of_a_drained_engine_ends_when_the_new_incarnation_is_up_and_held() -> None:
+    """Issue 22: a restart keeps the operator's drain, so the new incarnation is READY for an
+    instant and then DRAINING; `restart --wait` polled forever for a READY it never saw."""
+    base = Baseline("restart", incarnation=3, state_changes=10)
+    drained = {"name": "gpu1", "hold": {"hold": "drain", "by": "operator", "since": 1.0}}
+    assert judge(base, {**engine(state="draining", incarnation=3), **drained}, []) is None  # the old one
+    done = judge(base, {**engine(state="draining", incarnation=4), **drained}, [])
+    assert done is not None and done.reached
+    assert done.line == "gpu1: READY and held out of rotation by a drain (restart done)"
+    # A daemon whose status has no holds yet: drained is "held by an operator, meant to run".
+    older = {"name": "gpu1", "held_by_operator": True, "wants_run": True}
+    done = judge(base, {**engine(state="draining", incarnation=4), **older}, [])
+    assert done is not None and done.reached
+    # Draining because of something else (a restart's own drain) is not done.
+    assert judge(base, {**engine(state="draining", incarnation=4), "name": "gpu1"}, []) is None
+
+
+def test_a_held_engine_is_visibly_held_in_the_table() -> None:
+    held = engine(
+        state="stopped", in_rotation=False, hold={"hold": "stop", "by": "alice (uid 1000)", "since": 0.0}
+    )
+    rows = cli_render.status_rows({"gpu1": held})
+    assert rows[1][cli_render.STATUS_HEADER.index("ROTATION")] == "held"
+    assert rows[1][-1].startswith("[stop hold by alice (uid 1000) since ")

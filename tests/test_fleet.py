@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from llmsupervisor import aio
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import RUNNER_RESTART_DELAY_S, Fleet
-from llmsupervisor.engine.commands import Stop
+from llmsupervisor.engine.commands import Hold, Start, Stop
 from llmsupervisor.engine.observer import NoGpus
 from tests.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
 from tests.test_runner import spec
@@ -97,6 +100,131 @@ def test_retired_engines_are_awaited_by_shutdown(tmp_path: Path) -> None:
         await asyncio.wait(fleet.all_tasks(), timeout=3600)
         assert not procs.live
         fleet.send("e", Stop())  # a removed engine takes no commands
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+async def replaced(fleet: Fleet, name: str) -> Any:
+    """The status once the dead runner's successor has published its own."""
+    await settle(fleet, name, lambda s: s.task_failed is not None)
+    return await settle(fleet, name, lambda s: s.task_failed is None)
+
+
+def test_a_dead_runners_state_change_walks_edges_and_is_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 3 (§2, E3): the fleet fabricated the dead runner's BACKOFF with replace(),
+    outside EDGES, without logging it or counting it in the state-change metric."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        procs.bug = False
+        fleet.add(spec())
+        ready = await settle(fleet, "e", lambda s: s.state is S.READY)
+        with caplog.at_level(logging.INFO, logger="llmsupervisor"):
+            fleet.tasks["e"].cancel()  # the runner's task ends without being asked to
+            died = await settle(fleet, "e", lambda s: s.task_failed is not None)
+        assert died.state is S.BACKOFF and died.state_reason.startswith("runner task ended")
+        assert died.state_changes_total == ready.state_changes_total + 1
+        assert any(
+            getattr(r, "event", None) == "transition"
+            and r.getMessage().startswith("READY -> BACKOFF: runner task")
+            for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+        fleet.stop_all()
+        await asyncio.wait(fleet.all_tasks(), timeout=3600)
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_a_stopped_engine_whose_runner_dies_stays_stopped(tmp_path: Path) -> None:
+    """Review 3, E2: a STOPPED runner that died showed BACKOFF, and its successor started the
+    engine again (it got Desired(run=spec.enabled), not the operator's stop)."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        procs.bug = False
+        fleet.add(spec())
+        await settle(fleet, "e", lambda s: s.state is S.READY)
+        fleet.send("e", Stop())
+        await settle(fleet, "e", lambda s: s.state is S.STOPPED)
+        fleet.tasks["e"].cancel()
+        died = await settle(fleet, "e", lambda s: s.task_failed is not None)
+        assert died.state is S.STOPPED and not died.wants_run
+        after = await replaced(fleet, "e")
+        await asyncio.sleep(10 * RUNNER_RESTART_DELAY_S)
+        after = fleet.status("e")
+        assert after is not None and after.state is S.STOPPED and not after.wants_run
+        assert not procs.live
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_a_drained_engine_whose_runner_dies_stays_drained(tmp_path: Path) -> None:
+    """Review 3, E2: the successor undid the operator's drain (back in rotation)."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        procs.bug = False
+        fleet.add(spec())
+        await settle(fleet, "e", lambda s: s.state is S.READY)
+        fleet.send("e", Hold(True))
+        await settle(fleet, "e", lambda s: s.state is S.DRAINING)
+        fleet.tasks["e"].cancel()
+        await replaced(fleet, "e")
+        after = await settle(fleet, "e", lambda s: s.state is S.DRAINING)
+        assert after.held and not after.in_rotation and after.incarnation is not None
+        await asyncio.sleep(10 * RUNNER_RESTART_DELAY_S)
+        after = fleet.status("e")
+        assert after is not None and after.state is S.DRAINING
+        fleet.stop_all()
+        await asyncio.wait(fleet.all_tasks(), timeout=3600)
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_commands_sent_while_a_runner_is_replaced_reach_its_successor(tmp_path: Path) -> None:
+    """Review 3, E2: a command sent in the RUNNER_RESTART_DELAY_S gap was dropped, while the
+    operator had been told "accepted"."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        procs.bug = False
+        fleet.add(spec())
+        await settle(fleet, "e", lambda s: s.state is S.READY)
+        fleet.tasks["e"].cancel()
+        await settle(fleet, "e", lambda s: s.task_failed is not None)
+        fleet.send("e", Stop())  # in the gap
+        assert fleet.pending("e")  # the policy leaves it alone meanwhile
+        after = await replaced(fleet, "e")
+        after = await settle(fleet, "e", lambda s: s.state is S.STOPPED and s.commands_taken == 1)
+        assert not after.wants_run and not fleet.pending("e")
+        await asyncio.sleep(10 * RUNNER_RESTART_DELAY_S)
+        after = fleet.status("e")
+        assert after is not None and after.state is S.STOPPED and not procs.live
+        await fleet.aclose()
+
+    run_virtual(scenario())
+
+
+def test_an_operator_start_replaces_a_runner_that_gave_up(tmp_path: Path) -> None:
+    """A dead runner past its budget is FATAL; `start` retries it as for any FATAL engine,
+    instead of being accepted and dropped."""
+
+    async def scenario() -> None:
+        fleet, procs = fleet_of(tmp_path)
+        fleet.add(spec(max_failures=2))
+        await settle(fleet, "e", lambda s: s.state is S.FATAL and s.task_failed is not None)
+        procs.bug = False
+        fleet.send("e", Start())
+        ready = await settle(fleet, "e", lambda s: s.state is S.READY)
+        assert ready.task_failed is None and ready.failures == 0
+        fleet.stop_all()
+        await asyncio.wait(fleet.all_tasks(), timeout=3600)
         await fleet.aclose()
 
     run_virtual(scenario())

@@ -21,7 +21,7 @@ from llmsupervisor.core.findings import FindingKind
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.commands import Command, Hold, Restart, Shed, Start, StepTo, Stop
 from llmsupervisor.engine.http import _success
-from llmsupervisor.engine.lifecycle import History
+from llmsupervisor.engine.ledger import History, Ledger
 from llmsupervisor.engine.observer import canary_deadline_s
 from llmsupervisor.engine.runner import EngineRunner
 from llmsupervisor.engine.status import EngineStatus
@@ -70,7 +70,7 @@ class Harness:
         engine: EngineSpec,
         *,
         gpus: Any = None,
-        history: History | None = None,
+        ledger: Ledger | None = None,
         **procs: Any,
     ) -> None:
         self.procs = FakeProcesses(state_dir=tmp_path, **procs)
@@ -85,7 +85,7 @@ class Harness:
             changed=self.changes,
             gpus=gpus,
             sweeper=self.sweeper,
-            history=history,
+            ledger=ledger,
         )
         self.changes.runner = self.runner
         self.changes.published.append(self.runner.status())
@@ -604,7 +604,7 @@ def test_engine_dead_health_restarts(tmp_path: Path) -> None:
 def test_history_carries_over_to_a_successor_runner(tmp_path: Path) -> None:
     async def scenario() -> None:
         history = History(restarts_total=4, restarts_by_reason={"crash": 4})
-        h = Harness(tmp_path, spec(), history=history)
+        h = Harness(tmp_path, spec(), ledger=Ledger("e", now=aio.now(), history=history))
         status = await h.state(S.READY)
         assert status.restarts_total == 4
         await h.close()

@@ -73,16 +73,28 @@ def state_text(engine: Mapping[str, Any]) -> str:
     return f"{state} ({phase})" if phase else state
 
 
+def hold_text(engine: Mapping[str, Any]) -> str | None:
+    """``stop hold by alice (uid 1000) since 2026-11-26 08:00:12`` (local time), or None."""
+    hold = engine.get("hold")
+    if not hold:
+        return None
+    since = hold.get("since")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since is not None else "?"
+    return f"{hold.get('hold')} hold by {hold.get('by')} since {when}"
+
+
 def _detail(engine: Mapping[str, Any]) -> str:
-    """The last column, never cut: the findings, else the state's reason (a FATAL engine's
-    reason says why it gave up and how to retry)."""
+    """The last column, never cut: an operator's hold, then the findings, else the state's
+    reason (a FATAL engine's reason says why it gave up and how to retry)."""
     findings = "; ".join(
         f"{f['kind']} ({f['severity']}): {f['summary']}"
         if f.get("summary")
         else f"{f['kind']} ({f['severity']})"
         for f in engine.get("findings", [])
     )
-    return findings or str(engine.get("reason") or "")
+    detail = findings or str(engine.get("reason") or "")
+    held = hold_text(engine)
+    return f"[{held}] {detail}" if held else detail
 
 
 STATUS_HEADER: Final = (
@@ -119,7 +131,7 @@ def status_rows(engines: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...
                 duration(e.get("for_s") or 0.0),
                 str(e.get("restarts", 0)),
                 last_exit(e),
-                "in" if e.get("in_rotation") else "out",
+                "in" if e.get("in_rotation") else "held" if e.get("hold") else "out",
                 f"{e.get('batch_step', 0)}/{steps}" if steps else "-",
                 gpu_memory(e.get("gpu_memory_used_bytes"), e.get("gpu_memory_total_bytes")),
                 _gpu_reading(e.get("gpu_temperature_c"), "C"),

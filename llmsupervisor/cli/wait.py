@@ -68,8 +68,15 @@ def judge(
     ):
         return Verdict(True, ready)
     if base.command in ("restart", "reload"):
-        if state == "ready" and (engine.get("incarnation") or 0) > (base.incarnation or 0):
-            return Verdict(True, ready)
+        if (engine.get("incarnation") or 0) > (base.incarnation or 0):
+            if state == "ready":
+                return Verdict(True, ready)
+            if state == "draining" and _drain_held(engine):
+                # A restart keeps the operator's drain: the new incarnation is ready to serve and
+                # out of rotation by intent, which is as far as it goes until `start` (docs/cli.md).
+                return Verdict(
+                    True, f"{name}: READY and held out of rotation by a drain ({base.command} done)"
+                )
     elif base.command == "start":
         if state == "ready":
             return Verdict(True, ready)
@@ -86,6 +93,14 @@ def judge(
     if state in ("stopped", "stopping") and not engine.get("wants_run", True):
         return Verdict(False, f"{name}: {base.command} failed: the engine was stopped meanwhile")
     return None
+
+
+def _drain_held(engine: Mapping[str, Any]) -> bool:
+    hold = engine.get("hold")
+    if hold is not None:
+        return bool(hold.get("hold") == "drain")
+    # A daemon without holds in its status: an engine meant to run and held is drained.
+    return bool(engine.get("held_by_operator")) and bool(engine.get("wants_run", True))
 
 
 class Progress:

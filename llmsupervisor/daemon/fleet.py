@@ -1,10 +1,13 @@
 """The engines the daemon runs: one runner and one task each, their HTTP clients, their statuses.
 
 The fleet is the only place runners are created, replaced and retired. A runner task that dies
-of a bug is out of rotation at once (its status says so the moment the task ends), keeps its
-counters and failure budget for its successor, which starts after ``RUNNER_RESTART_DELAY_S``,
-and is never replaced while the daemon shuts down; repeated deaths spend the budget and end in
-FATAL like any other crash loop (defect D6).
+of a bug is out of rotation at once (its status says so the moment the task ends); its ledger
+records the death (``Ledger.runner_died``: a failure, and a state change along EDGES, logged and
+counted like any other). Its successor, after ``RUNNER_RESTART_DELAY_S``, carries on the same
+ledger and the same desired state, so an operator's stop or drain stays (review 3, E2), and the
+commands sent meanwhile are queued for it, not dropped. A runner is never replaced while the
+daemon shuts down; repeated deaths spend the budget and end in FATAL like any other crash loop
+(defect D6), where an operator's ``start`` replaces it again.
 """
 
 from __future__ import annotations
@@ -22,11 +25,9 @@ import httpx
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.restarts import is_crash_loop
-from llmsupervisor.core.state import EngineState
-from llmsupervisor.engine.commands import Command, Escalate, Stop
+from llmsupervisor.engine.commands import Command, Desired, Escalate, Start, Stop
 from llmsupervisor.engine.http import EngineHttp, VllmHttp
-from llmsupervisor.engine.lifecycle import History
+from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.engine.observer import GpuSource, GroupSampler
 from llmsupervisor.engine.processes import Processes
 from llmsupervisor.engine.runner import EngineRunner
@@ -60,6 +61,9 @@ class Fleet:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._retiring: dict[str, tuple[EngineRunner, asyncio.Task[None]]] = {}
         self._dead: dict[str, EngineStatus] = {}  # engines whose runner task died, until replaced
+        # The dead runner's ledger and desired state, and the commands sent since, for its successor.
+        self._successor: dict[str, tuple[EngineSpec, Ledger, Desired, list[Command]]] = {}
+        self._replacing: set[str] = set()  # a successor is due after RUNNER_RESTART_DELAY_S
         self._respawns: set[asyncio.Task[None]] = set()
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._probes: dict[str, ProbeHttp] = {}
@@ -99,7 +103,9 @@ class Fleet:
 
     # ---- runners ----
 
-    def add(self, spec: EngineSpec, *, history: History | None = None) -> None:
+    def add(self, spec: EngineSpec, *, desired: Desired | None = None, ledger: Ledger | None = None) -> None:
+        """A runner for ``spec``; ``desired``: what the operator asked of it before (holds kept
+        across a daemon restart, daemon/holds.py), else what the config says."""
         runner = EngineRunner(
             spec,
             procs=self._procs,
@@ -108,11 +114,14 @@ class Fleet:
             changed=self.changes,
             gpus=self._gpus,
             sweeper=self._sweeper,
-            history=history,
+            ledger=ledger,
+            desired=desired,
         )
         self.runners[spec.name] = runner
         self._sent[spec.name] = 0
         self._dead.pop(spec.name, None)
+        self._successor.pop(spec.name, None)
+        self._replacing.discard(spec.name)
         task = asyncio.create_task(runner.run(), name=f"engine:{spec.name}")
         task.add_done_callback(functools.partial(self._task_ended, spec.name))
         self.tasks[spec.name] = task
@@ -120,9 +129,19 @@ class Fleet:
 
     def send(self, name: str, cmd: Command) -> None:
         runner = self.runners.get(name)
-        if runner is not None and name not in self._dead:
-            self._sent[name] = self._sent.get(name, 0) + 1
+        if runner is None:
+            return
+        self._sent[name] = self._sent.get(name, 0) + 1
+        successor = self._successor.get(name)
+        if successor is None:
             runner.send(cmd)
+            return
+        # The runner died: the command waits for its successor, which takes it first thing.
+        successor[3].append(cmd)
+        if name not in self._replacing and isinstance(cmd, Start) and not self.shutting_down:
+            # Given up (FATAL): an operator's start tries again, as for any FATAL engine.
+            log.info("start of an engine whose runner gave up: replacing it now", extra={"engine": name})
+            self._add_successor(name)
 
     def pending(self, name: str) -> bool:
         """Commands sent that the runner has not taken yet: the policy must not act on this
@@ -143,6 +162,8 @@ class Fleet:
         runner = self.runners.pop(name)
         task = self.tasks.pop(name)
         self._dead.pop(name, None)
+        self._successor.pop(name, None)
+        self._replacing.discard(name)
         log.info("engine removed from the config: stopping it", extra={"engine": name})
         runner.send(Stop(final=True))
         self._retiring[name] = (runner, task)
@@ -166,45 +187,45 @@ class Fleet:
         exc = None if task.cancelled() else task.exception()
         if exc is None and (runner.status().final or self.shutting_down):
             return  # a runner that was told to stop for good
-        status = runner.status()
-        history = runner.history
-        now = aio.now()
-        policy = status.spec.restart_policy
-        history.last_failure = f"runner task died: {exc!r}" if exc is not None else "runner task ended"
-        history.failures = history.failures.record(now, policy)
-        give_up = self.shutting_down or is_crash_loop(history.failures, now, policy)
+        status, ledger = runner.status(), runner.ledger
+        now, policy = aio.now(), status.spec.restart_policy
+        # The state it leaves walks EDGES, logged and counted, in the ledger (the one writer).
+        verdict = ledger.runner_died(exc, now=now, policy=policy, give_up=self.shutting_down)
         log.error(
             "engine task ended unexpectedly%s; %s",
             f": {exc!r}" if exc else "",
-            "not replacing it" if give_up else f"replacing it in {RUNNER_RESTART_DELAY_S:g} s",
+            "not replacing it" if verdict.give_up else f"replacing it in {RUNNER_RESTART_DELAY_S:g} s",
             extra={"engine": name},
             exc_info=exc,
         )
         self._dead[name] = replace(
             status,
-            state=EngineState.FATAL if give_up else EngineState.BACKOFF,
-            state_reason=history.last_failure + ("" if give_up else "; replacing the runner"),
-            state_since_s=now,
+            **ledger.facts(now=now, policy=policy),
             incarnation=None,
             findings=(),
             busy=True,
-            failures=history.failures.count(now, policy),
-            last_failure=history.last_failure,
-            task_failed=history.last_failure,
+            task_failed=ledger.history.last_failure,
         )
+        self._successor[name] = (status.spec, ledger, runner.desired, [])
         self.changes.set()
-        if not give_up:
-            respawn = asyncio.create_task(self._replace(name, status.spec, history), name=f"respawn:{name}")
+        if not verdict.give_up:
+            self._replacing.add(name)
+            respawn = asyncio.create_task(self._replace(name), name=f"respawn:{name}")
             self._respawns.add(respawn)
             respawn.add_done_callback(self._respawns.discard)
 
-    async def _replace(self, name: str, spec: EngineSpec, history: History) -> None:
+    async def _replace(self, name: str) -> None:
         await aio.wait_any(timeout_s=RUNNER_RESTART_DELAY_S)
-        if self.shutting_down or name not in self._dead or name not in self.runners:
+        if self.shutting_down or name not in self._successor or name not in self.runners:
             return
-        history.restarts_total += 1
-        history.restarts_by_reason["runner_died"] = history.restarts_by_reason.get("runner_died", 0) + 1
-        self.add(spec, history=history)
+        self._add_successor(name)
+
+    def _add_successor(self, name: str) -> None:
+        spec, ledger, desired, queued = self._successor[name]
+        ledger.restarted("runner_died")
+        self.add(spec, desired=desired, ledger=ledger)
+        for cmd in queued:
+            self.send(name, cmd)
 
     # ---- shutdown ----
 

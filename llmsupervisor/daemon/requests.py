@@ -31,6 +31,7 @@ class EngineRequest:
     command: str  # restart, drain, stop, start
     engine: str
     reply: asyncio.Future[Any] = field(compare=False)
+    by: str = "operator"  # who sent it (daemon/holds.py operator_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +67,15 @@ def what_happens(command: str, status: EngineStatus) -> str:
     if command == "restart":
         if not running:
             return "starting"
+        # A restart keeps the operator's drain: the new incarnation stays out of rotation.
+        kept = "; it stays drained (out of rotation) until `start`" if status.held else ""
         if serving:
-            return f"{draining}, then restarting" if status.spec.drain_timeout_s > 0 else "restarting"
+            return (
+                f"{draining}, then restarting" if status.spec.drain_timeout_s > 0 else "restarting"
+            ) + kept
         if state is EngineState.STARTING:
-            return "abandoning this start, starting again"
-        return "starting now"
+            return "abandoning this start, starting again" + kept
+        return "starting now" + kept
     if command == "drain":
         if serving:
             return f"out of rotation, {draining}" if state is not EngineState.DRAINING else "already draining"

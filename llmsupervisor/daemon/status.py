@@ -65,6 +65,8 @@ class Snapshot:
     gpu_samples: Mapping[int, GpuSample] = field(default_factory=dict)  # the engines' GPUs (NVML)
     gpu_faults_marked: Mapping[int, int] = field(default_factory=dict)  # GPU index -> faults
     node_conditions: tuple[NodeCondition, ...] = ()  # GPUs handed to node-level remediation
+    # The operator's holds (daemon/holds.py) by engine, as JSON: kind, who, when.
+    holds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def state_age_s(self, s: EngineStatus) -> float:
         """Seconds in the current state."""
@@ -125,6 +127,7 @@ def snapshot(
     gpu_faults_marked: Mapping[int, int],
     counters: DaemonCounters,
     node_conditions: tuple[NodeCondition, ...] = (),
+    holds: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Snapshot:
     """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
     the marks) copied, so a reader never sees them change under it."""
@@ -138,6 +141,7 @@ def snapshot(
         gpu_samples={g: v for g, v in gpu_samples(sorted(gpus)).items() if isinstance(v, GpuSample)},
         gpu_faults_marked=dict(gpu_faults_marked),
         node_conditions=node_conditions,
+        holds=dict(holds or {}),
     )
 
 
@@ -167,6 +171,7 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
     load = s.load or EngineLoad()
     return {
         "state": s.state.value,
+        "hold": dict(hold) if (hold := snap.holds.get(s.name)) is not None else None,
         "phase": s.start_phase,
         "reason": s.state_reason,
         "for_s": round(snap.state_age_s(s), 1),

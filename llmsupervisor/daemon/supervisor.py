@@ -46,6 +46,7 @@ from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
+from llmsupervisor.daemon.holds import Holds, desired_for, operator_name
 from llmsupervisor.daemon.placement import describe, place_config, topology
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
@@ -161,6 +162,7 @@ class Supervisor:
         self._changes_seen: dict[str, int] = {}  # state_changes_total as last looked at
         self.reconciles_total = 0
         self.status_file = StatusFile(self.state_dir / "status.json")
+        self.holds = Holds(self.state_dir / "holds")  # the operator's stop and drain, kept across restarts
         self.guard = GuardProcess(self.state_dir)
         self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
@@ -195,9 +197,11 @@ class Supervisor:
             self.submit(ReloadRequest(reply))
             result = await reply
             return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
-        else:
-            self.submit(EngineRequest(command, req["engine"], reply))
-        return await reply
+        name = req["engine"]
+        self.submit(EngineRequest(command, name, reply, by=await operator_name(req.get("peer_uid"))))
+        result = await reply
+        await self.holds.persist(name)  # before the operator hears "accepted"
+        return result
 
     async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
         since_s = req.get("since_s")
@@ -218,19 +222,21 @@ class Supervisor:
             self._spawn(self._reload(request.reply), "reload")
         elif isinstance(request, EngineRequest):
             try:
-                request.reply.set_result(self._engine_command(request.command, request.engine))
+                request.reply.set_result(self._engine_command(request.command, request.engine, request.by))
             except control.ControlError as exc:
                 request.reply.set_exception(exc)
 
-    def _engine_command(self, command: str, name: str) -> dict[str, Any]:
+    def _engine_command(self, command: str, name: str, by: str = "operator") -> dict[str, Any]:
         status = self.fleet.status(name)
         if status is None:
             raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}")
         if self._stopping:
             raise control.ControlError("the daemon is shutting down")
-        log.info("operator: %s", command, extra={"engine": name, "event": "operator"})
-        for cmd in operator_commands(command, status):
+        log.info("operator: %s (by %s)", command, by, extra={"engine": name, "event": "operator"})
+        commands = operator_commands(command, status)
+        for cmd in commands:
             self.fleet.send(name, cmd)
+        hold = self.holds.note(name, commands, by=by, now=time.time())
         # "state" is the state when the command was taken (the command acts after this reply);
         # incarnation, state_changes and events_seq let `--wait` tell what happened since.
         return {
@@ -241,6 +247,7 @@ class Supervisor:
             "incarnation": status.incarnation.number if status.incarnation is not None else None,
             "state_changes": status.state_changes_total,
             "events_seq": self.events.last_seq,
+            "hold": hold.as_json() if hold is not None else None,
         }
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
@@ -260,6 +267,7 @@ class Supervisor:
             gpu_samples=self.gpu_monitor.samples_for,
             gpu_faults_marked=self.marks.counts,
             node_conditions=self.marks.conditions,
+            holds={name: hold.as_json() for name in self.fleet.runners if (hold := self.holds.get(name))},
             counters=DaemonCounters(
                 ticks_total=self.ticks_total,
                 last_tick_duration_s=self.last_tick_duration_s,
@@ -337,8 +345,9 @@ class Supervisor:
         await self.gpu_monitor.start()
         self.config = self._refuse_mig(self.config)
         self.config = await self.place(self.config)
+        self.holds.load(spec.name for spec in self.config.engines)
         for spec in self.config.engines:
-            self.fleet.add(spec)
+            self.fleet.add(spec, desired=desired_for(spec, self.holds.get(spec.name)))
         self._write_status()
         log.info("supervising %d engine(s): %s", len(self.fleet.runners), ", ".join(self.fleet.runners))
         try:
@@ -522,6 +531,8 @@ class Supervisor:
             logs.set_level(new.supervisor.log_level)
             for name in removed:
                 self.exporter.forget_engine(name)
+                self.holds.forget(name)
+                await self.holds.persist(name)
             await self.agents.sync(new.engines)
             self._config_changed = True
             self._request_arrived.set()

@@ -28,7 +28,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+from llmsupervisor import aio
+
+if TYPE_CHECKING:  # launch.py imports this module for dump_stacks
+    from llmsupervisor.engine.processes import EngineProcess, Processes
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -167,3 +172,47 @@ def prune(directory: Path, max_files: int) -> None:
     for old in files[: max(0, len(files) - max_files)]:
         with contextlib.suppress(OSError):
             old.unlink()
+
+
+async def take_evidence(
+    name: str, proc: EngineProcess, procs: Processes, *, cause: str, reason: str
+) -> Path | None:
+    """The stacks of every process of the hung engine, before the stop destroys them, kept as
+    an incident file; bounded by EVIDENCE_TIMEOUT_S, and never in the way of the restart. The
+    file's path, for the engine's ledger; None when nothing was kept (logged)."""
+    if procs.group_gone(proc):
+        return None
+    pids = procs.group_members(proc.pgid)  # the API server, EngineCore, workers
+    started_s = aio.now()
+    dumps = await procs.dump_stacks(pids, timeout_s=EVIDENCE_TIMEOUT_S)
+    if dumps is None:
+        log.warning(
+            "%s: py-spy not found (next to the daemon's python or on PATH): no stacks of the engine",
+            reason,
+            extra={"engine": name},
+        )
+        return None
+    directory = incident_dir(procs.state_dir, name)
+    try:
+        # A small local file written at once, like ladder.json and status.json.
+        path = write_incident(directory, engine=name, cause=cause, reason=reason, dumps=dumps)
+    except OSError as exc:
+        log.warning(
+            "%s: cannot keep the engine's stacks in %s: %s",
+            reason,
+            directory,
+            exc.strerror or exc,
+            extra={"engine": name},
+        )
+        return None
+    taken = sum(1 for d in dumps if d.ok)
+    log.warning(
+        "%s: stacks of %d/%d engine process(es) before the kill, in %.2f s: %s",
+        reason,
+        taken,
+        len(dumps),
+        aio.now() - started_s,
+        path,
+        extra={"engine": name},
+    )
+    return path

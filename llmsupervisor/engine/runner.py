@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import Observation
-from llmsupervisor.core.restarts import backoff_delay_s, is_crash_loop, should_reset
+from llmsupervisor.core.restarts import should_reset
 from llmsupervisor.core.state import SERVING, EngineState, rotation_target
 from llmsupervisor.engine.commands import (
     Command,
@@ -47,11 +47,11 @@ from llmsupervisor.engine.commands import (
     restart_taken,
     spec_taken,
 )
-from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, EVIDENCE_TIMEOUT_S, incident_dir, write_incident
+from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, take_evidence
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import launch
-from llmsupervisor.engine.lifecycle import History, Lifecycle
+from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
 from llmsupervisor.engine.output import OutputForwarder, later_phase
 from llmsupervisor.engine.processes import EngineProcess, Processes
@@ -59,7 +59,6 @@ from llmsupervisor.engine.readiness import Readiness, await_ready
 from llmsupervisor.engine.repair import PrefixRepair
 from llmsupervisor.engine.status import EngineStatus, Incarnation
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
-from llmsupervisor.redact import redact
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -88,7 +87,8 @@ class EngineRunner:
         gpus: GpuSource | None = None,
         sweeper: GroupSampler,
         rng: random.Random | None = None,
-        history: History | None = None,
+        ledger: Ledger | None = None,
+        desired: Desired | None = None,
     ) -> None:
         self.name = spec.name
         self._spec = spec
@@ -100,8 +100,10 @@ class EngineRunner:
         self._gpus: GpuSource = gpus or NoGpus()
         self._sweeper = sweeper
         self._rng = rng or random.Random()
-        self._life = Lifecycle(spec.name, now=aio.now(), history=history)
-        self._desired = Desired(run=spec.enabled)
+        # A successor (daemon/fleet.py) carries on its predecessor's ledger and desired state:
+        # counters, budget and state, and the operator's stop or drain (review 3, E2).
+        self._ledger = ledger or Ledger(spec.name, now=aio.now())
+        self._desired = desired or Desired(run=spec.enabled)
         self._inbox: collections.deque[Command] = collections.deque()
         self._wake = asyncio.Event()
         self._ladder = LadderStore(procs.state_dir, spec)
@@ -109,7 +111,7 @@ class EngineRunner:
         self._inc: Incarnation | None = None
         self._output: OutputForwarder | None = None
         self._observer: Observer | None = None
-        self._gave_up = False  # FATAL: only an operator's Start tries again
+        self._gave_up = self._ledger.state is S.FATAL  # only an operator's Start tries again
         # A stop, restart or failure is being carried out (from the drain to the next READY or
         # rest): the policy must leave the engine alone meanwhile.
         self._acting = False
@@ -136,9 +138,14 @@ class EngineRunner:
         return self._status
 
     @property
-    def history(self) -> History:
-        """Counters and the failure budget, for a successor if this runner's task dies."""
-        return self._life.history
+    def ledger(self) -> Ledger:
+        """State, counters and the failure budget, for a successor if this runner's task dies."""
+        return self._ledger
+
+    @property
+    def desired(self) -> Desired:
+        """What the engine was told (an immutable value), for a successor likewise."""
+        return self._desired
 
     def _count_canary(self) -> None:
         self._canaries_total += 1
@@ -149,7 +156,7 @@ class EngineRunner:
         clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
         d = self._desired
         meant = d.run and not d.final and not d.held
-        if not meant or self._life.state in (S.READY, S.SHEDDING):
+        if not meant or self._ledger.state in (S.READY, S.SHEDDING):
             self._down_since_s = None
         elif self._down_since_s is None:
             self._down_since_s = aio.now()
@@ -160,18 +167,14 @@ class EngineRunner:
         self._changed.set(self.name)
 
     def _build_status(self) -> EngineStatus:
-        d, h, spec = self._desired, self._life.history, self._spec
-        stop_pending = self._life.state in SERVING and (not d.run or d.final)
+        d, spec = self._desired, self._spec
+        stop_pending = self._ledger.state in SERVING and (not d.run or d.final)
         if self._observer is not None:
             self._canary_latency_s = self._observer.canary_latency_s
         return EngineStatus(
             name=self.name,
             spec=spec,
-            state=self._life.state,
-            # Reasons quote errors and command lines: what others read is redacted (redact.py).
-            state_reason=redact(self._life.reason),
-            state_since_s=self._life.since_s,
-            state_changes_total=h.state_changes_total,
+            **self._ledger.facts(now=aio.now(), policy=spec.restart_policy),
             incarnation=self._inc,
             wants_run=d.run and not d.final,
             held=d.held,
@@ -182,14 +185,8 @@ class EngineRunner:
             ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
             ladder_steps=len(spec.ladder),
             start_failed_oom=self._start_failed_oom,
-            start_phase=self._start_phase if self._life.state is S.STARTING else None,
+            start_phase=self._start_phase if self._ledger.state is S.STARTING else None,
             prefix_reset_supported=self._repair.supported,
-            restarts_total=h.restarts_total,
-            restarts_by_reason=dict(h.restarts_by_reason),
-            failures=h.failures.count(aio.now(), spec.restart_policy),
-            last_exit=redact(h.last_exit) if h.last_exit else h.last_exit,
-            last_exit_at_s=h.last_exit_at_s,
-            last_failure=redact(h.last_failure) if h.last_failure else h.last_failure,
             canary_latency_s=self._canary_latency_s,
             canary_requests_total=self._canaries_total,
             down_since_s=self._down_since_s,
@@ -198,8 +195,6 @@ class EngineRunner:
             rounds_total=self._rounds_total,
             last_round_s=self._last_round_s,
             load=self._observer.load() if self._observer is not None else None,
-            incidents_total=h.incidents_total,
-            last_incident=h.last_incident,
         )
 
     # ---- commands ----
@@ -213,8 +208,7 @@ class EngineRunner:
             self._commands_taken += 1
             if isinstance(cmd, Start) and self._gave_up and not self._desired.final:
                 self._gave_up = False
-                self._life.history.failures = self._life.history.failures.reset()
-                log.info("operator start: the failure budget is reset", extra={"engine": self.name})
+                self._ledger.reset_budget("operator start")
             elif isinstance(cmd, StepTo):
                 self._ladder.set(cmd.step, cmd.reason)
                 self._start_failed_oom = False
@@ -239,7 +233,7 @@ class EngineRunner:
         return self._desired.quick
 
     def _to(self, state: EngineState, reason: str) -> None:
-        self._life.to(state, reason, now=aio.now())
+        self._ledger.to(state, reason, now=aio.now())
         self._publish()
 
     # ---- the loop ----
@@ -251,7 +245,7 @@ class EngineRunner:
                 d = self._desired
                 if d.final or not d.run or self._gave_up:
                     self._acting = False
-                    if self._life.state is S.BACKOFF:
+                    if self._ledger.state is S.BACKOFF:
                         self._to(S.STOPPED, "stop requested during backoff")
                     self._apply_spec()
                     if d.restart is not None:  # a restart of a stopped engine leaves it stopped (D5)
@@ -275,7 +269,7 @@ class EngineRunner:
                     self._desired = restart_taken(self._desired)
                     if outcome is Outcome.RESTART:
                         await self._stop(why, drain_first=planned.drain)
-                        self._life.count_restart(planned.cause)
+                        self._ledger.restarted(planned.cause)
                         continue
                     if planned.drain:
                         await self._drain(why)
@@ -292,21 +286,19 @@ class EngineRunner:
         self._apply_spec()
         self._desired = restart_taken(self._desired)
         spec, step = self._spec, self._ladder.step
-        history = self._life.history
         self._start_failed_oom = False
         self._start_phase = None
-        reason = (
-            "start" if self._life.state in (S.STOPPED, S.FATAL) else f"restart after: {history.last_failure}"
-        )
+        last_failure = self._ledger.history.last_failure
+        reason = "start" if self._ledger.state in (S.STOPPED, S.FATAL) else f"restart after: {last_failure}"
+
         if step:
             reason += f" at ladder step {step}/{len(spec.ladder)}"
         self._to(S.STARTING, reason)
         launched = await launch(spec, step, self._procs)
         if launched.proc is not None:
             proc = self._proc = launched.proc
-            history.incarnations += 1
             self._inc = Incarnation(
-                number=history.incarnations, pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
+                number=self._ledger.spawned(), pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
             self._start_phase = "spawned"
             self._output = OutputForwarder(
@@ -376,15 +368,14 @@ class EngineRunner:
             ready_since_s=now,
             scheduled_due_s=due_s,
         )
-        history = self._life.history
-        history.failures = history.failures.reached_ready()
+        self._ledger.reached_ready()
         self._acting = False
         self._to(S.READY, "ready")
         next_round_s = aio.now() + self._tick_s
         while True:
             if proc.returned:
                 self._record_exit(proc)
-                return Outcome.FAILED, f"process {history.last_exit} unexpectedly"
+                return Outcome.FAILED, f"process {self._ledger.history.last_exit} unexpectedly"
             d = self._desired
             if d.final or not d.run:
                 return Outcome.STOP, "stop requested"
@@ -396,13 +387,8 @@ class EngineRunner:
                 continue
             due_at_s = next_round_s
             policy = spec.restart_policy
-            if history.failures.times_s and should_reset(inc.ready_since_s, aio.now(), policy):
-                log.info(
-                    "ready for %.0f s: failure count reset",
-                    aio.now() - (inc.ready_since_s or 0.0),
-                    extra={"engine": self.name},
-                )
-                history.failures = history.failures.reset()
+            if self._ledger.history.failures.times_s and should_reset(inc.ready_since_s, aio.now(), policy):
+                self._ledger.reset_budget(f"ready for {aio.now() - (inc.ready_since_s or 0.0):.0f} s")
             obs = await self._observe_unless_interrupted(proc)
             next_round_s = aio.now() + self._tick_s
             if obs is None:
@@ -442,12 +428,12 @@ class EngineRunner:
         """READY, SHEDDING or DRAINING as the operator's hold and the policy's shedding say,
         walking only EDGES (core.state.rotation_target)."""
         d = self._desired
-        while (target := rotation_target(self._life.state, held=d.held, shed=d.shed)) is not None:
+        while (target := rotation_target(self._ledger.state, held=d.held, shed=d.shed)) is not None:
             if target is S.DRAINING:
                 why = "drain requested: out of rotation until started again"
             elif target is S.SHEDDING:
                 why = f"shedding load: {d.shed}"
-            elif self._life.state is S.DRAINING:
+            elif self._ledger.state is S.DRAINING:
                 why = "drain cancelled: back in rotation"
             else:
                 why = "load shedding over: back in rotation"
@@ -455,55 +441,11 @@ class EngineRunner:
 
     # ---- stopping and failing ----
 
-    async def _take_evidence(self, cause: str, reason: str) -> None:
-        """The stacks of every process of the hung engine, before the stop destroys them;
-        bounded by EVIDENCE_TIMEOUT_S, and never in the way of the restart."""
-        proc = self._proc
-        if proc is None or self._procs.group_gone(proc):
-            return
-        pids = self._procs.group_members(proc.pgid)  # the API server, EngineCore, workers
-        started_s = aio.now()
-        dumps = await self._procs.dump_stacks(pids, timeout_s=EVIDENCE_TIMEOUT_S)
-        if dumps is None:
-            log.warning(
-                "%s: py-spy not found (next to the daemon's python or on PATH): no stacks of the engine",
-                reason,
-                extra={"engine": self.name},
-            )
-            return
-        directory = incident_dir(self._procs.state_dir, self.name)
-        try:
-            # A small local file written at once, like ladder.json and status.json.
-            path = write_incident(directory, engine=self.name, cause=cause, reason=reason, dumps=dumps)
-        except OSError as exc:
-            log.warning(
-                "%s: cannot keep the engine's stacks in %s: %s",
-                reason,
-                directory,
-                exc.strerror or exc,
-                extra={"engine": self.name},
-            )
-            return
-        history = self._life.history
-        history.incidents_total += 1
-        history.last_incident = str(path)
-        taken = sum(1 for d in dumps if d.ok)
-        log.warning(
-            "%s: stacks of %d/%d engine process(es) before the kill, in %.2f s: %s",
-            reason,
-            taken,
-            len(dumps),
-            aio.now() - started_s,
-            path,
-            extra={"engine": self.name},
-        )
-        self._publish()
-
     async def _drain(self, why: str) -> None:
         proc = self._proc
-        if proc is None or proc.returned or self._life.state not in SERVING or self._quick():
+        if proc is None or proc.returned or self._ledger.state not in SERVING or self._quick():
             return
-        if self._life.state is not S.DRAINING:
+        if self._ledger.state is not S.DRAINING:
             self._to(S.DRAINING, f"draining: {why}")
         await drain(self._spec, self._http, proc, pause=self._pause, quick=self._quick)
 
@@ -544,12 +486,8 @@ class EngineRunner:
     async def _after_failure(self, reason: str, cause: str) -> None:
         """Clean up, then restart (at once the first time within the failure window, with a
         growing backoff on repeats), or give up (FATAL)."""
-        history, policy = self._life.history, self._spec.restart_policy
-        history.last_failure = reason
-        now = aio.now()
-        history.failures = history.failures.record(now, policy)
-        count = history.failures.count(now, policy)
-        give_up = is_crash_loop(history.failures, now, policy)
+        policy = self._spec.restart_policy
+        verdict = self._ledger.failed(reason, now=aio.now(), policy=policy, draw=self._rng.random)
         if self._proc is not None:
             if not self._procs.group_gone(self._proc):
                 # The engine is failing; there is nothing to drain.
@@ -557,22 +495,18 @@ class EngineRunner:
                 if cause in EVIDENCE_CAUSES:
                     # Out of rotation already (STOPPING), not yet signalled: the stacks show
                     # the hang itself, and recovery waits for them at most EVIDENCE_TIMEOUT_S.
-                    await self._take_evidence(cause, reason)
+                    path = await take_evidence(self.name, self._proc, self._procs, cause=cause, reason=reason)
+                    if path is not None:
+                        self._ledger.incident(str(path))
+                        self._publish()
             await self._terminate(quick=True)
-        if give_up:
+        if verdict.give_up:
             self._gave_up = True
             self._acting = False
-            in_a_row = history.failures.unready >= policy.max_failures
-            budget = (
-                f"{count} failures in a row without becoming ready"
-                if in_a_row
-                else f"{count} failures within {policy.failure_window_s:g} s"
-            )
-            self._to(S.FATAL, f"{reason}; {budget}, giving up (llm-supervisor start {self.name} retries)")
+            why = f"{reason}; {verdict.budget}, giving up (llm-supervisor start {self.name} retries)"
+            self._to(S.FATAL, why)
             return
-        # One failure of an engine that was running is not a loop: waiting only adds downtime
-        # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.
-        delay_s = 0.0 if count == 1 else backoff_delay_s(count - 1, policy, self._rng.random())
+        count, delay_s = verdict.failures, verdict.backoff_s
         # A start that ran out of memory waits for the policy's turn (bounded): it decides
         # whether the next spawn runs a batch step down, and a 0 s backoff would not let it.
         oom_step = self._start_failed_oom and self._ladder.step < len(self._spec.ladder)
@@ -586,7 +520,7 @@ class EngineRunner:
                 break
             await self._pause(left)
         if self._wants_start():
-            self._life.count_restart(cause)
+            self._ledger.restarted(cause)
 
     def _wants_start(self) -> bool:
         return self._desired.run and not self._desired.final
@@ -610,15 +544,14 @@ class EngineRunner:
 
     def _record_exit(self, proc: EngineProcess) -> None:
         """An exit nobody asked for: what it was, and when (`status` shows "crashed ... ago")."""
-        history = self._life.history
-        history.last_exit, history.last_exit_at_s = self._exit_text(proc), aio.now()
+        self._ledger.exited(self._exit_text(proc), now=aio.now())
 
     def _on_phase(self, phase: str) -> None:
-        if self._life.state is S.STARTING and later_phase(self._start_phase, phase):
+        if self._ledger.state is S.STARTING and later_phase(self._start_phase, phase):
             self._start_phase = phase
             self._publish()
 
     def _on_oom(self) -> None:
-        if self._life.state is S.STARTING and not self._start_failed_oom:
+        if self._ledger.state is S.STARTING and not self._start_failed_oom:
             self._start_failed_oom = True
             self._publish()

@@ -1,0 +1,198 @@
+"""One engine's ledger: its state and every fact that outlives a runner, with one writer.
+
+The state (and why, and since when), the counters (restarts by cause, state changes, spawns,
+incidents), the last exit and failure, and the crash-loop budget live here and change only
+through the methods below:
+
+    method                 what it records
+    ─────────────────────────────────────────────────────────────────────────────────────────
+    to(state, reason)      a state change: checked against core.state.EDGES (an illegal edge
+                           raises: it is a bug), logged with its reason, counted
+    spawned()              a new incarnation; returns its number
+    reached_ready()        READY: failures before it no longer count as "in a row"
+    exited(text)           an exit nobody asked for, and when
+    failed(reason)         a failure against the budget -> Verdict (backoff_s, or give_up)
+    reset_budget(why)      a clean slate: an operator's start of a FATAL engine, or READY for
+                           stable_after_s
+    restarted(cause)       a restart by cause (the restarts metric)
+    incident(path)         hang/stall evidence kept (engine/evidence.py)
+    runner_died(exc)       the runner's task died of a bug (daemon/fleet.py): a failure, and
+                           the state it leaves walks EDGES like any other change
+
+The runner writes it from its own task; when that task dies, the fleet calls ``runner_died``
+and hands the same ledger to the successor, so counters and budget carry over (defect D6) and
+nothing else writes an engine's facts (review 3, E2/E3). ``facts`` is what a status shows of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmsupervisor.core.restarts import FailureHistory, RestartPolicy, backoff_delay_s, is_crash_loop
+from llmsupervisor.core.state import EDGES, EngineState, StateChange, transition
+from llmsupervisor.redact import redact
+
+log = logging.getLogger("llmsupervisor.engine")
+
+S = EngineState
+_WARN_STATES = frozenset({S.BACKOFF, S.FATAL})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class History:
+    """The counters and budget, as one immutable value: only the ledger replaces it."""
+
+    restarts_total: int = 0
+    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
+    state_changes_total: int = 0
+    failures: FailureHistory = field(default_factory=FailureHistory)
+    last_exit: str | None = None
+    last_exit_at_s: float | None = None  # loop clock
+    last_failure: str | None = None
+    incarnations: int = 0
+    incidents_total: int = 0  # hang/stall evidence files written (engine/evidence.py)
+    last_incident: str | None = None  # the newest one's path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """What a failure leaves: restart after ``backoff_s``, or give up (FATAL)."""
+
+    failures: int  # counted against the budget now, this one included
+    give_up: bool
+    backoff_s: float  # 0 for the first failure in the window: one crash is not a loop
+    budget: str  # why the budget is spent ("3 failures in a row without becoming ready")
+
+
+class Ledger:
+    def __init__(self, name: str, *, now: float, history: History | None = None) -> None:
+        self.name = name
+        self._history = history or History()
+        self._state = S.STOPPED
+        self._since_s = now
+        self._reason = "not started"
+
+    # ---- reading ----
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def since_s(self) -> float:
+        return self._since_s
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    @property
+    def history(self) -> History:
+        return self._history
+
+    def failures(self, now: float, policy: RestartPolicy) -> int:
+        return self._history.failures.count(now, policy)
+
+    def facts(self, *, now: float, policy: RestartPolicy) -> dict[str, Any]:
+        """The ledger's part of an ``EngineStatus`` (its field names). Reasons quote errors and
+        command lines: what others read is redacted (redact.py)."""
+        h = self._history
+        return {
+            "state": self._state,
+            "state_reason": redact(self._reason),
+            "state_since_s": self._since_s,
+            "state_changes_total": h.state_changes_total,
+            "restarts_total": h.restarts_total,
+            "restarts_by_reason": dict(h.restarts_by_reason),
+            "failures": h.failures.count(now, policy),
+            "last_exit": redact(h.last_exit) if h.last_exit else h.last_exit,
+            "last_exit_at_s": h.last_exit_at_s,
+            "last_failure": redact(h.last_failure) if h.last_failure else h.last_failure,
+            "incidents_total": h.incidents_total,
+            "last_incident": h.last_incident,
+        }
+
+    # ---- writing: the only place ----
+
+    def to(self, state: EngineState, reason: str, *, now: float) -> StateChange:
+        change = transition(self.name, self._state, state, reason=reason, now=now)
+        level = logging.WARNING if state in _WARN_STATES else logging.INFO
+        log.log(
+            level,
+            "%s -> %s: %s",
+            self._state,
+            state,
+            reason,
+            extra={"engine": self.name, "event": "transition", "to_state": state.value},
+        )
+        self._state, self._since_s, self._reason = state, now, reason
+        self._history = replace(self._history, state_changes_total=self._history.state_changes_total + 1)
+        return change
+
+    def spawned(self) -> int:
+        self._history = replace(self._history, incarnations=self._history.incarnations + 1)
+        return self._history.incarnations
+
+    def reached_ready(self) -> None:
+        self._history = replace(self._history, failures=self._history.failures.reached_ready())
+
+    def exited(self, text: str, *, now: float) -> None:
+        self._history = replace(self._history, last_exit=text, last_exit_at_s=now)
+
+    def reset_budget(self, why: str) -> None:
+        if self._history.failures != FailureHistory():
+            log.info("%s: the failure budget is reset", why, extra={"engine": self.name})
+        self._history = replace(self._history, failures=self._history.failures.reset())
+
+    def restarted(self, cause: str) -> None:
+        h = self._history
+        by_reason = {**h.restarts_by_reason, cause: h.restarts_by_reason.get(cause, 0) + 1}
+        self._history = replace(h, restarts_total=h.restarts_total + 1, restarts_by_reason=by_reason)
+
+    def incident(self, path: str) -> None:
+        h = self._history
+        self._history = replace(h, incidents_total=h.incidents_total + 1, last_incident=path)
+
+    def failed(
+        self, reason: str, *, now: float, policy: RestartPolicy, draw: Callable[[], float] = lambda: 0.5
+    ) -> Verdict:
+        """A failure against the crash-loop budget. ``draw`` (a random number in [0, 1)) spreads
+        the backoff; it is called only when there is one."""
+        failures = self._history.failures.record(now, policy)
+        self._history = replace(self._history, last_failure=reason, failures=failures)
+        count = failures.count(now, policy)
+        in_a_row = failures.unready >= policy.max_failures
+        budget = (
+            f"{count} failures in a row without becoming ready"
+            if in_a_row
+            else f"{count} failures within {policy.failure_window_s:g} s"
+        )
+        # One failure of an engine that was running is not a loop: waiting only adds downtime
+        # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.
+        backoff_s = 0.0 if count == 1 else backoff_delay_s(count - 1, policy, draw())
+        return Verdict(
+            failures=count, give_up=is_crash_loop(failures, now, policy), backoff_s=backoff_s, budget=budget
+        )
+
+    def runner_died(
+        self, exc: BaseException | None, *, now: float, policy: RestartPolicy, give_up: bool = False
+    ) -> Verdict:
+        """The runner's task ended of a bug (``exc``) or for no reason (None): a failure like any
+        other, and the state it leaves is BACKOFF (replaced soon) or FATAL (``give_up``, or the
+        budget spent), by an edge of EDGES. Where the table has no such edge, the state stays:
+        a STOPPED engine stays STOPPED (nobody asked it to run; its successor keeps it stopped),
+        a BACKOFF or FATAL one stays so; the reason says what happened either way."""
+        reason = f"runner task died: {exc!r}" if exc is not None else "runner task ended"
+        verdict = self.failed(reason, now=now, policy=policy)
+        verdict = replace(verdict, give_up=verdict.give_up or give_up)
+        target = S.FATAL if verdict.give_up else S.BACKOFF
+        why = reason if verdict.give_up else f"{reason}; replacing the runner"
+        if target in EDGES[self._state]:
+            self.to(target, why, now=now)
+        else:
+            log.warning("%s: %s", self._state, why, extra={"engine": self.name})
+            self._reason = why
+        return verdict
