@@ -10,6 +10,7 @@ only when the daemon itself is stuck, and takes it out of Services whenever an e
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, fake_engine, free_port, wait_for
+from tests.test_actions import FAST_DETECTORS
 
 pytestmark = pytest.mark.system
 
@@ -162,3 +164,39 @@ def test_kubelet_sequence_over_slow_start_hang_drain_and_sigterm(daemon_factory)
     assert alive and all(s.livez == 200 for s in alive), [s for s in alive if s.livez != 200]
     # And no /readyz 200 was given after the daemon began its shutdown (beyond a request in flight).
     assert not [s for s in kubelet.between(sigterm_s + 0.5, exited_s) if s.readyz == 200]
+
+
+def test_a_gpu_condition_keeps_the_pod_alive_and_unready_across_a_container_restart(
+    daemon_factory, tmp_path
+) -> None:
+    """Why the startupProbe is on /livez (issue 27): while a GPU condition holds, /readyz says 503
+    until the node is repaired, also after a restart of the container on the same state (the
+    pod's emptyDir). A startupProbe on /readyz killed the pod every 960 s; on /livez the daemon
+    is alive at once, and the pod stays out of its Services without restarting."""
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"gpus": [{"index": 0}], "events": []}))
+    d = daemon_factory(
+        {"engines": [fake_engine("a", free_port(), gpus=[0], detectors=FAST_DETECTORS)]},
+        run_args=("--fake-gpu", str(gpu)),
+    )
+    with Kubelet(d.http_url) as kubelet:
+        d.start()
+        d.wait_state("a", "ready")
+        # XID 79: GPU 0 fell off the bus; the condition holds at once.
+        gpu.write_text(json.dumps({"gpus": [{"index": 0}], "events": [{"id": 1, "gpu": 0, "xid": 79}]}))
+        d.wait_log("node condition gpu_unrecoverable on GPU 0", timeout_s=30)
+        held_s = time.monotonic()
+        wait_for(
+            lambda: len(kubelet.between(held_s + 0.2, time.monotonic())) >= 10, timeout_s=20, what="samples"
+        )
+        held = kubelet.between(held_s + 0.2, time.monotonic())
+        assert all(s.livez == 200 and s.readyz == 503 for s in held), held
+        assert d.stop() == 0
+
+        # The container restarts on the same state directory: alive within seconds, still not ready.
+        d.start()
+        wait_for(lambda: _status(d.http_url + "/livez") == 200, timeout_s=20, what="/livez 200 again")
+        ready = _get(d.http_url + "/readyz")
+        assert ready is not None and ready.status_code == 503
+        assert ready.json()["reason"].startswith("gpu_unrecoverable on GPU 0")
+        assert d.stop() == 0

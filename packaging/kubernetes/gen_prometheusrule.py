@@ -40,7 +40,7 @@ def prometheus_rule(alerts: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "llm-supervisor"},
+        "metadata": {"name": "llm-supervisor", "namespace": "llm-supervisor"},
         "spec": {"groups": alerts["groups"]},
     }
 
