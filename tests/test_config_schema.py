@@ -18,7 +18,6 @@ import yaml
 
 from llmsupervisor import cli
 from llmsupervisor.config import ENGINE_FIELDS, SUPERVISOR_FIELDS, load_config
-from llmsupervisor.config.fields import DETECTOR_DOCS
 from llmsupervisor.config.schema import (
     DOCS_BEGIN,
     DOCS_END,
@@ -29,6 +28,7 @@ from llmsupervisor.config.schema import (
     shipped_schema_text,
     update_docs,
 )
+from llmsupervisor.config.values import DETECTOR_DOCS
 from llmsupervisor.detectors import DetectorConfig
 from llmsupervisor.errors import ConfigError
 

@@ -22,14 +22,14 @@ from importlib import resources
 from typing import Any, Final
 
 from llmsupervisor.config.fields import (
-    DETECTOR_DOCS,
     ENGINE_FIELDS,
     PER_ENGINE_ONLY,
     REQUIRED_ENGINE_FIELDS,
     SUPERVISOR_FIELDS,
-    Field,
 )
+from llmsupervisor.config.kinds import Field
 from llmsupervisor.config.spec import EngineSpec, SupervisorSettings
+from llmsupervisor.config.values import DETECTOR_DOCS
 from llmsupervisor.detectors import DetectorConfig
 
 SCHEMA_FILE: Final = "config.schema.json"
