@@ -1,7 +1,7 @@
 """The config's JSON Schema and its field reference, both generated from the tables the
-validator runs (``fields.ENGINE_FIELDS``, ``SUPERVISOR_FIELDS``, ``DETECTOR_DOCS``) and the
-defaults of the dataclasses they fill (``EngineSpec``, ``SupervisorSettings``,
-``DetectorConfig``).
+validator runs (``fields.ENGINE_FIELDS``, ``SUPERVISOR_FIELDS``, the metadata of
+``DetectorConfig``'s fields) and the defaults of the dataclasses they fill (``EngineSpec``,
+``SupervisorSettings``, ``DetectorConfig``).
 
 ``llm-supervisor schema`` prints the schema; the package ships the same text as
 ``config.schema.json`` (a test keeps the two equal), which editors use through the modeline
@@ -29,7 +29,6 @@ from llmsupervisor.config.fields import (
 )
 from llmsupervisor.config.kinds import Field
 from llmsupervisor.config.spec import EngineSpec, SupervisorSettings
-from llmsupervisor.config.values import DETECTOR_DOCS
 from llmsupervisor.detectors import DetectorConfig
 
 SCHEMA_FILE: Final = "config.schema.json"
@@ -76,7 +75,7 @@ def _property(name: str, field: Field, defaults: Mapping[str, Any]) -> dict[str,
     if name == "detectors":
         detector_defaults = _detector_defaults()
         schema["properties"] = {
-            key: {**value, "description": DETECTOR_DOCS[key]}
+            key: {**value, "description": DetectorConfig.doc(key)}
             | ({"default": detector_defaults[key]} if key in detector_defaults else {})
             for key, value in schema["properties"].items()
         }
@@ -175,7 +174,7 @@ def fields_markdown() -> str:
         schema = ENGINE_FIELDS["detectors"].kind.schema["properties"][spec.name]
         detector_rows.append(
             f"| `{spec.name}` | {_kind_text(schema)} | {_cell(detector_defaults.get(spec.name, MISSING))} "
-            f"| {DETECTOR_DOCS[spec.name]} |"
+            f"| {DetectorConfig.doc(spec.name)} |"
         )
     per_engine = ", ".join(f"`{n}`" for n in sorted(PER_ENGINE_ONLY))
     return "\n".join(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Final
 
@@ -391,64 +390,6 @@ def _check_detectors(value: Any, path: Path_, out: _Collector) -> Any:
         out.add(path, str(exc))
         return _MISSING
     return result
-
-
-# One line per DetectorConfig field (llmsupervisor/detectors/config.py has the reasoning).
-DETECTOR_DOCS: Final[Mapping[str, str]] = {
-    "stale_after_s": (
-        "a reading older than this is unknown (one failed probe neither raises nor clears a finding)"
-    ),
-    "hang_after_s": (
-        "hang: no sign of life (canary, moving step/token counters) this long while work was queued"
-    ),
-    "hang_idle_after_s": "hang: the same while the last reading showed no running or waiting request",
-    "hang_min_misses": (
-        "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life"
-    ),
-    "hang_stopped_after_s": (
-        "hang: a process of the engine stopped (SIGSTOP, a tracer) with no CPU time gained this long"
-    ),
-    "hang_cpu_idle_ratio": (
-        "hang: a missed canary while the engine's processes used under this share of a core"
-    ),
-    "hang_cpu_min_span_s": "hang (CPU idle): the CPU reading must span at least this",
-    "hang_cpu_max_span_s": "hang (CPU idle): and at most this (older readings say nothing of now)",
-    "stall_after_s": (
-        "stall: requests running or waiting in every reading while the counters stood still this long"
-    ),
-    "kv_usage_threshold_ratio": "KV-cache pressure opens at or above this KV-cache usage (0..1]",
-    "kv_usage_clear_ratio": "... and clears only below this x the threshold (0..1]",
-    "preemptions_per_min_threshold": "preemption storm: preemptions per minute over preemption_window_s",
-    "preemption_window_s": "preemption storm: the window the rate is taken over",
-    "preemption_min_span_s": "preemption storm: readings must span at least this to make a rate",
-    "degradation_baseline_s": "degradation: the baseline is the first this-many seconds of traffic",
-    "degradation_eval_s": "degradation: compared over the last this-many seconds",
-    "degradation_ttft_factor": "degradation: TTFT p95 at or above this x the baseline",
-    "degradation_throughput_factor": "degradation: tokens/s per running request at or below this x baseline",
-    "degradation_prefix_hit_factor": "degradation: prefix-cache hit rate at or below this x the baseline",
-    "degradation_min_requests": "degradation: finished requests (canaries excluded) needed in each span",
-    "degradation_min_running": "degradation: mean running requests needed in each span",
-    "degradation_min_busy_ratio": "degradation: share of a baseline span's readings with requests running",
-    "degradation_max_load_ratio": "degradation: compare only at a load within this factor of the baseline's",
-    "degradation_min_prefix_queries": "degradation: prompt tokens looked up per span for hit rates to count",
-    "degradation_min_prefix_hit_ratio": "degradation: a baseline hit rate below this is not compared",
-    "thermal_temperature_c": "thermal: this GPU temperature or above (or a thermal clock-event reason)",
-    "gpu_fault_lookback_s": "GPU fault/lost: an XID or ECC event stays evidence this long",
-    "xid_engine_level": "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
-    "xid_info_only": "XIDs only logged and counted (an INFO finding)",
-    "gpu_lost_min_samples": "GPU lost: consecutive 'GPU lost' probe failures needed",
-    "memory_window_s": "memory growth: the RSS slope is fitted over this window",
-    "memory_min_span_s": "memory growth: readings must span at least this",
-    "memory_min_samples": "memory growth: readings needed (>= 3)",
-    "memory_growth_mib_per_h": "memory growth: the engine's RSS growing at least this fast",
-    "memory_min_r2": "memory growth: the fitted line must explain this share of the variance",
-    "foreign_min_mib": "foreign GPU memory: a process outside the engine holding this much on its GPU",
-    "sustain_s": (
-        "per finding kind: how long a finding must hold before it opens (the kinds not named "
-        "keep their defaults)"
-    ),
-    "clear_s": "per finding kind: how long a finding must be absent before it closes",
-}
 
 
 def _detector_schema() -> JsonSchema:
