@@ -61,6 +61,7 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         _string(choices=LAUNCHER_CHOICES),
         "with venv: serve (VENV/bin/vllm serve), module (python -m vllm.entrypoints.openai."
         "api_server, deprecated since vLLM 0.32) or auto (serve where the venv's vllm works)",
+        default="auto",  # EngineSpec.launcher is what was chosen: "command" without a venv
     ),
     "command": Field(
         _command,

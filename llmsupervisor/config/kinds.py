@@ -16,6 +16,9 @@ from typing import Any, Final
 
 from llmsupervisor.config.problems import Path_, _Collector
 
+# Field.default when the dataclass's default is the one to show.
+NO_DEFAULT: Final = object()
+
 _Check = Callable[[Any, Path_, _Collector], Any]
 JsonSchema = Mapping[str, Any]
 
@@ -35,10 +38,13 @@ class Kind:
 
 @dataclass(frozen=True, slots=True)
 class Field:
-    """One key of a section: what it accepts, and what it means (for the schema and the docs)."""
+    """One key of a section: what it accepts, and what it means (for the schema and the docs).
+    ``default`` is the default the schema and the docs show, where the file's default is not the
+    dataclass's (``launcher``: the spec holds what ``auto`` chose); unset, the dataclass's."""
 
     kind: Kind
     doc: str
+    default: Any = NO_DEFAULT
 
     def __call__(self, value: Any, path: Path_, out: _Collector) -> Any:
         return self.kind.check(value, path, out)

@@ -27,7 +27,7 @@ from llmsupervisor.config.fields import (
     REQUIRED_ENGINE_FIELDS,
     SUPERVISOR_FIELDS,
 )
-from llmsupervisor.config.kinds import Field
+from llmsupervisor.config.kinds import NO_DEFAULT, Field
 from llmsupervisor.config.spec import EngineSpec, SupervisorSettings
 from llmsupervisor.detectors import DetectorConfig
 
@@ -37,8 +37,8 @@ SCHEMA_ID: Final = "https://github.com/llm-supervisor/llm-supervisor/config.sche
 
 def _json_default(value: Any) -> Any:
     """A dataclass default as JSON, or MISSING when it has none worth showing."""
-    if value is None or value is MISSING:
-        return MISSING
+    if value is None or value is MISSING or value == ():
+        return MISSING  # () is "not set" (cpus, command, ladder): shown as [] it reads as a value
     if isinstance(value, tuple | frozenset | set):
         return sorted(value) if isinstance(value, frozenset | set) else list(value)
     if isinstance(value, Mapping):
@@ -69,6 +69,11 @@ def _detector_defaults() -> dict[str, Any]:
     }
 
 
+def _shown_defaults(table: Mapping[str, Field], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataclass's defaults, with a field's own ``default`` where it has one."""
+    return {**defaults, **{n: f.default for n, f in table.items() if f.default is not NO_DEFAULT}}
+
+
 def _property(name: str, field: Field, defaults: Mapping[str, Any]) -> dict[str, Any]:
     schema = dict(field.kind.schema)
     schema["description"] = field.doc
@@ -88,7 +93,9 @@ def _section(table: Mapping[str, Field], defaults: Mapping[str, Any], descriptio
     return {
         "type": ["object", "null"],
         "description": description,
-        "properties": {name: _property(name, field, defaults) for name, field in table.items()},
+        "properties": {
+            name: _property(name, field, _shown_defaults(table, defaults)) for name, field in table.items()
+        },
         "additionalProperties": False,
     }
 
@@ -139,6 +146,8 @@ def _cell(value: Any) -> str:
 
 def _kind_text(schema: Mapping[str, Any]) -> str:
     kind = schema.get("type")
+    if "const" in schema:
+        return json.dumps(schema["const"])
     if "anyOf" in schema:
         return " or ".join(_kind_text(s) for s in schema["anyOf"])
     if isinstance(kind, list):
@@ -156,6 +165,7 @@ def _kind_text(schema: Mapping[str, Any]) -> str:
 
 def _table(table: Mapping[str, Field], defaults: Mapping[str, Any], *, required: tuple[str, ...] = ()) -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    defaults = _shown_defaults(table, defaults)
     for name, field in table.items():
         default = "required" if name in required else _cell(defaults.get(name, MISSING))
         doc = field.doc.replace("|", "\\|")
@@ -166,8 +176,7 @@ def _table(table: Mapping[str, Field], defaults: Mapping[str, Any], *, required:
 def fields_markdown() -> str:
     """The field reference of docs/configuration.md (between its generated-section markers)."""
     engine_defaults = _defaults(EngineSpec)
-    for name in ("detectors", "command"):  # detectors get their own table; command's () is "not set"
-        engine_defaults.pop(name, None)
+    engine_defaults.pop("detectors", None)  # they get their own table
     detector_defaults = _detector_defaults()
     detector_rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for spec in fields(DetectorConfig):
