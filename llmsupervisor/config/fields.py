@@ -25,6 +25,7 @@ from llmsupervisor.config.values import (
     _name,
     _time_window,
 )
+from llmsupervisor.core.restarts import MIN_FAILURE_WINDOW_S
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
@@ -155,7 +156,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     "max_failures": Field(
         _number(lo=1, integer=True), "this many failures within failure_window_s: FATAL, left stopped"
     ),
-    "failure_window_s": Field(_number(lo=0, lo_open=True), "the window failures are counted in"),
+    "failure_window_s": Field(
+        _number(lo=MIN_FAILURE_WINDOW_S),
+        "the window failures are counted in (at least a minute: a shorter one would count every "
+        "crash of a quick crash loop as the first)",
+    ),
     "stable_after_s": Field(_number(lo=0), "READY this long clears the failure count"),
     # ---- actions
     "automatic_actions": Field(_boolean, "false: report findings (log, status, metrics), never act on them"),

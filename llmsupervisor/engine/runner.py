@@ -565,7 +565,7 @@ class EngineRunner:
             budget = (
                 f"{count} failures in a row without becoming ready"
                 if in_a_row
-                else f"{count} failures within {policy.failure_window_s:g} s"
+                else f"{count} failures within {policy.window_s:g} s"
             )
             self._to(S.FATAL, f"{reason}; {budget}, giving up (llm-supervisor start {self.name} retries)")
             return
