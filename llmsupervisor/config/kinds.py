@@ -97,19 +97,29 @@ def _has_nul(value: Any) -> bool:
 
 
 def _number(
-    *, lo: float | None = None, hi: float | None = None, integer: bool = False, lo_open: bool = False
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    integer: bool = False,
+    lo_open: bool = False,
+    hi_open: bool = False,
 ) -> Kind:
+    """A number within [lo, hi] (open ends where asked), and never beyond +-MAX_MAGNITUDE. The
+    schema says the same bounds, the magnitude included, so an editor flags what check-config
+    refuses. An integer may be written 8000.0: JSON Schema's "integer" takes it too."""
+    low = -MAX_MAGNITUDE if lo is None else lo
+    high = MAX_MAGNITUDE if hi is None else min(hi, MAX_MAGNITUDE)
+    low_open = lo_open and lo is not None
+    high_open = hi_open and hi is not None
     schema: dict[str, Any] = {"type": "integer" if integer else "number"}
-    if lo is not None:
-        schema["exclusiveMinimum" if lo_open else "minimum"] = int(lo) if integer else lo
-    if hi is not None:
-        schema["maximum"] = int(hi) if integer else hi
+    schema["exclusiveMinimum" if low_open else "minimum"] = int(low) if integer else low
+    schema["exclusiveMaximum" if high_open else "maximum"] = int(high) if integer else high
 
     def check(value: Any, path: Path_, out: _Collector) -> Any:
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or (integer and isinstance(value, float))
+            or (integer and isinstance(value, float) and not value.is_integer())
         ):
             out.add(
                 path, f"must be {'an integer' if integer else 'a number'}, got {_type_name(value)} {value!r}"
@@ -119,18 +129,13 @@ def _number(
             out.add(path, f"must be a finite number, got {value!r}")
             return _MISSING
         # Compared as given: an int and a float compare exactly, float() of 400 digits overflows.
-        if lo is not None and (value <= lo if lo_open else value < lo):
-            out.add(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {_short(value)}")
+        if value <= low if low_open else value < low:
+            out.add(path, f"must be {'>' if low_open else '>='} {low:g}, got {_short(value)}")
             return _MISSING
-        if lo is None and value < -MAX_MAGNITUDE:
-            out.add(path, f"must be >= {-MAX_MAGNITUDE:g}, got {_short(value)}")
+        if value >= high if high_open else value > high:
+            out.add(path, f"must be {'<' if high_open else '<='} {high:g}, got {_short(value)}")
             return _MISSING
-        limit = MAX_MAGNITUDE if hi is None else hi
-        if value > limit:
-            out.add(path, f"must be <= {limit:g}, got {_short(value)}")
-            return _MISSING
-        number = float(value)
-        return int(value) if integer else number
+        return int(value) if integer else float(value)
 
     return Kind(check, schema)
 

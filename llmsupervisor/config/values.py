@@ -17,6 +17,7 @@ from llmsupervisor.config.kinds import (
     _has_nul,
     _nonfinite,
     _number,
+    _short,
     _string,
     _suggest,
     _type_name,
@@ -69,28 +70,36 @@ def _check_listen(value: Any, path: Path_, out: _Collector) -> Any:
 _listen: Final = Kind(_check_listen, {"type": "string", "pattern": "^.+:[0-9]{1,5}$"})
 
 
+# NVML numbers a host's GPUs from 0; the largest hosts have 16. A bound, so a 400-digit index
+# is refused here and by the schema instead of reaching CUDA_VISIBLE_DEVICES.
+MAX_GPU_INDEX: Final = 1023
+_gpu_index: Final = _number(lo=0, hi=MAX_GPU_INDEX, integer=True)  # the schema; the check below
+
+
 def _check_gpus(value: Any, path: Path_, out: _Collector) -> Any:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list):
         out.add(path, f"must be a list of GPU indices, got {_type_name(value)} {value!r}")
         return _MISSING
     result: list[int] = []
     for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            out.add(path + (i,), f"must be a GPU index (an integer >= 0), got {item!r}")
+        integral = isinstance(item, int) or (isinstance(item, float) and item.is_integer())
+        if isinstance(item, bool) or not integral or not 0 <= item <= MAX_GPU_INDEX:
+            message = f"must be a GPU index (an integer 0 to {MAX_GPU_INDEX}), got {_short(item)}"
+            out.add(path + (i,), message)
             return _MISSING
-        if item in result:
-            out.add(path + (i,), f"GPU {item} is listed twice")
+        index = int(item)
+        if index in result:
+            out.add(path + (i,), f"GPU {index} is listed twice")
             return _MISSING
-        result.append(item)
+        result.append(index)
     return tuple(result)
 
 
-_GPU_INDEX: Final = {"type": "integer", "minimum": 0}
 _gpus: Final = Kind(
     _check_gpus,
-    {"anyOf": [_GPU_INDEX, {"type": "array", "items": _GPU_INDEX, "uniqueItems": True}]},
+    {"anyOf": [_gpu_index.schema, {"type": "array", "items": _gpu_index.schema, "uniqueItems": True}]},
 )
 
 
@@ -254,6 +263,13 @@ _args: Final = Kind(
 )
 
 
+def _ladder_value(flag: str) -> Kind:
+    """A ladder step's value: a share of the GPU's memory, or a positive count."""
+    if flag == "gpu-memory-utilization":
+        return _number(lo=0, lo_open=True, hi=1)
+    return _number(lo=0, lo_open=True, integer=True)
+
+
 def _check_ladder(value: Any, path: Path_, out: _Collector) -> Any:
     """A list of steps down; each sets some of LADDER_FLAGS, and no value rises from one step to
     the next (a flag a step leaves out keeps the previous step's value)."""
@@ -277,10 +293,7 @@ def _check_ladder(value: Any, path: Path_, out: _Collector) -> Any:
                 out.add(path + (i, key), f"a ladder step may set only {', '.join(LADDER_FLAGS)}")
                 ok = False
                 continue
-            integer = flag != "gpu-memory-utilization"
-            number = _number(lo=0, lo_open=True, hi=None if integer else 1, integer=integer)(
-                item, path + (i, key), out
-            )
+            number = _ladder_value(flag)(item, path + (i, key), out)
             if number is _MISSING:
                 ok = False
                 continue
@@ -303,14 +316,7 @@ _ladder: Final = Kind(
         "items": {
             "type": "object",
             "minProperties": 1,
-            "patternProperties": {
-                _flag_pattern([flag]): (
-                    {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
-                    if flag == "gpu-memory-utilization"
-                    else {"type": "integer", "exclusiveMinimum": 0}
-                )
-                for flag in LADDER_FLAGS
-            },
+            "patternProperties": {_flag_pattern([flag]): _ladder_value(flag).schema for flag in LADDER_FLAGS},
             "additionalProperties": False,
         },
     },
@@ -343,6 +349,12 @@ _HH_MM: Final = " *[0-9]{1,2} *: *[0-9]{1,2} *"
 _time_window: Final = Kind(_check_time_window, {"type": "string", "pattern": f"^{_HH_MM}-{_HH_MM}$"})
 
 
+def _detector_kind(name: str) -> Kind:
+    """The kind of one value of the DetectorConfig field ``name`` (of each item, for the XID
+    lists and the per-kind seconds), from the bounds the dataclass itself holds it to."""
+    return _number(**DetectorConfig.bounds(name))
+
+
 def _check_detectors(value: Any, path: Path_, out: _Collector) -> Any:
     """Overrides of DetectorConfig fields, checked by building one. The overrides, not that
     DetectorConfig, are the result: an engine's own keys go over the defaults' before
@@ -350,13 +362,13 @@ def _check_detectors(value: Any, path: Path_, out: _Collector) -> Any:
     if not isinstance(value, dict):
         out.add(path, f"must be a mapping of detector setting: value, got {_type_name(value)}")
         return _MISSING
-    known = {f.name: f for f in fields(DetectorConfig)}
+    known = {f.name for f in fields(DetectorConfig)}
     result: dict[str, Any] = {}
     for key, item in value.items():
-        spec = known.get(key)
-        if spec is None:
-            out.add(path + (key,), f"unknown detector setting{_suggest(key, list(known))}")
+        if key not in known:
+            out.add(path + (key,), f"unknown detector setting{_suggest(key, sorted(known))}")
             continue
+        kind = _detector_kind(key)
         if key in ("sustain_s", "clear_s"):
             if not isinstance(item, dict):
                 out.add(path + (key,), "must be a mapping of finding kind: seconds")
@@ -364,49 +376,49 @@ def _check_detectors(value: Any, path: Path_, out: _Collector) -> Any:
             kinds: dict[FindingKind, float] = {}
             for kind_name, seconds in item.items():
                 try:
-                    kind = FindingKind(kind_name)
+                    finding = FindingKind(kind_name)
                 except ValueError:
                     names = [k.value for k in FindingKind]
                     out.add(path + (key, kind_name), f"unknown finding kind{_suggest(str(kind_name), names)}")
                     continue
-                number = _number(lo=0)(seconds, path + (key, kind_name), out)
+                number = kind(seconds, path + (key, kind_name), out)
                 if number is not _MISSING:
-                    kinds[kind] = number
+                    kinds[finding] = number
             result[key] = kinds
         elif key.startswith("xid_"):
-            if not isinstance(item, list) or not all(
-                isinstance(x, int) and not isinstance(x, bool) for x in item
-            ):
-                out.add(path + (key,), "must be a list of XID numbers")
+            if not isinstance(item, list):
+                out.add(path + (key,), f"must be a list of XID numbers, got {_type_name(item)}")
                 continue
-            result[key] = frozenset(item)
+            xids = [kind(x, path + (key, i), out) for i, x in enumerate(item)]
+            if _MISSING not in xids:
+                result[key] = frozenset(xids)
         else:
-            number = _number(lo=0, integer=spec.type in ("int", int))(item, path + (key,), out)
+            number = kind(item, path + (key,), out)
             if number is not _MISSING:
                 result[key] = number
     try:
         DetectorConfig(**result)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # what no one field says: hang_cpu_max_span_s < min
         out.add(path, str(exc))
         return _MISSING
     return result
 
 
 def _detector_schema() -> JsonSchema:
-    kinds = [k.value for k in FindingKind]
+    names = [k.value for k in FindingKind]
     properties: dict[str, Any] = {}
     for spec in fields(DetectorConfig):
+        one = _detector_kind(spec.name).schema
         if spec.name in ("sustain_s", "clear_s"):
-            schema: dict[str, Any] = {
+            properties[spec.name] = {
                 "type": "object",
-                "propertyNames": {"enum": kinds},
-                "additionalProperties": {"type": "number", "minimum": 0},
+                "propertyNames": {"enum": names},
+                "additionalProperties": one,
             }
         elif spec.name.startswith("xid_"):
-            schema = {"type": "array", "items": {"type": "integer"}}
+            properties[spec.name] = {"type": "array", "items": one}
         else:
-            schema = {"type": "integer" if spec.type in ("int", int) else "number", "minimum": 0}
-        properties[spec.name] = schema
+            properties[spec.name] = one
     return {"type": "object", "properties": properties, "additionalProperties": False}
 
 

@@ -7,7 +7,7 @@ A leaf of the package: the detector families and the tracker read it, it reads n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Final
@@ -69,12 +69,37 @@ def _merged(
     return MappingProxyType(merged)
 
 
-def _setting(doc: str, default: Any = None, *, factory: Any = None) -> Any:
-    """A DetectorConfig field with its one-line meaning, which the config's JSON Schema and
-    docs/configuration.md show (``DetectorConfig.doc``); the comments above a field say why."""
+# The largest XID the xid_* lists take: NVIDIA's XIDs are numbered below 200 today.
+MAX_XID: Final = 65535
+
+
+def _setting(
+    doc: str,
+    default: Any = None,
+    *,
+    lo: float = 0,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    factory: Any = None,
+) -> Any:
+    """A DetectorConfig field with its one-line meaning and its bounds (of each item, for the
+    XID lists and the per-kind seconds). The config's validator and JSON Schema are made from
+    the same bounds, docs/configuration.md shows them, and ``__post_init__`` holds a config built
+    any other way to them: every value the validator accepts is one the detectors run with
+    (issue 28: ``degradation_baseline_s: 0`` passed check-config and crashed every engine). The
+    comments above a field say why."""
+    metadata = {"doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
     if factory is not None:
-        return field(default_factory=factory, metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _outside(value: float, bounds: Mapping[str, Any]) -> bool:
+    lo, hi = bounds["lo"], bounds["hi"]
+    if value < lo or (bounds["lo_open"] and value == lo):
+        return True
+    return hi is not None and (value > hi or (bounds["hi_open"] and value == hi))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,7 +132,9 @@ class DetectorConfig:
         "hang: the same while the last reading showed no running or waiting request", 10.0
     )
     hang_min_misses: int = _setting(
-        "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life", 2
+        "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life",
+        2,
+        lo=1,
     )
     # Two faster signs of a hang, read from /proc by the process sweep (issue 16). Neither can
     # mistake a busy engine for a dead one: a busy engine runs, and burns CPU.
@@ -122,11 +149,16 @@ class DetectorConfig:
     # An engine that spins while hung (an NCCL collective waiting on a lost peer) burns CPU and
     # is left to the deadline rule above.
     hang_cpu_idle_ratio: float = _setting(
-        "hang: a missed canary while the engine's processes used under this share of a core", 0.05
+        "hang: a missed canary while the engine's processes used under this share of a core",
+        0.05,
+        hi=1,
+        hi_open=True,
     )
-    hang_cpu_min_span_s: float = _setting("hang (CPU idle): the CPU reading must span at least this", 1.0)
+    hang_cpu_min_span_s: float = _setting(
+        "hang (CPU idle): the CPU reading must span at least this", 1.0, lo_open=True
+    )
     hang_cpu_max_span_s: float = _setting(
-        "hang (CPU idle): and at most this (older readings say nothing of now)", 10.0
+        "hang (CPU idle): and at most this (older readings say nothing of now)", 10.0, lo_open=True
     )
 
     # STALL: running + waiting > 0 in every reading while the counters stood still this long.
@@ -136,26 +168,32 @@ class DetectorConfig:
 
     # KV_PRESSURE: opens at or above the threshold, clears only below clear_ratio x threshold.
     kv_usage_threshold_ratio: float = _setting(
-        "KV-cache pressure opens at or above this KV-cache usage (0..1]", 0.88
+        "KV-cache pressure opens at or above this KV-cache usage (0..1]", 0.88, lo_open=True, hi=1
     )
-    kv_usage_clear_ratio: float = _setting("... and clears only below this x the threshold (0..1]", 0.9)
+    kv_usage_clear_ratio: float = _setting(
+        "... and clears only below this x the threshold (0..1]", 0.9, lo_open=True, hi=1
+    )
 
     # PREEMPTION_STORM: preemptions per minute over the last preemption_window_s.
     preemptions_per_min_threshold: float = _setting(
         "preemption storm: preemptions per minute over preemption_window_s", 10.0
     )
-    preemption_window_s: float = _setting("preemption storm: the window the rate is taken over", 60.0)
+    preemption_window_s: float = _setting(
+        "preemption storm: the window the rate is taken over", 60.0, lo_open=True
+    )
     # readings must span at least this to make a rate
     preemption_min_span_s: float = _setting(
-        "preemption storm: readings must span at least this to make a rate", 30.0
+        "preemption storm: readings must span at least this to make a rate", 30.0, lo_open=True
     )
 
     # DEGRADATION_*: the engine against its own baseline (the first degradation_baseline_s of
     # real traffic after start, pinned by the window), over the last degradation_eval_s.
     degradation_baseline_s: float = _setting(
-        "degradation: the baseline is the first this-many seconds of traffic", 600.0
+        "degradation: the baseline is the first this-many seconds of traffic", 600.0, lo_open=True
     )
-    degradation_eval_s: float = _setting("degradation: compared over the last this-many seconds", 300.0)
+    degradation_eval_s: float = _setting(
+        "degradation: compared over the last this-many seconds", 300.0, lo_open=True
+    )
     # current TTFT p95 >= factor x baseline
     degradation_ttft_factor: float = _setting("degradation: TTFT p95 at or above this x the baseline", 1.5)
     # tokens/s per running request <= factor x baseline
@@ -174,11 +212,11 @@ class DetectorConfig:
     degradation_min_running: float = _setting("degradation: mean running requests needed in each span", 0.5)
     # A baseline span needs requests running in this share of its readings: "with traffic".
     degradation_min_busy_ratio: float = _setting(
-        "degradation: share of a baseline span's readings with requests running", 0.8
+        "degradation: share of a baseline span's readings with requests running", 0.8, hi=1
     )
     # Compare only at similar load: per-request throughput and TTFT move with the batch size.
     degradation_max_load_ratio: float = _setting(
-        "degradation: compare only at a load within this factor of the baseline's", 2.0
+        "degradation: compare only at a load within this factor of the baseline's", 2.0, lo=1
     )
     # prompt tokens looked up, in each span
     degradation_min_prefix_queries: int = _setting(
@@ -186,7 +224,7 @@ class DetectorConfig:
     )
     # a lower baseline hit rate is not compared
     degradation_min_prefix_hit_ratio: float = _setting(
-        "degradation: a baseline hit rate below this is not compared", 0.1
+        "degradation: a baseline hit rate below this is not compared", 0.1, hi=1
     )
 
     # THERMAL: a thermal clock-event reason, or this temperature or above.
@@ -203,24 +241,27 @@ class DetectorConfig:
     xid_engine_level: frozenset[int] = _setting(
         "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
         frozenset({13, 31, 43, 45, 68}),
+        hi=MAX_XID,
     )
     # row remap recorded: log and count. INFO.
     xid_info_only: frozenset[int] = _setting(
-        "XIDs only logged and counted (an INFO finding)", frozenset({63})
+        "XIDs only logged and counted (an INFO finding)", frozenset({63}), hi=MAX_XID
     )
     # consecutive gpu_lost probe failures for one GPU
-    gpu_lost_min_samples: int = _setting("GPU lost: consecutive 'GPU lost' probe failures needed", 2)
+    gpu_lost_min_samples: int = _setting("GPU lost: consecutive 'GPU lost' probe failures needed", 2, lo=1)
 
     # MEMORY_GROWTH: least-squares slope of the group's RSS over memory_window_s.
-    memory_window_s: float = _setting("memory growth: the RSS slope is fitted over this window", 1800.0)
+    memory_window_s: float = _setting(
+        "memory growth: the RSS slope is fitted over this window", 1800.0, lo_open=True
+    )
     memory_min_span_s: float = _setting("memory growth: readings must span at least this", 1200.0)
-    memory_min_samples: int = _setting("memory growth: readings needed (>= 3)", 10)
+    memory_min_samples: int = _setting("memory growth: readings needed (>= 3)", 10, lo=3)
     memory_growth_mib_per_h: float = _setting(
         "memory growth: the engine's RSS growing at least this fast", 256.0
     )
     # "steadily": the line must explain most of the variance
     memory_min_r2: float = _setting(
-        "memory growth: the fitted line must explain this share of the variance", 0.6
+        "memory growth: the fitted line must explain this share of the variance", 0.6, hi=1
     )
 
     # FOREIGN_GPU_MEMORY: a process outside the engine's group holding this much on its GPU.
@@ -241,16 +282,22 @@ class DetectorConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sustain_s", _merged(DEFAULT_SUSTAIN_S, self.sustain_s))
         object.__setattr__(self, "clear_s", _merged(DEFAULT_CLEAR_S, self.clear_s))
-        if not 0 < self.kv_usage_threshold_ratio <= 1:
-            raise ValueError("kv_usage_threshold_ratio must be in (0, 1]")
-        if not 0 < self.kv_usage_clear_ratio <= 1:
-            raise ValueError("kv_usage_clear_ratio must be in (0, 1]")
-        if not 0 <= self.hang_cpu_idle_ratio < 1:
-            raise ValueError("hang_cpu_idle_ratio must be in [0, 1)")
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            values = value.values() if isinstance(value, Mapping) else value
+            for item in values if isinstance(values, Iterable) else (value,):
+                if (isinstance(item, float) and not math.isfinite(item)) or _outside(item, spec.metadata):
+                    raise ValueError(f"{spec.name}: {item!r} is not {_bounds_text(spec.metadata)}")
         if self.hang_cpu_max_span_s < self.hang_cpu_min_span_s:
             raise ValueError("hang_cpu_max_span_s must be at least hang_cpu_min_span_s")
-        if self.hang_min_misses < 1 or self.gpu_lost_min_samples < 1 or self.memory_min_samples < 3:
-            raise ValueError("hang_min_misses, gpu_lost_min_samples >= 1 and memory_min_samples >= 3")
+
+    @staticmethod
+    def bounds(name: str) -> Mapping[str, Any]:
+        """The bounds of the field ``name`` (of each item, for a list or a mapping): ``lo``,
+        ``hi`` (None: none), ``lo_open``, ``hi_open``, and ``integer``."""
+        spec = _FIELDS[name]
+        integer = spec.type in ("int", "frozenset[int]", int)
+        return {k: spec.metadata[k] for k in ("lo", "hi", "lo_open", "hi_open")} | {"integer": integer}
 
     @staticmethod
     def doc(name: str) -> str:
@@ -292,4 +339,11 @@ class DetectorConfig:
 
 _FIELDS: Final = {f.name: f for f in fields(DetectorConfig)}
 
-__all__ = ["DEFAULT_CLEAR_S", "DEFAULT_SUSTAIN_S", "DetectorConfig"]
+
+def _bounds_text(bounds: Mapping[str, Any]) -> str:
+    low = f"{'>' if bounds['lo_open'] else '>='} {bounds['lo']:g}"
+    high = "" if bounds["hi"] is None else f" and {'<' if bounds['hi_open'] else '<='} {bounds['hi']:g}"
+    return low + high
+
+
+__all__ = ["DEFAULT_CLEAR_S", "DEFAULT_SUSTAIN_S", "MAX_XID", "DetectorConfig"]
