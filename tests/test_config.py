@@ -1178,3 +1178,20 @@ def test_live_canary_timeout_factor_below_one_is_a_problem(tmp_path: Path) -> No
     assert problems(path, check_paths=False) == [
         f"{path}:8: engines[0].live_canary_timeout_factor: must be >= 1, got 0.5",
     ]
+
+
+@pytest.mark.parametrize("separator", ["\u0085", "\u2028", "\u2029", "\u0085\u2028\u2029"])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_problem_lines_are_the_lines_an_editor_shows(tmp_path: Path, separator: str, newline: str) -> None:
+    """YAML 1.1 breaks lines at U+0085, U+2028 and U+2029; editors do not (issue 28: a 3-line
+    file reported at line 4). The line is the editor's, for a field and for a syntax error."""
+    path = tmp_path / "config.yaml"
+    text = f'engines:\n  - {{name: a, model: "org/m{separator}", port: 8000,\n     gpus: x}}\n'
+    path.write_bytes(text.replace("\n", newline).encode("utf-8"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, check_paths=False)
+    assert [p.line for p in err.value.problems] == [3]
+    path.write_bytes(f'# a "{separator}" b\nengines: [\n  {{name: a\n'.replace("\n", newline).encode("utf-8"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, check_paths=False)
+    assert err.value.problems[0].line <= 4  # the end of a 3-line file, not beyond
