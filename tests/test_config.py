@@ -1195,3 +1195,18 @@ def test_problem_lines_are_the_lines_an_editor_shows(tmp_path: Path, separator: 
     with pytest.raises(ConfigError) as err:
         load_config(path, check_paths=False)
     assert err.value.problems[0].line <= 4  # the end of a 3-line file, not beyond
+
+
+def test_drain_grace_is_bounded(tmp_path: Path) -> None:
+    """drain_grace_s: 1e12 passed check-config and kept `restart` DRAINING for ever (issue 28);
+    an hour covers the slowest load balancer, and more is refused at its line."""
+    path = tmp_path / "config.yaml"
+    path.write_text("engines:\n  - name: a\n    model: org/m\n    port: 8000\n    drain_grace_s: 1.0e+12\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, check_paths=False)
+    assert [str(p).split(": ", 1)[1] for p in err.value.problems] == [
+        "engines[0].drain_grace_s: must be <= 3600, got 1000000000000.0"
+    ]
+    assert err.value.problems[0].line == 5
+    path.write_text(path.read_text().replace("1.0e+12", "3600"))
+    assert load_config(path, check_paths=False).engines[0].drain_grace_s == 3600.0

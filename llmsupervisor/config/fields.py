@@ -27,6 +27,8 @@ from llmsupervisor.config.values import (
 )
 from llmsupervisor.core.restarts import MIN_FAILURE_WINDOW_S
 
+MAX_DRAIN_GRACE_S: Final = 3600.0
+
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 ENGINE_FIELDS: Final[dict[str, Field]] = {
@@ -127,8 +129,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         "serve HAProxy's agent-check protocol for this engine on this port (docs/fleet.md)",
     ),
     # ---- draining and stopping
+    # At most an hour: the slowest balancer's check (an AWS target group: 300 s x 10) takes 50
+    # minutes to notice; more only kept a restart DRAINING (and a READY engine counted out of
+    # rotation) for ever (issue 28: 1e12).
     "drain_grace_s": Field(
-        _number(lo=0),
+        _number(lo=0, hi=MAX_DRAIN_GRACE_S),
         "after leaving rotation, wait this long for load balancers to notice before stopping; "
         "also how long an engine READY again still counts as out of rotation",
     ),
