@@ -1308,11 +1308,11 @@ def _edge_values(name: str) -> list[Any]:
 
 
 def _edge_config(name: str, value: Any) -> DetectorConfig:
-    if name in ("sustain_s", "clear_s"):
-        return DetectorConfig(**{name: dict.fromkeys(FindingKind, value)})
-    if name.startswith("xid_"):
-        return DetectorConfig(**{name: frozenset({value})})
     changes: dict[str, Any] = {name: value}
+    if name in ("sustain_s", "clear_s"):
+        changes[name] = dict.fromkeys(FindingKind, value)
+    if name.startswith("xid_"):
+        changes[name] = frozenset({value})
     if name == "hang_cpu_min_span_s":  # hang_cpu_max_span_s must be at least it
         changes["hang_cpu_max_span_s"] = max(value, CFG.hang_cpu_max_span_s)
     if name == "hang_cpu_max_span_s":

@@ -18,8 +18,8 @@ NOT_SPEC_FIELDS = {"port", "agent_port", "metrics_max_body_bytes"}  # ints the r
 
 
 def edges(schema: dict[str, Any]) -> list[float]:
-    low = schema.get("minimum", schema.get("exclusiveMinimum"))
-    high = schema.get("maximum", schema.get("exclusiveMaximum"))
+    low: Any = schema.get("minimum", schema.get("exclusiveMinimum"))
+    high: Any = schema.get("maximum", schema.get("exclusiveMaximum"))
     if schema["type"] == "integer":
         return [low + ("exclusiveMinimum" in schema), high]
     first = math.nextafter(low, math.inf) if "exclusiveMinimum" in schema else low
@@ -36,7 +36,8 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "value"), CASES, ids=[f"{n}={v:g}" for n, v in CASES])
 def test_every_accepted_extreme_builds_runtime_objects_that_compute(name: str, value: float) -> None:
-    spec = replace(BASE, **{name: value})
+    changes: dict[str, Any] = {name: value}
+    spec = replace(BASE, **changes)
     policy = spec.restart_policy
     history = FailureHistory()
     for i in range(12):
