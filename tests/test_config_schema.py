@@ -18,7 +18,6 @@ import yaml
 
 from llmsupervisor.cli import main as cli
 from llmsupervisor.config import ENGINE_FIELDS, SUPERVISOR_FIELDS, load_config
-from llmsupervisor.config.fields import DETECTOR_DOCS
 from llmsupervisor.config.schema import (
     DOCS_BEGIN,
     DOCS_END,
@@ -76,7 +75,7 @@ def test_every_field_of_the_tables_is_in_it_with_a_description() -> None:
     assert set(props["defaults"]["properties"]) < set(ENGINE_FIELDS)
     assert all(p["description"] for p in [*engine.values(), *props["supervisor"]["properties"].values()])
     detector_fields = {f.name for f in dataclasses.fields(DetectorConfig)}
-    assert set(DETECTOR_DOCS) == detector_fields, "document every DetectorConfig field in DETECTOR_DOCS"
+    assert all(DetectorConfig.doc(name) for name in detector_fields), "document every DetectorConfig field"
     assert set(engine["detectors"]["properties"]) == detector_fields
 
 
@@ -248,3 +247,36 @@ def test_the_field_reference_in_the_docs_is_generated() -> None:
 
 def test_schema_text_is_stable_json() -> None:
     assert json.loads(schema_text()) == config_schema()
+
+
+def _engine_with(key: str, value: Any, *, venv: bool) -> dict[str, Any]:
+    engine: dict[str, Any] = {"name": "a", "model": "org/m", "port": 8000, key: value}
+    if venv and key != "command":
+        engine["venv"] = "/opt/vllm"  # launcher applies to venv engines only
+    return engine
+
+
+def test_every_default_the_schema_shows_is_accepted(tmp_path: Path) -> None:
+    """What `llm-supervisor schema` and the field reference give as a key's default, written in
+    the file, passes check-config (launcher's default was "command", which it refuses)."""
+    sections = config_schema()["properties"]
+    engine = sections["engines"]["items"]["properties"]
+    supervisor = sections["supervisor"]["properties"]
+    path = tmp_path / "config.yaml"
+    shown = [("engines", k, p["default"]) for k, p in engine.items() if "default" in p]
+    shown += [("supervisor", k, p["default"]) for k, p in supervisor.items() if "default" in p]
+    assert ("engines", "launcher", "auto") in shown
+    for section, key, default in shown:
+        if section == "engines":
+            document: dict[str, Any] = {"engines": [_engine_with(key, default, venv=key == "launcher")]}
+        else:
+            document = {
+                "supervisor": {key: default},
+                "engines": [_engine_with("host", "127.0.0.1", venv=False)],
+            }
+        assert schema_errors(document) == [], (key, default)
+        path.write_text(json.dumps(document))
+        try:
+            load_config(path, check_paths=False)
+        except ConfigError as exc:
+            pytest.fail(f"{section}.{key}: the shown default {default!r} is refused: {exc}")

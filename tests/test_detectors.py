@@ -6,6 +6,8 @@ Windows are built from the real probe types: ``EngineMetrics`` parsed from the c
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -1423,3 +1425,96 @@ def test_pinned_baseline_is_kept_as_its_statistics() -> None:
     assert w.baseline_span is not None and w.baseline_span[1] - w.baseline_span[0] >= 600
     stats = w.baseline_stats(span_stats)
     assert stats is not None and stats.requests is not None and stats.requests >= 20
+
+
+# --- Every value the validator accepts runs (issue 28 #3) ----------------------------------------
+
+
+def _edge_values(name: str) -> list[Any]:
+    """The extremes check-config accepts for a DetectorConfig field (of each item for the lists
+    and the per-kind seconds): its lowest, just above an open lowest, and its highest."""
+    b = DetectorConfig.bounds(name)
+    lo, hi = b["lo"], b["hi"] if b["hi"] is not None else 1e12
+    if b["integer"]:
+        return [lo + 1 if b["lo_open"] else lo, int(hi) - 1 if b["hi_open"] else int(hi)]
+    low = [math.nextafter(lo, math.inf), lo + 1e-9] if b["lo_open"] else [lo, math.nextafter(lo, math.inf)]
+    return [*low, math.nextafter(hi, -math.inf) if b["hi_open"] else hi]
+
+
+def _edge_config(name: str, value: Any) -> DetectorConfig:
+    changes: dict[str, Any] = {name: value}
+    if name in ("sustain_s", "clear_s"):
+        changes[name] = dict.fromkeys(FindingKind, value)
+    if name.startswith("xid_"):
+        changes[name] = frozenset({value})
+    if name == "hang_cpu_min_span_s":  # hang_cpu_max_span_s must be at least it
+        changes["hang_cpu_max_span_s"] = max(value, CFG.hang_cpu_max_span_s)
+    if name == "hang_cpu_max_span_s":
+        changes["hang_cpu_min_span_s"] = min(value, CFG.hang_cpu_min_span_s)
+    return DetectorConfig(**changes)
+
+
+def _everything_happens() -> list[Observation]:
+    """Five minutes of an engine that serves, preempts, fills its KV cache, heats up, grows,
+    gets an XID, hangs with a stopped worker, and has readings a nanosecond apart."""
+    out: list[Observation] = []
+    for i, t in enumerate([*times(0, 300, 1.0), 300.000000001, 300.000000002]):
+        serving = t < 200
+        metrics = busy(i if serving else 200, kv_usage_ratio=min(1.0, t / 150), preemptions_total=i * 3)
+        cpu = {API: 1.0 + t, CORE: 5.0 + (t if serving else 200), WORKER: 5.0}
+        proc = group(t, cpu, stopped=frozenset() if serving else frozenset({WORKER}))
+        proc = replace(proc, rss_bytes_total=GIB + int(t) * 10 * MIB)
+        canary = OK if serving else replace(TIMEOUT, latency_s=1.0)
+        events = (xid(79, at_s=t),) if i == 250 else (xid(13, at_s=t),) if i == 100 else ()
+        out.append(
+            ob(
+                t,
+                metrics=metrics if i % 7 else METRICS_TIMEOUT,
+                health=HEALTH_OK if serving else TIMEOUT,
+                canary=canary,
+                proc=proc,
+                gpus={0: gpu(temperature_c=40 + i // 3)},
+                gpu_events=events,
+                engine_pids=ENGINE_PIDS,
+            )
+        )
+    return out
+
+
+EDGE_CASES = [(f.name, v) for f in dataclasses.fields(DetectorConfig) for v in _edge_values(f.name)]
+
+
+@pytest.mark.parametrize(("name", "value"), EDGE_CASES, ids=[f"{n}={v!r:.12}" for n, v in EDGE_CASES])
+def test_every_accepted_extreme_runs(name: str, value: Any) -> None:
+    """Each extreme check-config accepts builds a DetectorConfig, a window and a tracker, and the
+    detectors run over a busy, failing engine without raising (degradation_baseline_s: 0 crashed
+    every engine task with "baseline_s must be positive")."""
+    cfg = _edge_config(name, value)
+    replay(_everything_happens(), cfg)
+
+
+def test_the_extremes_are_the_validators() -> None:
+    """_edge_values takes the bounds the validator uses: just outside each is refused."""
+    with pytest.raises(ValueError, match="degradation_baseline_s"):
+        DetectorConfig(degradation_baseline_s=0)
+    with pytest.raises(ValueError, match="memory_min_samples"):
+        DetectorConfig(memory_min_samples=2)
+    with pytest.raises(ValueError, match="hang_cpu_idle_ratio"):
+        DetectorConfig(hang_cpu_idle_ratio=1.0)
+
+
+@pytest.mark.parametrize("end", [0, -1], ids=["all-lowest", "all-highest"])
+def test_every_field_at_its_extreme_at_once_runs(end: int) -> None:
+    """All seven lookbacks at their lowest at once crashed the window ("max_age_s must be
+    positive"); every field at its lowest, or its highest, together."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(DetectorConfig):
+        value = _edge_values(f.name)[end]
+        if f.name in ("sustain_s", "clear_s"):
+            changes[f.name] = dict.fromkeys(FindingKind, value)
+        elif f.name.startswith("xid_"):
+            changes[f.name] = frozenset({value})
+        else:
+            changes[f.name] = value
+    changes["hang_cpu_max_span_s"] = max(changes["hang_cpu_max_span_s"], changes["hang_cpu_min_span_s"])
+    replay(_everything_happens(), DetectorConfig(**changes))

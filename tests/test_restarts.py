@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from llmsupervisor.core.restarts import (
+    MIN_FAILURE_WINDOW_S,
     FailureHistory,
     RestartPolicy,
     backoff_delay_s,
@@ -183,3 +184,22 @@ def test_should_reset_after_stable_after_s() -> None:
 
 def test_zero_stable_after_resets_as_soon_as_ready() -> None:
     assert should_reset(42.0, 42.0, RestartPolicy(stable_after_s=0.0))
+
+
+def test_a_tiny_failure_window_still_backs_off_and_gives_up() -> None:
+    """Issue 28: with a window shorter than one crash cycle every crash was "failure 1/5,
+    restarting in 0.0 s", forever. The window counts as at least MIN_FAILURE_WINDOW_S."""
+    policy = RestartPolicy(max_failures=5, failure_window_s=0.001, backoff_jitter_ratio=0.0)
+    assert policy.window_s == MIN_FAILURE_WINDOW_S
+    history = FailureHistory()
+    delays = []
+    for i in range(5):
+        now = i * 1.0  # crashes a second apart, READY in between (unready never counts them)
+        history = history.record(now, policy)
+        delays.append(backoff_delay_s(history.count(now, policy), policy, MID_DRAW))
+        history = history.reached_ready()
+    assert history.count(4.0, policy) == 5
+    assert is_crash_loop(history, 4.0, policy)
+    assert delays[1:] == sorted(delays[1:]) and delays[-1] > 0.0
+    # A window above the floor is used as given.
+    assert RestartPolicy(failure_window_s=61.0).window_s == 61.0

@@ -17,7 +17,10 @@ The modules, each importing only the ones above it:
 - ``spec``: the frozen result (``EngineSpec``, ``SupervisorSettings``, ``SupervisorConfig``)
   and ``render_args``.
 - ``problems``: YAML nodes to data with the line of every node; the problem collector.
-- ``fields``: one check per kind of value, and the key -> check tables.
+- ``kinds``: ``Kind`` and ``Field``, the generic kinds (numbers, strings, booleans) and the
+  section check.
+- ``values``: the domain kinds (GPUs, CPUs, commands, args, env, ladder, detectors, ...).
+- ``fields``: the key -> field tables of an engine and of ``supervisor:``.
 - ``checks``: one engine's entry to an ``EngineSpec``, and the checks between engines.
 - ``load``: ``load_config`` and the top-level sections.
 - ``schema``: the JSON Schema and the field reference, generated from the ``fields`` tables.

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS, _check_section
+from llmsupervisor.config.fields import ENGINE_FIELDS, REQUIRED_ENGINE_FIELDS
+from llmsupervisor.config.kinds import _check_section
 from llmsupervisor.config.launcher import choose
 from llmsupervisor.config.problems import Path_, _Collector, _field_name
 from llmsupervisor.config.spec import COMPILE_KEY_FLAGS, EngineSpec

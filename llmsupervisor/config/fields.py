@@ -1,632 +1,35 @@
-"""Value checks: one ``Kind`` per kind of field, a check taking (value, path, collector) and
-returning the checked value or ``_MISSING`` after reporting why, made together with the JSON
-Schema of the values it accepts; and the tables that map every key of an engine and of the
-``supervisor:`` section to its ``Field`` (kind and one-line meaning). ``schema.py`` publishes
-these tables as a JSON Schema and docs/configuration.md lists them, so neither can drift from
-what the validator accepts.
+"""The tables that map every key of an engine and of the ``supervisor:`` section to its
+``Field`` (kind and one-line meaning). ``schema.py`` publishes these tables as a JSON Schema and
+docs/configuration.md lists them, so neither can drift from what the validator accepts.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
-import shlex
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Final
 
+from llmsupervisor.config.kinds import Field, _boolean, _check_section, _number, _string
 from llmsupervisor.config.launcher import LAUNCHER_CHOICES
-from llmsupervisor.config.problems import Path_, _Collector
-from llmsupervisor.config.spec import CANARY_KINDS, LADDER_FLAGS
-from llmsupervisor.core.placement import AUTO
-from llmsupervisor.detectors import DetectorConfig, FindingKind
-from llmsupervisor.probes.cpus import parse_cpu_list
+from llmsupervisor.config.spec import CANARY_KINDS
+from llmsupervisor.config.values import (
+    FORBIDDEN_ARGS,
+    RESERVED_ARGS,
+    RESERVED_ENV,
+    _args,
+    _command,
+    _cpus,
+    _detectors,
+    _env,
+    _gpus,
+    _ladder,
+    _listen,
+    _name,
+    _time_window,
+)
+from llmsupervisor.core.restarts import MIN_FAILURE_WINDOW_S
 
-# Flags the supervisor renders itself from engine fields; setting them in `args` would fight it.
-RESERVED_ARGS: Final = frozenset({"model", "host", "port", "served-model-name"})
-# Removes every vllm: metric (docs/vllm-notes.md §3.1): the supervisor would go blind.
-FORBIDDEN_ARGS: Final = {"disable-log-stats": "removes every vllm: metric the supervisor watches"}
+MAX_DRAIN_GRACE_S: Final = 3600.0
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
-
-_Check = Callable[[Any, Path_, _Collector], Any]
-JsonSchema = Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """A check and the JSON Schema of the values it accepts, built by one factory from the same
-    bounds. The schema may be looser than the check where JSON Schema cannot say it (ladder
-    steps that must go down), never stricter except where noted at the factory."""
-
-    check: _Check
-    schema: JsonSchema
-
-    def __call__(self, value: Any, path: Path_, out: _Collector) -> Any:
-        return self.check(value, path, out)
-
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One key of a section: what it accepts, and what it means (for the schema and the docs)."""
-
-    kind: Kind
-    doc: str
-
-    def __call__(self, value: Any, path: Path_, out: _Collector) -> Any:
-        return self.kind.check(value, path, out)
-
-
-def _flag_pattern(flags: Any) -> str:
-    """A regex matching the spellings ``_args`` and ``_ladder`` accept for these flags: leading
-    dashes, and ``_`` for ``-``."""
-    alternatives = "|".join(re.escape(f).replace("\\-", "[-_]") for f in sorted(flags))
-    return f"^-*({alternatives})$"
-
-
-def _suggest(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _type_name(value: Any) -> str:
-    return {
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        str: "string",
-        list: "list",
-        dict: "mapping",
-    }.get(type(value), type(value).__name__)
-
-
-_MISSING: Final = object()
-
-# The largest magnitude any number in the file may have: 1e12 seconds is 30,000 years, and a
-# bigger value only overflows later (time.sleep, float(), a thread's wait) in the running daemon.
-MAX_MAGNITUDE: Final = 1e12
-
-
-def _nonfinite(value: Any) -> bool:
-    """A NaN or an infinity anywhere in ``value`` (a scalar, list or mapping). NaN passes every
-    ``<``/``>`` range check, so it must be refused by name."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, list | tuple):
-        return any(_nonfinite(v) for v in value)
-    if isinstance(value, dict):
-        return any(_nonfinite(v) for v in value.values())
-    return False
-
-
-def _has_nul(value: Any) -> bool:
-    """A NUL character anywhere in ``value``: no argv, environment or path can carry one."""
-    if isinstance(value, str):
-        return "\0" in value
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    return False
-
-
-def _number(
-    *, lo: float | None = None, hi: float | None = None, integer: bool = False, lo_open: bool = False
-) -> Kind:
-    schema: dict[str, Any] = {"type": "integer" if integer else "number"}
-    if lo is not None:
-        schema["exclusiveMinimum" if lo_open else "minimum"] = int(lo) if integer else lo
-    if hi is not None:
-        schema["maximum"] = int(hi) if integer else hi
-
-    def check(value: Any, path: Path_, out: _Collector) -> Any:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or (integer and isinstance(value, float))
-        ):
-            out.add(
-                path, f"must be {'an integer' if integer else 'a number'}, got {_type_name(value)} {value!r}"
-            )
-            return _MISSING
-        if _nonfinite(value):
-            out.add(path, f"must be a finite number, got {value!r}")
-            return _MISSING
-        # Compared as given: an int and a float compare exactly, float() of 400 digits overflows.
-        if lo is not None and (value <= lo if lo_open else value < lo):
-            out.add(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {_short(value)}")
-            return _MISSING
-        if lo is None and value < -MAX_MAGNITUDE:
-            out.add(path, f"must be >= {-MAX_MAGNITUDE:g}, got {_short(value)}")
-            return _MISSING
-        limit = MAX_MAGNITUDE if hi is None else hi
-        if value > limit:
-            out.add(path, f"must be <= {limit:g}, got {_short(value)}")
-            return _MISSING
-        number = float(value)
-        return int(value) if integer else number
-
-    return Kind(check, schema)
-
-
-def _short(value: Any) -> str:
-    """``repr`` of a number, cut short: a 400-digit number in a message helps nobody."""
-    text = repr(value)
-    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
-
-
-def _any_case(word: str) -> str:
-    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
-
-
-def _string(*, choices: tuple[str, ...] = (), nonempty: bool = True) -> Kind:
-    schema: dict[str, Any] = {"type": "string"}
-    if choices:  # the check lower-cases the value first
-        schema["pattern"] = f"^({'|'.join(_any_case(c) for c in choices)})$"
-    elif nonempty:
-        schema["pattern"] = "\\S"  # not empty, not only blanks
-
-    def check(value: Any, path: Path_, out: _Collector) -> Any:
-        if not isinstance(value, str):
-            out.add(path, f"must be a string, got {_type_name(value)} {value!r}")
-            return _MISSING
-        if _has_nul(value):
-            out.add(path, "must not contain a NUL character")
-            return _MISSING
-        if nonempty and not value.strip():
-            out.add(path, "must not be empty")
-            return _MISSING
-        if choices and value.lower() not in choices:
-            out.add(path, f"must be one of {', '.join(choices)}, got {value!r}")
-            return _MISSING
-        return value.lower() if choices else value
-
-    return Kind(check, schema)
-
-
-def _check_boolean(value: Any, path: Path_, out: _Collector) -> Any:
-    if not isinstance(value, bool):
-        out.add(path, f"must be true or false, got {_type_name(value)} {value!r}")
-        return _MISSING
-    return value
-
-
-_boolean: Final = Kind(_check_boolean, {"type": "boolean"})
-
-
-def _check_name(value: Any, path: Path_, out: _Collector) -> Any:
-    value = _string()(value, path, out)
-    if value is _MISSING:
-        return value
-    if not all(c.isalnum() or c in "-_." for c in value) or len(value) > 64:
-        out.add(path, f"must be at most 64 letters, digits, '-', '_' or '.', got {value!r}")
-        return _MISSING
-    return value
-
-
-# The schema is ASCII only; the check also takes non-ASCII letters (str.isalnum).
-_name: Final = Kind(_check_name, {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"})
-
-
-def _check_listen(value: Any, path: Path_, out: _Collector) -> Any:
-    value = _string()(value, path, out)
-    if value is _MISSING:
-        return value
-    host, sep, port = value.rpartition(":")
-    # isdigit() alone takes '²' and '٣', which int() then refuses or reads as another number.
-    digits = port.isascii() and port.isdigit() and len(port) <= 5
-    if not sep or not host or not digits or not 0 < int(port) < 65536:
-        out.add(path, f"must be HOST:PORT, got {value!r}")
-        return _MISSING
-    return value
-
-
-_listen: Final = Kind(_check_listen, {"type": "string", "pattern": "^.+:[0-9]{1,5}$"})
-
-
-def _check_gpus(value: Any, path: Path_, out: _Collector) -> Any:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list):
-        out.add(path, f"must be a list of GPU indices, got {_type_name(value)} {value!r}")
-        return _MISSING
-    result: list[int] = []
-    for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            out.add(path + (i,), f"must be a GPU index (an integer >= 0), got {item!r}")
-            return _MISSING
-        if item in result:
-            out.add(path + (i,), f"GPU {item} is listed twice")
-            return _MISSING
-        result.append(item)
-    return tuple(result)
-
-
-_GPU_INDEX: Final = {"type": "integer", "minimum": 0}
-_gpus: Final = Kind(
-    _check_gpus,
-    {"anyOf": [_GPU_INDEX, {"type": "array", "items": _GPU_INDEX, "uniqueItems": True}]},
-)
-
-
-def _check_cpus(value: Any, path: Path_, out: _Collector) -> Any:
-    """``auto``, a cpulist string ``"0-3,8"``, or a list of CPU ids and cpulist strings."""
-    if value == AUTO:
-        return AUTO
-    items = value if isinstance(value, list) else [value]
-    cpus: set[int] = set()
-    for item in items:
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            cpus.add(item)
-            continue
-        try:
-            if not isinstance(item, str):
-                raise ValueError
-            cpus.update(parse_cpu_list(item))
-        except ValueError:
-            out.add(path, f"must be 'auto', or CPU ids and ranges like [0, 1] or \"0-3,8\", got {item!r}")
-            return _MISSING
-    if not cpus:
-        out.add(path, "must name at least one CPU (leave it out to not place the engine)")
-        return _MISSING
-    return tuple(sorted(cpus))
-
-
-_CPU_LIST: Final = {"type": "string", "pattern": r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"}
-_cpus: Final = Kind(
-    _check_cpus,
-    {
-        "anyOf": [
-            {"const": AUTO},
-            _CPU_LIST,
-            {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 0}, _CPU_LIST]}},
-        ]
-    },
-)
-
-
-def _check_command(value: Any, path: Path_, out: _Collector) -> Any:
-    if isinstance(value, str):
-        try:
-            value = shlex.split(value)
-        except ValueError as exc:  # "No closing quotation", "No escaped character"
-            out.add(path, f"cannot split {value!r} like a shell would: {exc}")
-            return _MISSING
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        out.add(path, "must be a non-empty list of strings (or one string, split like a shell would)")
-        return _MISSING
-    if _has_nul(value):
-        out.add(path, "must not contain a NUL character")
-        return _MISSING
-    return tuple(value)
-
-
-_command: Final = Kind(
-    _check_command,
-    {
-        "anyOf": [
-            {"type": "string", "pattern": "\\S"},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
-        ]
-    },
-)
-
-
-# Set by the supervisor from engine fields; an env override would defeat the GPU-claim checks
-# or hide the engine from the sweeps.
-RESERVED_ENV: Final = {
-    "CUDA_VISIBLE_DEVICES": "use the engine's 'gpus' field",
-    "CUDA_DEVICE_ORDER": "always PCI_BUS_ID, so NVML and CUDA indices agree",
-}
-
-
-# What a shell, systemd and execve all accept as a variable name.
-_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _check_env(value: Any, path: Path_, out: _Collector) -> Any:
-    if not isinstance(value, dict):
-        out.add(path, f"must be a mapping of NAME: value, got {_type_name(value)}")
-        return _MISSING
-    result: dict[str, str] = {}
-    for key, item in value.items():
-        if key in RESERVED_ENV:
-            out.add(path + (key,), f"set by the supervisor: {RESERVED_ENV[key]}")
-            continue
-        if key.startswith("LLMSUPERVISOR_"):
-            out.add(path + (key,), "LLMSUPERVISOR_* variables are the supervisor's process markers")
-            continue
-        if not _ENV_NAME.fullmatch(key):
-            out.add(path + (key,), "not a valid environment variable name (letters, digits, '_')")
-            continue
-        if isinstance(item, bool) or not isinstance(item, str | int | float):
-            out.add(path + (key,), f"must be a string or number, got {_type_name(item)}")
-            continue
-        if _nonfinite(item):
-            out.add(path + (key,), f"must be a finite number, got {item!r}")
-            continue
-        if _has_nul(item):
-            out.add(path + (key,), "must not contain a NUL character")
-            continue
-        result[key] = str(item)
-    return result
-
-
-_env: Final = Kind(
-    _check_env,
-    {
-        "type": "object",
-        "propertyNames": {"not": {"anyOf": [{"enum": sorted(RESERVED_ENV)}, {"pattern": "^LLMSUPERVISOR_"}]}},
-        "additionalProperties": {"type": ["string", "number"]},
-    },
-)
-
-
-def _check_args(value: Any, path: Path_, out: _Collector) -> Any:
-    if not isinstance(value, dict):
-        out.add(path, f"must be a mapping of vLLM flag: value, got {_type_name(value)}")
-        return _MISSING
-    result: dict[str, Any] = {}
-    for key, item in value.items():
-        flag = key.lstrip("-").replace("_", "-")
-        if flag in RESERVED_ARGS:
-            field_name = flag.replace("-", "_")
-            out.add(path + (key,), f"set by the supervisor; use the engine's '{field_name}' field instead")
-            continue
-        if flag in FORBIDDEN_ARGS:
-            out.add(path + (key,), f"not allowed: {FORBIDDEN_ARGS[flag]}")
-            continue
-        if isinstance(item, list):
-            if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in item):
-                out.add(path + (key,), "a list value must hold only strings and numbers")
-                continue
-        elif item is not None and not isinstance(item, str | int | float | bool | dict):
-            out.add(path + (key,), f"unsupported value type {_type_name(item)}")
-            continue
-        if _nonfinite(item):
-            # vLLM would get "nan" or "inf" (or JSON it cannot parse) for a size or a ratio.
-            out.add(path + (key,), f"must be a finite number, got {item!r}")
-            continue
-        if _has_nul(item) or _has_nul(key):
-            out.add(path + (key,), "must not contain a NUL character")
-            continue
-        result[flag] = item
-    return result
-
-
-_args: Final = Kind(
-    _check_args,
-    {
-        "type": "object",
-        "propertyNames": {"not": {"pattern": _flag_pattern(RESERVED_ARGS | set(FORBIDDEN_ARGS))}},
-        "additionalProperties": {
-            "anyOf": [
-                {"type": ["null", "string", "number", "boolean", "object"]},
-                {"type": "array", "items": {"type": ["string", "number"]}},
-            ]
-        },
-    },
-)
-
-
-def _check_ladder(value: Any, path: Path_, out: _Collector) -> Any:
-    """A list of steps down; each sets some of LADDER_FLAGS, and no value rises from one step to
-    the next (a flag a step leaves out keeps the previous step's value)."""
-    if not isinstance(value, list):
-        out.add(
-            path, f"must be a list of steps (mappings of {', '.join(LADDER_FLAGS)}), got {_type_name(value)}"
-        )
-        return _MISSING
-    steps: list[dict[str, float | int]] = []
-    current: dict[str, float] = {}
-    ok = True
-    for i, step in enumerate(value):
-        if not isinstance(step, dict) or not step:
-            out.add(path + (i,), f"must be a mapping of {', '.join(LADDER_FLAGS)}")
-            ok = False
-            continue
-        checked: dict[str, float | int] = {}
-        for key, item in step.items():
-            flag = str(key).lstrip("-").replace("_", "-")
-            if flag not in LADDER_FLAGS:
-                out.add(path + (i, key), f"a ladder step may set only {', '.join(LADDER_FLAGS)}")
-                ok = False
-                continue
-            integer = flag != "gpu-memory-utilization"
-            number = _number(lo=0, lo_open=True, hi=None if integer else 1, integer=integer)(
-                item, path + (i, key), out
-            )
-            if number is _MISSING:
-                ok = False
-                continue
-            if flag in current and number > current[flag]:
-                out.add(
-                    path + (i, key), f"steps go down: {number} is above the previous step's {current[flag]}"
-                )
-                ok = False
-            current[flag] = number
-            checked[flag] = number
-        steps.append(checked)
-    return tuple(steps) if ok else _MISSING
-
-
-# The schema cannot say "steps go down"; the check does.
-_ladder: Final = Kind(
-    _check_ladder,
-    {
-        "type": "array",
-        "items": {
-            "type": "object",
-            "minProperties": 1,
-            "patternProperties": {
-                _flag_pattern([flag]): (
-                    {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
-                    if flag == "gpu-memory-utilization"
-                    else {"type": "integer", "exclusiveMinimum": 0}
-                )
-                for flag in LADDER_FLAGS
-            },
-            "additionalProperties": False,
-        },
-    },
-)
-
-
-def _check_time_window(value: Any, path: Path_, out: _Collector) -> Any:
-    """``"02:00-05:00"`` (local time; may wrap past midnight) -> minutes of the day."""
-    text = value if isinstance(value, str) else ""
-    parts = text.replace(" ", "").split("-")
-    try:
-        minutes = []
-        for part in parts:
-            hours, _, mins = part.partition(":")
-            h, m = int(hours), int(mins)
-            if not (0 <= h <= 24 and 0 <= m < 60) or h * 60 + m > 24 * 60:
-                raise ValueError
-            minutes.append(h * 60 + m)
-        start, end = minutes
-    except ValueError:
-        out.add(path, f"must be a local time window like '02:00-05:00', got {value!r}")
-        return _MISSING
-    if start == end:
-        out.add(path, "the window is empty (start equals end)")
-        return _MISSING
-    return (start % 1440, end % 1440 if end != 1440 else 1440)
-
-
-_HH_MM: Final = " *[0-9]{1,2} *: *[0-9]{1,2} *"
-_time_window: Final = Kind(_check_time_window, {"type": "string", "pattern": f"^{_HH_MM}-{_HH_MM}$"})
-
-
-def _check_detectors(value: Any, path: Path_, out: _Collector) -> Any:
-    """Overrides of DetectorConfig fields, checked by building one. The overrides, not that
-    DetectorConfig, are the result: an engine's own keys go over the defaults' before
-    ``_engine`` builds the engine's DetectorConfig."""
-    if not isinstance(value, dict):
-        out.add(path, f"must be a mapping of detector setting: value, got {_type_name(value)}")
-        return _MISSING
-    known = {f.name: f for f in fields(DetectorConfig)}
-    result: dict[str, Any] = {}
-    for key, item in value.items():
-        spec = known.get(key)
-        if spec is None:
-            out.add(path + (key,), f"unknown detector setting{_suggest(key, list(known))}")
-            continue
-        if key in ("sustain_s", "clear_s"):
-            if not isinstance(item, dict):
-                out.add(path + (key,), "must be a mapping of finding kind: seconds")
-                continue
-            kinds: dict[FindingKind, float] = {}
-            for kind_name, seconds in item.items():
-                try:
-                    kind = FindingKind(kind_name)
-                except ValueError:
-                    names = [k.value for k in FindingKind]
-                    out.add(path + (key, kind_name), f"unknown finding kind{_suggest(str(kind_name), names)}")
-                    continue
-                number = _number(lo=0)(seconds, path + (key, kind_name), out)
-                if number is not _MISSING:
-                    kinds[kind] = number
-            result[key] = kinds
-        elif key.startswith("xid_"):
-            if not isinstance(item, list) or not all(
-                isinstance(x, int) and not isinstance(x, bool) for x in item
-            ):
-                out.add(path + (key,), "must be a list of XID numbers")
-                continue
-            result[key] = frozenset(item)
-        else:
-            number = _number(lo=0, integer=spec.type in ("int", int))(item, path + (key,), out)
-            if number is not _MISSING:
-                result[key] = number
-    try:
-        DetectorConfig(**result)
-    except (TypeError, ValueError) as exc:
-        out.add(path, str(exc))
-        return _MISSING
-    return result
-
-
-# One line per DetectorConfig field (llmsupervisor/detectors/config.py has the reasoning).
-DETECTOR_DOCS: Final[Mapping[str, str]] = {
-    "stale_after_s": (
-        "a reading older than this is unknown (one failed probe neither raises nor clears a finding)"
-    ),
-    "hang_after_s": (
-        "hang: no sign of life (canary, moving step/token counters) this long while work was queued"
-    ),
-    "hang_idle_after_s": "hang: the same while the last reading showed no running or waiting request",
-    "hang_min_misses": (
-        "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life"
-    ),
-    "hang_stopped_after_s": (
-        "hang: a process of the engine stopped (SIGSTOP, a tracer) with no CPU time gained this long"
-    ),
-    "hang_cpu_idle_ratio": (
-        "hang: a missed canary while the engine's processes used under this share of a core"
-    ),
-    "hang_cpu_min_span_s": "hang (CPU idle): the CPU reading must span at least this",
-    "hang_cpu_max_span_s": "hang (CPU idle): and at most this (older readings say nothing of now)",
-    "stall_after_s": (
-        "stall: requests running or waiting in every reading while the counters stood still this long"
-    ),
-    "kv_usage_threshold_ratio": "KV-cache pressure opens at or above this KV-cache usage (0..1]",
-    "kv_usage_clear_ratio": "... and clears only below this x the threshold (0..1]",
-    "preemptions_per_min_threshold": "preemption storm: preemptions per minute over preemption_window_s",
-    "preemption_window_s": "preemption storm: the window the rate is taken over",
-    "preemption_min_span_s": "preemption storm: readings must span at least this to make a rate",
-    "degradation_baseline_s": "degradation: the baseline is the first this-many seconds of traffic",
-    "degradation_eval_s": "degradation: compared over the last this-many seconds",
-    "degradation_ttft_factor": "degradation: TTFT p95 at or above this x the baseline",
-    "degradation_throughput_factor": "degradation: tokens/s per running request at or below this x baseline",
-    "degradation_prefix_hit_factor": "degradation: prefix-cache hit rate at or below this x the baseline",
-    "degradation_min_requests": "degradation: finished requests (canaries excluded) needed in each span",
-    "degradation_min_running": "degradation: mean running requests needed in each span",
-    "degradation_min_busy_ratio": "degradation: share of a baseline span's readings with requests running",
-    "degradation_max_load_ratio": "degradation: compare only at a load within this factor of the baseline's",
-    "degradation_min_prefix_queries": "degradation: prompt tokens looked up per span for hit rates to count",
-    "degradation_min_prefix_hit_ratio": "degradation: a baseline hit rate below this is not compared",
-    "thermal_temperature_c": "thermal: this GPU temperature or above, on a board that reports no slowdown"
-    " threshold (0: off)",
-    "gpu_fault_lookback_s": "GPU fault/lost: an XID or ECC event stays evidence this long",
-    "xid_engine_level": "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
-    "xid_info_only": "XIDs only logged and counted (an INFO finding)",
-    "gpu_lost_min_samples": "GPU lost: consecutive 'GPU lost' probe failures needed",
-    "memory_window_s": "memory growth: the RSS slope is fitted over this window",
-    "memory_min_span_s": "memory growth: readings must span at least this",
-    "memory_min_samples": "memory growth: readings needed (>= 3)",
-    "memory_growth_mib_per_h": "memory growth: the engine's RSS growing at least this fast",
-    "memory_min_r2": "memory growth: the fitted line must explain this share of the variance",
-    "foreign_min_mib": "foreign GPU memory: a process outside the engine holding this much on its GPU",
-    "sustain_s": (
-        "per finding kind: how long a finding must hold before it opens (the kinds not named "
-        "keep their defaults)"
-    ),
-    "clear_s": "per finding kind: how long a finding must be absent before it closes",
-}
-
-
-def _detector_schema() -> JsonSchema:
-    kinds = [k.value for k in FindingKind]
-    properties: dict[str, Any] = {}
-    for spec in fields(DetectorConfig):
-        if spec.name in ("sustain_s", "clear_s"):
-            schema: dict[str, Any] = {
-                "type": "object",
-                "propertyNames": {"enum": kinds},
-                "additionalProperties": {"type": "number", "minimum": 0},
-            }
-        elif spec.name.startswith("xid_"):
-            schema = {"type": "array", "items": {"type": "integer"}}
-        else:
-            schema = {"type": "integer" if spec.type in ("int", int) else "number", "minimum": 0}
-        properties[spec.name] = schema
-    return {"type": "object", "properties": properties, "additionalProperties": False}
-
-
-_detectors: Final = Kind(_check_detectors, _detector_schema())
-
 
 ENGINE_FIELDS: Final[dict[str, Field]] = {
     # ---- what to run
@@ -661,6 +64,7 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         _string(choices=LAUNCHER_CHOICES),
         "with venv: serve (VENV/bin/vllm serve), module (python -m vllm.entrypoints.openai."
         "api_server, deprecated since vLLM 0.32) or auto (serve where the venv's vllm works)",
+        default="auto",  # EngineSpec.launcher is what was chosen: "command" without a venv
     ),
     "command": Field(
         _command,
@@ -725,8 +129,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         "serve HAProxy's agent-check protocol for this engine on this port (docs/fleet.md)",
     ),
     # ---- draining and stopping
+    # At most an hour: the slowest balancer's check (an AWS target group: 300 s x 10) takes 50
+    # minutes to notice; more only kept a restart DRAINING (and a READY engine counted out of
+    # rotation) for ever (issue 28: 1e12).
     "drain_grace_s": Field(
-        _number(lo=0),
+        _number(lo=0, hi=MAX_DRAIN_GRACE_S),
         "after leaving rotation, wait this long for load balancers to notice before stopping; "
         "also how long an engine READY again still counts as out of rotation",
     ),
@@ -754,7 +161,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     "max_failures": Field(
         _number(lo=1, integer=True), "this many failures within failure_window_s: FATAL, left stopped"
     ),
-    "failure_window_s": Field(_number(lo=0, lo_open=True), "the window failures are counted in"),
+    "failure_window_s": Field(
+        _number(lo=MIN_FAILURE_WINDOW_S),
+        "the window failures are counted in (at least a minute: a shorter one would count every "
+        "crash of a quick crash loop as the first)",
+    ),
     "stable_after_s": Field(_number(lo=0), "READY this long clears the failure count"),
     # ---- actions
     "automatic_actions": Field(_boolean, "false: report findings (log, status, metrics), never act on them"),
@@ -816,21 +227,14 @@ SUPERVISOR_FIELDS: Final[dict[str, Field]] = {
 }
 
 
-def _check_section(
-    raw: Any, path: Path_, fields: Mapping[str, Field], out: _Collector, *, what: str
-) -> dict[str, Any] | None:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        out.add(path, f"must be a mapping ({what}), got {_type_name(raw)}")
-        return None
-    result: dict[str, Any] = {}
-    for key, value in raw.items():
-        check = fields.get(key)
-        if check is None:
-            out.add(path + (key,), f"unknown key{_suggest(key, list(fields))}")
-            continue
-        checked = check(value, path + (key,), out)
-        if checked is not _MISSING:
-            result[key] = checked
-    return result
+__all__ = [
+    "ENGINE_FIELDS",
+    "FORBIDDEN_ARGS",
+    "LOG_LEVELS",
+    "PER_ENGINE_ONLY",
+    "REQUIRED_ENGINE_FIELDS",
+    "RESERVED_ARGS",
+    "RESERVED_ENV",
+    "SUPERVISOR_FIELDS",
+    "_check_section",
+]

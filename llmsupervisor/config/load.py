@@ -11,14 +11,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from llmsupervisor.config.checks import _cross_checks, _engine, check_placement
-from llmsupervisor.config.fields import (
-    ENGINE_FIELDS,
-    PER_ENGINE_ONLY,
-    SUPERVISOR_FIELDS,
-    _check_section,
-    _suggest,
-    _type_name,
-)
+from llmsupervisor.config.fields import ENGINE_FIELDS, PER_ENGINE_ONLY, SUPERVISOR_FIELDS
+from llmsupervisor.config.kinds import _check_section, _suggest, _type_name
 from llmsupervisor.config.problems import _Collector, _parse
 from llmsupervisor.config.spec import EngineSpec, SupervisorConfig, SupervisorSettings
 from llmsupervisor.errors import ConfigError, ConfigProblem

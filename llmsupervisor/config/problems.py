@@ -7,6 +7,7 @@ content until ``load_config`` has looked at the whole file.
 
 from __future__ import annotations
 
+import bisect
 import re
 from pathlib import Path
 from typing import Any, Final
@@ -32,11 +33,33 @@ MAX_NODES: Final = 50_000  # values in the document once every alias is expanded
 _FAST_LOADER: Final[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# The line breaks an editor shows: \n, \r\n and a lone \r. YAML 1.1 (PyYAML, libyaml) also
+# breaks lines at U+0085, U+2028 and U+2029, so its marks' line numbers run ahead of the editor's
+# after one (issue 28: a 3-line file reported at line 4); lines are counted from the marks'
+# character index instead.
+_EDITOR_BREAK: Final = re.compile(r"\r\n|\r|\n")
+
+
+def editor_line(breaks: list[int], mark: Any) -> int:
+    """The 1-based line an editor shows for a YAML mark, given ``line_breaks(text)``."""
+    return bisect.bisect_right(breaks, mark.index) + 1
+
+
+def line_breaks(text: str) -> list[int]:
+    """The index just after each line break an editor shows, ascending."""
+    return [m.end() for m in _EDITOR_BREAK.finditer(text)]
+
+
 class _Lines:
-    """Line of every node, keyed by its path in the document (1-based lines)."""
+    """Line of every node, keyed by its path in the document (1-based lines, as an editor
+    counts them)."""
 
     def __init__(self) -> None:
         self.by_path: dict[Path_, int] = {}
+        self.breaks: list[int] = []
+
+    def at(self, mark: Any) -> int:
+        return editor_line(self.breaks, mark)
 
     def of(self, path: Path_) -> int:
         while path:
@@ -88,20 +111,20 @@ class _Collector:
 def _from_node(node: yaml.Node, path: Path_, lines: _Lines, out: _Collector) -> Any:
     """Plain data from a composed node. ``_check_shape`` has already bounded the depth and the
     expanded size of the document, so this recursion and the copies of aliased nodes are small."""
-    lines.by_path[path] = node.start_mark.line + 1
+    lines.by_path[path] = lines.at(node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                out.add(path, "keys must be plain strings", line=key_node.start_mark.line + 1)
+                out.add(path, "keys must be plain strings", line=lines.at(key_node.start_mark))
                 continue
             key = key_node.value
             if key in result:
-                out.add(path + (key,), "duplicate key", line=key_node.start_mark.line + 1)
+                out.add(path + (key,), "duplicate key", line=lines.at(key_node.start_mark))
                 continue
             result[key] = _from_node(value_node, path + (key,), lines, out)
             # A field's problems point at its key, not at the first line of a block value.
-            lines.by_path[path + (key,)] = key_node.start_mark.line + 1
+            lines.by_path[path + (key,)] = lines.at(key_node.start_mark)
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_from_node(item, path + (i,), lines, out) for i, item in enumerate(node.value)]
@@ -110,7 +133,7 @@ def _from_node(node: yaml.Node, path: Path_, lines: _Lines, out: _Collector) -> 
         return loader.construct_object(node)
     except Exception:  # yaml.YAMLError, ValueError, KeyError, AttributeError, by tag
         # An explicit tag (`!foo x`, `!!int abc`) that cannot be constructed: a problem, not a crash.
-        out.add(path, f"cannot read {node.value!r} as {node.tag}", line=node.start_mark.line + 1)
+        out.add(path, f"cannot read {node.value!r} as {node.tag}", line=lines.at(node.start_mark))
         return node.value
     finally:
         loader.dispose()
@@ -123,10 +146,11 @@ def _check_shape(text: str, file: Path, loader: Any) -> ConfigProblem | None:
     are kept, so an alias costs what it would expand to without being expanded."""
     # One frame per open collection: [values so far (expanded), deepest child depth, anchor]
     open_frames: list[list[Any]] = [[0, 0, None]]
+    breaks = line_breaks(text)
     anchored: dict[str, tuple[int, int]] = {}  # anchor -> (expanded values, depth)
 
     def problem(event: yaml.Event, message: str) -> ConfigProblem:
-        line = event.start_mark.line + 1 if event.start_mark is not None else 1
+        line = editor_line(breaks, event.start_mark) if event.start_mark is not None else 1
         return ConfigProblem(file=str(file), line=line, field="yaml", message=message)
 
     def add(size: int, depth: int, anchor: str | None) -> None:
@@ -182,6 +206,7 @@ def _parse(file: Path) -> tuple[Any, _Collector]:
             out.add((), f"the file is larger than {MAX_CONFIG_BYTES} bytes", line=1)
             raise ConfigError(out.problems)
         text = data.decode("utf-8")
+        lines.breaks = line_breaks(text)
     except OSError as exc:
         out.add((), f"cannot read config file: {exc.strerror or exc}", line=1)
         raise ConfigError(out.problems) from None
@@ -200,7 +225,7 @@ def _parse(file: Path) -> tuple[Any, _Collector]:
             raise ConfigError(out.problems)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 1
+        line = lines.at(mark) if mark is not None else 1
         message = " ".join(str(part) for part in (exc.context, exc.problem) if part)
         out.problems.append(
             ConfigProblem(file=str(file), line=line, field="yaml", message=f"syntax error: {message}")

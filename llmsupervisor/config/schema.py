@@ -1,7 +1,7 @@
 """The config's JSON Schema and its field reference, both generated from the tables the
-validator runs (``fields.ENGINE_FIELDS``, ``SUPERVISOR_FIELDS``, ``DETECTOR_DOCS``) and the
-defaults of the dataclasses they fill (``EngineSpec``, ``SupervisorSettings``,
-``DetectorConfig``).
+validator runs (``fields.ENGINE_FIELDS``, ``SUPERVISOR_FIELDS``, the metadata of
+``DetectorConfig``'s fields) and the defaults of the dataclasses they fill (``EngineSpec``,
+``SupervisorSettings``, ``DetectorConfig``).
 
 ``llm-supervisor schema`` prints the schema; the package ships the same text as
 ``config.schema.json`` (a test keeps the two equal), which editors use through the modeline
@@ -22,13 +22,12 @@ from importlib import resources
 from typing import Any, Final
 
 from llmsupervisor.config.fields import (
-    DETECTOR_DOCS,
     ENGINE_FIELDS,
     PER_ENGINE_ONLY,
     REQUIRED_ENGINE_FIELDS,
     SUPERVISOR_FIELDS,
-    Field,
 )
+from llmsupervisor.config.kinds import NO_DEFAULT, Field
 from llmsupervisor.config.spec import EngineSpec, SupervisorSettings
 from llmsupervisor.detectors import DetectorConfig
 
@@ -38,8 +37,8 @@ SCHEMA_ID: Final = "https://github.com/llm-supervisor/llm-supervisor/config.sche
 
 def _json_default(value: Any) -> Any:
     """A dataclass default as JSON, or MISSING when it has none worth showing."""
-    if value is None or value is MISSING:
-        return MISSING
+    if value is None or value is MISSING or value == ():
+        return MISSING  # () is "not set" (cpus, command, ladder): shown as [] it reads as a value
     if isinstance(value, tuple | frozenset | set):
         return sorted(value) if isinstance(value, frozenset | set) else list(value)
     if isinstance(value, Mapping):
@@ -70,13 +69,18 @@ def _detector_defaults() -> dict[str, Any]:
     }
 
 
+def _shown_defaults(table: Mapping[str, Field], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataclass's defaults, with a field's own ``default`` where it has one."""
+    return {**defaults, **{n: f.default for n, f in table.items() if f.default is not NO_DEFAULT}}
+
+
 def _property(name: str, field: Field, defaults: Mapping[str, Any]) -> dict[str, Any]:
     schema = dict(field.kind.schema)
     schema["description"] = field.doc
     if name == "detectors":
         detector_defaults = _detector_defaults()
         schema["properties"] = {
-            key: {**value, "description": DETECTOR_DOCS[key]}
+            key: {**value, "description": DetectorConfig.doc(key)}
             | ({"default": detector_defaults[key]} if key in detector_defaults else {})
             for key, value in schema["properties"].items()
         }
@@ -89,7 +93,9 @@ def _section(table: Mapping[str, Field], defaults: Mapping[str, Any], descriptio
     return {
         "type": ["object", "null"],
         "description": description,
-        "properties": {name: _property(name, field, defaults) for name, field in table.items()},
+        "properties": {
+            name: _property(name, field, _shown_defaults(table, defaults)) for name, field in table.items()
+        },
         "additionalProperties": False,
     }
 
@@ -140,6 +146,8 @@ def _cell(value: Any) -> str:
 
 def _kind_text(schema: Mapping[str, Any]) -> str:
     kind = schema.get("type")
+    if "const" in schema:
+        return json.dumps(schema["const"])
     if "anyOf" in schema:
         return " or ".join(_kind_text(s) for s in schema["anyOf"])
     if isinstance(kind, list):
@@ -157,6 +165,7 @@ def _kind_text(schema: Mapping[str, Any]) -> str:
 
 def _table(table: Mapping[str, Field], defaults: Mapping[str, Any], *, required: tuple[str, ...] = ()) -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    defaults = _shown_defaults(table, defaults)
     for name, field in table.items():
         default = "required" if name in required else _cell(defaults.get(name, MISSING))
         doc = field.doc.replace("|", "\\|")
@@ -167,15 +176,14 @@ def _table(table: Mapping[str, Field], defaults: Mapping[str, Any], *, required:
 def fields_markdown() -> str:
     """The field reference of docs/configuration.md (between its generated-section markers)."""
     engine_defaults = _defaults(EngineSpec)
-    for name in ("detectors", "command"):  # detectors get their own table; command's () is "not set"
-        engine_defaults.pop(name, None)
+    engine_defaults.pop("detectors", None)  # they get their own table
     detector_defaults = _detector_defaults()
     detector_rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for spec in fields(DetectorConfig):
         schema = ENGINE_FIELDS["detectors"].kind.schema["properties"][spec.name]
         detector_rows.append(
             f"| `{spec.name}` | {_kind_text(schema)} | {_cell(detector_defaults.get(spec.name, MISSING))} "
-            f"| {DETECTOR_DOCS[spec.name]} |"
+            f"| {DetectorConfig.doc(spec.name)} |"
         )
     per_engine = ", ".join(f"`{n}`" for n in sorted(PER_ENGINE_ONLY))
     return "\n".join(

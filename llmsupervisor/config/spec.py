@@ -52,6 +52,11 @@ def canary_kind_from_args(args: Mapping[str, Any]) -> str:
     return "completion"
 
 
+# One source for the defaults an EngineSpec shares with the runtime objects it builds.
+_RESTART: Final = RestartPolicy()
+_STOP: Final = StopLadder()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineSpec:
     """One vLLM engine: what to run, where, and how patiently to treat it."""
@@ -77,9 +82,10 @@ class EngineSpec:
     start_timeout_s: float = 900.0
     drain_grace_s: float = 5.0
     drain_timeout_s: float = 120.0
-    stop_timeout_s: float = 45.0
-    group_term_timeout_s: float = 5.0
-    kill_timeout_s: float = 10.0
+    # The stop ladder's and the restart policy's defaults are theirs (core/restarts.py).
+    stop_timeout_s: float = _STOP.main_term_timeout_s
+    group_term_timeout_s: float = _STOP.group_term_timeout_s
+    kill_timeout_s: float = _STOP.kill_timeout_s
     canary_timeout_s: float = 30.0
     canary_interval_s: float = 2.0
     # The live canary's deadline is learned from the engine's own recent canaries, as TCP learns
@@ -104,12 +110,12 @@ class EngineSpec:
     # metrics_interval_s, /health, the process sweep and (when the counters stand still) the
     # canary every round: liveness from the cheap signals, load and trends from the expensive one.
     metrics_interval_s: float = 4.0
-    backoff_initial_s: float = 10.0
-    backoff_max_s: float = 300.0
-    backoff_jitter_ratio: float = 0.2
-    max_failures: int = 5
-    failure_window_s: float = 900.0
-    stable_after_s: float = 600.0
+    backoff_initial_s: float = _RESTART.backoff_initial_s
+    backoff_max_s: float = _RESTART.backoff_max_s
+    backoff_jitter_ratio: float = _RESTART.backoff_jitter_ratio
+    max_failures: int = _RESTART.max_failures
+    failure_window_s: float = _RESTART.failure_window_s
+    stable_after_s: float = _RESTART.stable_after_s
     # Actions (policy.py): what the supervisor may do about findings, and how often.
     automatic_actions: bool = True
     max_actions_per_hour: int = 6

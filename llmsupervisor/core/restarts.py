@@ -7,6 +7,16 @@ draw in [0, 1), so tests need neither a clock nor a seed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Final
+
+# The shortest failure window the budget counts in. A window shorter than one crash cycle
+# (restart, load, READY, crash) sees every failure as the first: no backoff (the first failure
+# restarts at once) and never FATAL (issue 28: 46 restarts in 45 s with a 1 s window). A floor
+# keeps the window's meaning (failures close together) where counting the last max_failures
+# failures whatever their spacing would make an engine that fails once a day FATAL in a week.
+# A minute covers the quick cycles that make a hot loop; a slower cycle restarts at most once a
+# minute, and failures before READY count whatever the window (FailureHistory.unready).
+MIN_FAILURE_WINDOW_S: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -15,8 +25,14 @@ class RestartPolicy:
     backoff_max_s: float = 300.0
     backoff_jitter_ratio: float = 0.2
     max_failures: int = 5
-    failure_window_s: float = 900.0
+    failure_window_s: float = 900.0  # counted as at least MIN_FAILURE_WINDOW_S (window_s)
     stable_after_s: float = 600.0
+
+    @property
+    def window_s(self) -> float:
+        """The window failures are counted in: ``failure_window_s``, at least MIN_FAILURE_WINDOW_S
+        (the validator refuses less; this holds for a policy built any other way)."""
+        return max(self.failure_window_s, MIN_FAILURE_WINDOW_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,14 +66,14 @@ class FailureHistory:
     unready: int = 0  # failures since the engine was last READY
 
     def record(self, now: float, policy: RestartPolicy) -> FailureHistory:
-        recent = tuple(t for t in self.times_s if now - t < policy.failure_window_s)
+        recent = tuple(t for t in self.times_s if now - t < policy.window_s)
         return replace(self, times_s=(*recent, now), unready=self.unready + 1)
 
     def reached_ready(self) -> FailureHistory:
         return replace(self, unready=0)
 
     def count(self, now: float, policy: RestartPolicy) -> int:
-        in_window = sum(1 for t in self.times_s if now - t < policy.failure_window_s)
+        in_window = sum(1 for t in self.times_s if now - t < policy.window_s)
         return max(in_window, self.unready)
 
     def reset(self) -> FailureHistory:

@@ -7,10 +7,10 @@ A leaf of the package: the detector families and the tracker read it, it reads n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from llmsupervisor.core.findings import FindingKind
 
@@ -69,6 +69,39 @@ def _merged(
     return MappingProxyType(merged)
 
 
+# The largest XID the xid_* lists take: NVIDIA's XIDs are numbered below 200 today.
+MAX_XID: Final = 65535
+
+
+def _setting(
+    doc: str,
+    default: Any = None,
+    *,
+    lo: float = 0,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    factory: Any = None,
+) -> Any:
+    """A DetectorConfig field with its one-line meaning and its bounds (of each item, for the
+    XID lists and the per-kind seconds). The config's validator and JSON Schema are made from
+    the same bounds, docs/configuration.md shows them, and ``__post_init__`` holds a config built
+    any other way to them: every value the validator accepts is one the detectors run with
+    (issue 28: ``degradation_baseline_s: 0`` passed check-config and crashed every engine). The
+    comments above a field say why."""
+    metadata = {"doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _outside(value: float, bounds: Mapping[str, Any]) -> bool:
+    lo, hi = bounds["lo"], bounds["hi"]
+    if value < lo or (bounds["lo_open"] and value == lo):
+        return True
+    return hi is not None and (value > hi or (bounds["hi_open"] and value == hi))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DetectorConfig:
     """Every threshold and time of the detectors. Seconds are monotonic; ratios are 0..1.
@@ -79,7 +112,9 @@ class DetectorConfig:
 
     # A reading older than this (against ``now``) is unknown: per-sample detectors fall back to
     # the newest reading within it, so one failed probe neither raises nor clears a finding.
-    stale_after_s: float = 30.0
+    stale_after_s: float = _setting(
+        "a reading older than this is unknown (one failed probe neither raises nor clears a finding)", 30.0
+    )
 
     # HANG (docs/vllm-notes.md §7): no sign of life (a successful canary, or a step/token counter that
     # moved) for this long, with at least ``hang_min_misses`` deadline misses (canary, /health or
@@ -88,95 +123,194 @@ class DetectorConfig:
     # and its step and token counters move at every step, which takes well under a second to a
     # few seconds on a GPU: 12 s of frozen counters *and* missed canaries is a hang. Raise it for
     # engines that prefill huge prompts in one step (chunked prefill off).
-    hang_after_s: float = 12.0
+    hang_after_s: float = _setting(
+        "hang: no sign of life (canary, moving step/token counters) this long while work was queued", 12.0
+    )
     # The last reading said nothing was running or waiting: a 1-token canary cannot take long.
     # This is the SIGSTOP case (gauges stale at 0), found within about 2 canary deadlines.
-    hang_idle_after_s: float = 10.0
-    hang_min_misses: int = 2
+    hang_idle_after_s: float = _setting(
+        "hang: the same while the last reading showed no running or waiting request", 10.0
+    )
+    hang_min_misses: int = _setting(
+        "hang: at least this many missed deadlines (canary, /health, /metrics) since the last sign of life",
+        2,
+        lo=1,
+    )
     # Two faster signs of a hang, read from /proc by the process sweep (issue 16). Neither can
     # mistake a busy engine for a dead one: a busy engine runs, and burns CPU.
     # A process of the engine's group stopped by the kernel (SIGSTOP, or held by a tracer) in
     # sweeps at least this far apart, its CPU time unchanged between them: HANG at once.
-    hang_stopped_after_s: float = 1.0
+    hang_stopped_after_s: float = _setting(
+        "hang: a process of the engine stopped (SIGSTOP, a tracer) with no CPU time gained this long", 1.0
+    )
     # A canary missed its deadline and, between the two process sweeps around it (at least
     # hang_cpu_min_span_s and at most hang_cpu_max_span_s apart), the whole group used less than
     # this share of one core: nothing is computing the request (a deadlocked or frozen core).
     # An engine that spins while hung (an NCCL collective waiting on a lost peer) burns CPU and
     # is left to the deadline rule above.
-    hang_cpu_idle_ratio: float = 0.05
-    hang_cpu_min_span_s: float = 1.0
-    hang_cpu_max_span_s: float = 10.0
+    hang_cpu_idle_ratio: float = _setting(
+        "hang: a missed canary while the engine's processes used under this share of a core",
+        0.05,
+        hi=1,
+        hi_open=True,
+    )
+    hang_cpu_min_span_s: float = _setting(
+        "hang (CPU idle): the CPU reading must span at least this", 1.0, lo_open=True
+    )
+    hang_cpu_max_span_s: float = _setting(
+        "hang (CPU idle): and at most this (older readings say nothing of now)", 10.0, lo_open=True
+    )
 
     # STALL: running + waiting > 0 in every reading while the counters stood still this long.
-    stall_after_s: float = 60.0
+    stall_after_s: float = _setting(
+        "stall: requests running or waiting in every reading while the counters stood still this long", 60.0
+    )
 
     # KV_PRESSURE: opens at or above the threshold, clears only below clear_ratio x threshold.
-    kv_usage_threshold_ratio: float = 0.88
-    kv_usage_clear_ratio: float = 0.9
+    kv_usage_threshold_ratio: float = _setting(
+        "KV-cache pressure opens at or above this KV-cache usage (0..1]", 0.88, lo_open=True, hi=1
+    )
+    kv_usage_clear_ratio: float = _setting(
+        "... and clears only below this x the threshold (0..1]", 0.9, lo_open=True, hi=1
+    )
 
     # PREEMPTION_STORM: preemptions per minute over the last preemption_window_s.
-    preemptions_per_min_threshold: float = 10.0
-    preemption_window_s: float = 60.0
-    preemption_min_span_s: float = 30.0  # readings must span at least this to make a rate
+    preemptions_per_min_threshold: float = _setting(
+        "preemption storm: preemptions per minute over preemption_window_s", 10.0
+    )
+    preemption_window_s: float = _setting(
+        "preemption storm: the window the rate is taken over", 60.0, lo_open=True
+    )
+    # readings must span at least this to make a rate
+    preemption_min_span_s: float = _setting(
+        "preemption storm: readings must span at least this to make a rate", 30.0, lo_open=True
+    )
 
     # DEGRADATION_*: the engine against its own baseline (the first degradation_baseline_s of
     # real traffic after start, pinned by the window), over the last degradation_eval_s.
-    degradation_baseline_s: float = 600.0
-    degradation_eval_s: float = 300.0
-    degradation_ttft_factor: float = 1.5  # current TTFT p95 >= factor x baseline
-    degradation_throughput_factor: float = 0.67  # tokens/s per running request <= factor x baseline
-    degradation_prefix_hit_factor: float = 0.67  # prefix-cache hit rate <= factor x baseline
-    degradation_min_requests: int = 20  # finished requests (canaries excluded) in each span
-    degradation_min_running: float = 0.5  # mean running requests in each span
+    degradation_baseline_s: float = _setting(
+        "degradation: the baseline is the first this-many seconds of traffic", 600.0, lo_open=True
+    )
+    degradation_eval_s: float = _setting(
+        "degradation: compared over the last this-many seconds", 300.0, lo_open=True
+    )
+    # current TTFT p95 >= factor x baseline
+    degradation_ttft_factor: float = _setting("degradation: TTFT p95 at or above this x the baseline", 1.5)
+    # tokens/s per running request <= factor x baseline
+    degradation_throughput_factor: float = _setting(
+        "degradation: tokens/s per running request at or below this x baseline", 0.67
+    )
+    # prefix-cache hit rate <= factor x baseline
+    degradation_prefix_hit_factor: float = _setting(
+        "degradation: prefix-cache hit rate at or below this x the baseline", 0.67
+    )
+    # finished requests (canaries excluded) in each span
+    degradation_min_requests: int = _setting(
+        "degradation: finished requests (canaries excluded) needed in each span", 20
+    )
+    # mean running requests in each span
+    degradation_min_running: float = _setting("degradation: mean running requests needed in each span", 0.5)
     # A baseline span needs requests running in this share of its readings: "with traffic".
-    degradation_min_busy_ratio: float = 0.8
+    degradation_min_busy_ratio: float = _setting(
+        "degradation: share of a baseline span's readings with requests running", 0.8, hi=1
+    )
     # Compare only at similar load: per-request throughput and TTFT move with the batch size.
-    degradation_max_load_ratio: float = 2.0
-    degradation_min_prefix_queries: int = 1000  # prompt tokens looked up, in each span
-    degradation_min_prefix_hit_ratio: float = 0.1  # a lower baseline hit rate is not compared
+    degradation_max_load_ratio: float = _setting(
+        "degradation: compare only at a load within this factor of the baseline's", 2.0, lo=1
+    )
+    # prompt tokens looked up, in each span
+    degradation_min_prefix_queries: int = _setting(
+        "degradation: prompt tokens looked up per span for hit rates to count", 1000
+    )
+    # a lower baseline hit rate is not compared
+    degradation_min_prefix_hit_ratio: float = _setting(
+        "degradation: a baseline hit rate below this is not compared", 0.1, hi=1
+    )
 
     # THERMAL: clocks held back for heat (duration counters, else the clock-event bits), or the
     # board's own slowdown temperature reached. This temperature only for a board that reports
     # no slowdown threshold; 0: never by temperature alone (docs/gpu.md).
-    thermal_temperature_c: int = 0
+    thermal_temperature_c: int = _setting(
+        "thermal: this GPU temperature or above, only on a board that reports no slowdown"
+        " threshold (0: never by temperature alone)",
+        0,
+    )
 
     # GPU_FAULT / GPU_LOST: an event stays evidence this long after it happened.
-    gpu_fault_lookback_s: float = 300.0
+    gpu_fault_lookback_s: float = _setting(
+        "GPU fault/lost: an XID or ECC event stays evidence this long", 300.0
+    )
     # Application-level XIDs (graphics exception, page fault, stopped, cleanup, video decoder):
     # the engine's fault, not the GPU's (docs/host-notes.md §1.5). INFO.
     # 109 (context switch timeout) joined the device plugin's ignore list; docs/gpu.md.
-    xid_engine_level: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+    xid_engine_level: frozenset[int] = _setting(
+        "application-level XIDs (the engine's fault, not the GPU's): INFO, no action",
+        frozenset({13, 31, 43, 45, 68, 109}),
+        hi=MAX_XID,
+    )
     # Recorded, not failed: 63 row remap recorded, 92 high single-bit ECC rate, 144-150 NVLink
     # warnings (the recovery action says when they need more). INFO.
-    xid_info_only: frozenset[int] = frozenset({63, 92, 144, 145, 146, 147, 148, 149, 150})
-    gpu_lost_min_samples: int = 2  # consecutive gpu_lost probe failures for one GPU
+    xid_info_only: frozenset[int] = _setting(
+        "XIDs only logged and counted (an INFO finding)",
+        frozenset({63, 92, 144, 145, 146, 147, 148, 149, 150}),
+        hi=MAX_XID,
+    )
+    # consecutive gpu_lost probe failures for one GPU
+    gpu_lost_min_samples: int = _setting("GPU lost: consecutive 'GPU lost' probe failures needed", 2, lo=1)
 
     # MEMORY_GROWTH: least-squares slope of the group's RSS over memory_window_s.
-    memory_window_s: float = 1800.0
-    memory_min_span_s: float = 1200.0
-    memory_min_samples: int = 10
-    memory_growth_mib_per_h: float = 256.0
-    memory_min_r2: float = 0.6  # "steadily": the line must explain most of the variance
+    memory_window_s: float = _setting(
+        "memory growth: the RSS slope is fitted over this window", 1800.0, lo_open=True
+    )
+    memory_min_span_s: float = _setting("memory growth: readings must span at least this", 1200.0)
+    memory_min_samples: int = _setting("memory growth: readings needed (>= 3)", 10, lo=3)
+    memory_growth_mib_per_h: float = _setting(
+        "memory growth: the engine's RSS growing at least this fast", 256.0
+    )
+    # "steadily": the line must explain most of the variance
+    memory_min_r2: float = _setting(
+        "memory growth: the fitted line must explain this share of the variance", 0.6, hi=1
+    )
 
     # FOREIGN_GPU_MEMORY: a process outside the engine's group holding this much on its GPU.
-    foreign_min_mib: float = 256.0
+    foreign_min_mib: float = _setting(
+        "foreign GPU memory: a process outside the engine holding this much on its GPU", 256.0
+    )
 
-    sustain_s: Mapping[FindingKind, float] = field(default_factory=lambda: DEFAULT_SUSTAIN_S)
-    clear_s: Mapping[FindingKind, float] = field(default_factory=lambda: DEFAULT_CLEAR_S)
+    sustain_s: Mapping[FindingKind, float] = _setting(
+        "per finding kind: how long a finding must hold before it opens (the kinds not named "
+        "keep their defaults)",
+        factory=lambda: DEFAULT_SUSTAIN_S,
+    )
+    clear_s: Mapping[FindingKind, float] = _setting(
+        "per finding kind: how long a finding must be absent before it closes",
+        factory=lambda: DEFAULT_CLEAR_S,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sustain_s", _merged(DEFAULT_SUSTAIN_S, self.sustain_s))
         object.__setattr__(self, "clear_s", _merged(DEFAULT_CLEAR_S, self.clear_s))
-        if not 0 < self.kv_usage_threshold_ratio <= 1:
-            raise ValueError("kv_usage_threshold_ratio must be in (0, 1]")
-        if not 0 < self.kv_usage_clear_ratio <= 1:
-            raise ValueError("kv_usage_clear_ratio must be in (0, 1]")
-        if not 0 <= self.hang_cpu_idle_ratio < 1:
-            raise ValueError("hang_cpu_idle_ratio must be in [0, 1)")
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            values = value.values() if isinstance(value, Mapping) else value
+            for item in values if isinstance(values, Iterable) else (value,):
+                if (isinstance(item, float) and not math.isfinite(item)) or _outside(item, spec.metadata):
+                    raise ValueError(f"{spec.name}: {item!r} is not {_bounds_text(spec.metadata)}")
         if self.hang_cpu_max_span_s < self.hang_cpu_min_span_s:
             raise ValueError("hang_cpu_max_span_s must be at least hang_cpu_min_span_s")
-        if self.hang_min_misses < 1 or self.gpu_lost_min_samples < 1 or self.memory_min_samples < 3:
-            raise ValueError("hang_min_misses, gpu_lost_min_samples >= 1 and memory_min_samples >= 3")
+
+    @staticmethod
+    def bounds(name: str) -> Mapping[str, Any]:
+        """The bounds of the field ``name`` (of each item, for a list or a mapping): ``lo``,
+        ``hi`` (None: none), ``lo_open``, ``hi_open``, and ``integer``."""
+        spec = _FIELDS[name]
+        integer = spec.type in ("int", "frozenset[int]", int)
+        return {k: spec.metadata[k] for k in ("lo", "hi", "lo_open", "hi_open")} | {"integer": integer}
+
+    @staticmethod
+    def doc(name: str) -> str:
+        """The one-line meaning of the field ``name``."""
+        return str(_FIELDS[name].metadata["doc"])
 
     @property
     def kv_usage_clear_below_ratio(self) -> float:
@@ -211,4 +345,13 @@ class DetectorConfig:
         )
 
 
-__all__ = ["DEFAULT_CLEAR_S", "DEFAULT_SUSTAIN_S", "DetectorConfig"]
+_FIELDS: Final = {f.name: f for f in fields(DetectorConfig)}
+
+
+def _bounds_text(bounds: Mapping[str, Any]) -> str:
+    low = f"{'>' if bounds['lo_open'] else '>='} {bounds['lo']:g}"
+    high = "" if bounds["hi"] is None else f" and {'<' if bounds['hi_open'] else '<='} {bounds['hi']:g}"
+    return low + high
+
+
+__all__ = ["DEFAULT_CLEAR_S", "DEFAULT_SUSTAIN_S", "MAX_XID", "DetectorConfig"]

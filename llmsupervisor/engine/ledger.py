@@ -168,7 +168,7 @@ class Ledger:
         budget = (
             f"{count} failures in a row without becoming ready"
             if in_a_row
-            else f"{count} failures within {policy.failure_window_s:g} s"
+            else f"{count} failures within {policy.window_s:g} s"
         )
         # One failure of an engine that was running is not a loop: waiting only adds downtime
         # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.
