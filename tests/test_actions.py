@@ -12,15 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import fake_engine, free_port, wait_for
+from tests.lib.daemon import FAST_DETECTORS, fake_engine, free_port, metric, wait_for, write_gpu
 
 pytestmark = pytest.mark.system
-
-FAST_DETECTORS = {
-    "hang_idle_after_s": 2,
-    "sustain_s": {"kv_pressure": 0.5, "thermal": 0.5, "preemption_storm": 0.5},
-    "clear_s": {"kv_pressure": 0.5, "thermal": 0.5},
-}
 
 
 def post(port: int, path: str) -> None:
@@ -34,24 +28,6 @@ def engine_argv(port: int) -> list[str]:
 
 def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
-
-
-def write_gpu(path: Path, *, events: list[dict[str, Any]] | None = None, **gpu0: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"gpus": [{"index": 0, **gpu0}], "events": events or []}))
-    tmp.replace(path)
-
-
-def metric(url: str, name: str, **labels: str) -> float | None:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            series, value = line.rsplit(" ", 1)
-            got = ",".join(sorted(series[len(name) + 1 : -1].split(",")))
-            if got == want:
-                return float(value)
-    return None
 
 
 def test_a_hung_engine_is_restarted_without_drain(daemon_factory: Any) -> None:

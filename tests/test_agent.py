@@ -13,7 +13,7 @@ from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
-from tests.conftest import free_port
+from tests.lib.daemon import free_port
 
 S = EngineState
 

@@ -373,7 +373,7 @@ def test_what_an_accepted_command_does_and_the_summary_phase() -> None:
     from llmsupervisor.daemon.requests import what_happens
     from llmsupervisor.daemon.status import summary
     from llmsupervisor.engine.status import EngineLoad
-    from tests.test_reconcile import status as engine_status
+    from tests.lib.statuses import status as engine_status
 
     ready = dataclasses.replace(engine_status("gpu1"), load=EngineLoad(requests_running=3))
     assert what_happens("restart", ready) == "draining, 3 requests in flight, then restarting"

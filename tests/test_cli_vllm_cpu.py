@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Daemon, free_port
-from tests.test_vllm_cpu import READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
+from tests.lib.daemon import Daemon, free_port
+from tests.lib.vllm_env import READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
 
 pytestmark = pytest.mark.vllm_cpu
 

@@ -28,8 +28,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port, wait_for
-from tests.test_packaging import ensure_rootfs
+from tests.lib.daemon import free_port, wait_for
+from tests.lib.rootfs import ensure_rootfs
 
 pytestmark = pytest.mark.packaging
 
@@ -77,7 +77,7 @@ def image(tmp_path: Path) -> Iterator[str]:
     )
     if wheels.returncode != 0:
         pytest.skip(f"cannot build the wheels (offline?): {wheels.stderr[-500:]}")
-    shutil.copy(ROOT / "tests" / "fake_vllm.py", context / "fake_vllm.py")
+    shutil.copy(ROOT / "tests" / "lib" / "fake_vllm.py", context / "fake_vllm.py")
     tag = f"localhost/llm-supervisor-test:{os.getpid()}"
     built = podman(
         "build",

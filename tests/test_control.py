@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from llmsupervisor import cli, control
-from tests.conftest import Daemon, fake_engine, free_port, wait_for
+from tests.lib.daemon import Daemon, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 

@@ -24,8 +24,8 @@ from llmsupervisor.doctor import DoctorCheck, Identity, Level
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.fake_gpu import FakeGpu
 from llmsupervisor.probes.nvml import GpuSample, NvmlReader
-from tests.conftest import FAKE_VLLM, fake_engine, free_port
-from tests.test_vllm_cpu import vllm_python
+from tests.lib.daemon import FAKE_VLLM, fake_engine, free_port
+from tests.lib.vllm_env import vllm_python
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 NOBODY = Identity(name="nobody", uid=65534, gids=frozenset({65534}))

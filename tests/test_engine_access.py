@@ -46,7 +46,7 @@ from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 from llmsupervisor.redact import MASK, redact, redact_argv, redact_env, register_secret, secret_env_name
-from tests.canned_http import canned_server, reply
+from tests.lib.canned_http import canned_server, reply
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -330,7 +330,7 @@ def test_canary_field_is_checked(tmp_path: Path) -> None:
     assert spec.canary_kind == "embedding"
 
 
-def _serve(requests: list[httpx.Request], *, status: int = 200) -> httpx.AsyncClient:
+def serve_endpoints(requests: list[httpx.Request], *, status: int = 200) -> httpx.AsyncClient:
     def handler(request: httpx.Request) -> httpx.Response:
         requests.append(request)
         path = request.url.path
@@ -365,7 +365,7 @@ def test_each_canary_kind_sends_its_request_with_the_key(
 
     async def go() -> tuple[HttpCheck, HttpCheck, HttpCheck, list[tuple[str, dict[str, str]]]]:
         # /health goes through the probes' own client, to a real local server.
-        async with _serve(requests) as client, canned_server(lambda p, h: reply(200)) as server:
+        async with serve_endpoints(requests) as client, canned_server(lambda p, h: reply(200)) as server:
             probe = ProbeHttp(server.url)
             http = VllmHttp(client, _spec(canary=kind, api_key=KEY), probe)
             try:
@@ -392,7 +392,7 @@ def test_no_key_no_authorization_header_and_a_401_is_a_failed_check() -> None:
     requests: list[httpx.Request] = []
 
     async def go() -> HttpCheck:
-        async with _serve(requests, status=401) as client:
+        async with serve_endpoints(requests, status=401) as client:
             return await VllmHttp(client, _spec(), ProbeHttp(_spec().base_url)).models(timeout_s=5)
 
     models = asyncio.run(go())
@@ -404,7 +404,7 @@ def test_canary_none_sends_nothing() -> None:
     requests: list[httpx.Request] = []
 
     async def go() -> HttpCheck:
-        async with _serve(requests) as client:
+        async with serve_endpoints(requests) as client:
             return await health.canary(client, "http://x", "m", prompt="Hi", timeout_s=1, kind="none")
 
     assert asyncio.run(go()).ok and requests == []

@@ -18,8 +18,8 @@ import pytest
 from llmsupervisor.engine.commands import Restart
 from llmsupervisor.engine.evidence import StackDump, dump_stacks, find_py_spy, write_incident
 from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
-from tests.conftest import alive, fake_engine, free_port
-from tests.test_runner import Harness, S, run, spec
+from tests.lib.daemon import alive, fake_engine, free_port
+from tests.lib.runner_harness import Harness, S, run, spec
 
 SLEEPER = "import time\ndef waiting_for_godot():\n    time.sleep(300)\nwaiting_for_godot()\n"
 

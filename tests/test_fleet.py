@@ -11,9 +11,9 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import RUNNER_RESTART_DELAY_S, Fleet
 from llmsupervisor.engine.commands import Stop
 from llmsupervisor.engine.observer import NoGpus
-from tests.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
-from tests.test_runner import spec
-from tests.virtual_time import run_virtual
+from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
+from tests.lib.runner_harness import spec
+from tests.lib.virtual_time import run_virtual
 
 S = EngineState
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -37,20 +35,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import fake_engine, free_port, wait_for
-from tests.test_fleet_multihost import HostDaemon, Network, _fast_rules
+from tests.lib.daemon import fake_engine, free_port, wait_for
+from tests.lib.netns import HostDaemon, Network, require_netns
+from tests.lib.paths import REPO
+from tests.lib.prometheus import fast_rules, tool
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "packaging" / "prometheus"
-
-
-def _tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("LLMSUP_REQUIRE_TOOLS") == "1":
-            pytest.fail(f"{name} is required (LLMSUP_REQUIRE_TOOLS=1): apt-get install -y {package}")
-        pytest.skip(f"{name} not installed (apt-get install -y {package})")
-    return path
+EXAMPLES = REPO / "packaging" / "prometheus"
 
 
 class WebhookReceiver:
@@ -124,10 +114,9 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
-    prometheus_bin = _tool("prometheus", "prometheus")
-    alertmanager_bin = _tool("prometheus-alertmanager", "prometheus-alertmanager")
+    require_netns()
+    prometheus_bin = tool("prometheus", "prometheus")
+    alertmanager_bin = tool("prometheus-alertmanager", "prometheus-alertmanager")
     receiver = WebhookReceiver()
     procs: list[subprocess.Popen[bytes]] = []
     daemons: list[HostDaemon] = []
@@ -149,7 +138,7 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 )
             )
             rules = tmp_path / "rules.yml"
-            _fast_rules(rules)
+            fast_rules(rules)
             prometheus_port = free_port()
             prometheus_cfg = tmp_path / "prometheus.yml"
             prometheus_cfg.write_text(
@@ -257,8 +246,8 @@ def test_a_crash_looping_engine_reaches_the_webhook_naming_host_and_engine(fleet
 
 
 def test_the_example_fleet_configs_pass_promtool_and_amtool() -> None:
-    promtool = _tool("promtool", "prometheus")
-    amtool = _tool("amtool", "prometheus-alertmanager")
+    promtool = tool("promtool", "prometheus")
+    amtool = tool("amtool", "prometheus-alertmanager")
     prom = subprocess.run(
         [promtool, "check", "config", "prometheus.yml"], cwd=EXAMPLES, capture_output=True, text=True
     )

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
 import json
 import logging
 from typing import Any
 
-import httpx
 import pytest
 
 from llmsupervisor import logs
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.endpoints import http_api, pod_ready
+from llmsupervisor.daemon.endpoints import pod_ready
 from llmsupervisor.engine.status import EngineStatus
+from tests.lib.endpoints import serve_endpoints
 
 S = EngineState
 
@@ -27,7 +26,7 @@ def status(name: str, state: EngineState = S.READY, **changes: Any) -> EngineSta
     return dataclasses.replace(base, **changes)
 
 
-def test_all_needs_every_engine_meant_to_serve() -> None:
+def test_all_needs_every_engine_meant_toserve_endpoints() -> None:
     both = (status("a"), status("b"))
     assert pod_ready(both, requires="all") == (True, ["a", "b"], [])
     one_down = (status("a"), status("b", S.STARTING))
@@ -49,44 +48,14 @@ def test_engines_an_operator_took_out_do_not_count() -> None:
     assert pod_ready((), requires="any")[0] is False
 
 
-def _serve(statuses: tuple[EngineStatus, ...], **kwargs: Any) -> dict[str, tuple[int, Any]]:
-    class NoExporter:
-        content_type = "text/plain"
-
-        def render(self) -> bytes:
-            return b""
-
-    async def main() -> dict[str, tuple[int, Any]]:
-        api = http_api(
-            exporter=NoExporter(),  # type: ignore[arg-type]
-            statuses=lambda: statuses,
-            last_tick_age_s=kwargs.pop("age", lambda: 0.5),
-            tick_limit_s=lambda: 10.0,
-            **kwargs,
-        )
-        await api.start("127.0.0.1", 0)
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.port}") as client:
-                out = {}
-                for path in ("/livez", "/healthz", "/readyz", "/engines/a/ready", "/status"):
-                    r = await client.get(path)
-                    json_body = r.headers.get("content-type", "").startswith("application/json")
-                    out[path] = (r.status_code, r.json() if json_body else r.text)
-                return out
-        finally:
-            await api.close()
-
-    return asyncio.run(main())
-
-
 def test_livez_ignores_engines_and_readyz_follows_the_mode() -> None:
     # A slow model load: the loop turns, nothing is ready.
-    got = _serve((status("a", S.STARTING),))
+    got = serve_endpoints((status("a", S.STARTING),))
     assert got["/livez"][0] == 200 and got["/healthz"][0] == 200
     assert got["/readyz"][0] == 503 and got["/engines/a/ready"][0] == 503
     mixed = (status("a"), status("b", S.BACKOFF))
-    assert _serve(mixed)["/readyz"][0] == 503
-    assert _serve(mixed, readyz_requires=lambda: "any")["/readyz"] == (
+    assert serve_endpoints(mixed)["/readyz"][0] == 503
+    assert serve_endpoints(mixed, readyz_requires=lambda: "any")["/readyz"] == (
         200,
         {"ready": True, "requires": "any", "engines_in_rotation": ["a"], "engines_out_of_rotation": ["b"]},
     )
@@ -94,13 +63,13 @@ def test_livez_ignores_engines_and_readyz_follows_the_mode() -> None:
 
 def test_status_serves_the_whole_status_only_when_given() -> None:
     whole = {"pid": 7, "engines": {"a": {"state": "ready"}}}
-    assert _serve((status("a"),), status=lambda: whole)["/status"] == (200, whole)
-    assert _serve((status("a"),))["/status"][0] == 404
+    assert serve_endpoints((status("a"),), status=lambda: whole)["/status"] == (200, whole)
+    assert serve_endpoints((status("a"),))["/status"][0] == 404
 
 
 def test_a_stalled_loop_fails_livez_and_shutdown_fails_readyz() -> None:
-    assert _serve((status("a"),), age=lambda: 30.0)["/livez"][0] == 503
-    got = _serve((status("a"),), stopping=lambda: True)
+    assert serve_endpoints((status("a"),), age=lambda: 30.0)["/livez"][0] == 503
+    got = serve_endpoints((status("a"),), stopping=lambda: True)
     assert got["/livez"] == (200, {"ok": True, "last_tick_age_s": 0.5, "stopping": True})
     assert got["/readyz"][0] == 503 and got["/readyz"][1]["reason"] == "the daemon is shutting down"
 

@@ -33,12 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -51,14 +48,12 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import Daemon, fake_engine, free_port, wait_for
-from tests.test_haproxy_agent import stat
-from tests.test_haproxy_vllm import haproxy
+from tests.lib.daemon import fake_engine, free_port, wait_for
+from tests.lib.haproxy import haproxy, server_status
+from tests.lib.netns import HostDaemon, Load, Network, require_netns
+from tests.lib.prometheus import fast_rules
 
 pytestmark = pytest.mark.system
-
-ROOT = Path(__file__).resolve().parent.parent
-ALERTS = ROOT / "packaging" / "prometheus" / "alerts.yml"
 
 HAPROXY_CFG = """\
 global
@@ -82,82 +77,6 @@ backend engines
     server h1 {h1}:8000 check addr {h1} port 9400
     server h2 {h2}:8000 check addr {h2} port 9400
 """
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
-
-
-class Network:
-    """A bridge in the root namespace and one namespace per host, each with a veth on it."""
-
-    def __init__(self, hosts: int) -> None:
-        tag = os.getpid() % 10000
-        self.subnet = f"10.215.{os.getpid() % 250}"
-        self.bridge = f"h15br{tag}"
-        self.namespaces = [f"h15-{tag}-{i}" for i in range(1, hosts + 1)]
-        self.links = [f"h15v{tag}{i}" for i in range(1, hosts + 1)]
-        self.addresses = [f"{self.subnet}.{10 + i}" for i in range(1, hosts + 1)]
-
-    def __enter__(self) -> Network:
-        try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
-            _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
-            _run("ip", "link", "set", self.bridge, "up")
-            for ns, link, address in zip(self.namespaces, self.links, self.addresses, strict=True):
-                _run("ip", "netns", "add", ns)
-                _run("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _run("ip", "link", "set", link, "master", self.bridge, "up")
-                _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
-                _run("ip", "-n", ns, "link", "set", "eth0", "up")
-                _run("ip", "-n", ns, "link", "set", "lo", "up")
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        for link in self.links:
-            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
-
-    def cut(self, host: int, *, up: bool) -> None:
-        """A partition: host's link on the bridge goes down (or up again)."""
-        _run("ip", "link", "set", self.links[host], "up" if up else "down")
-
-
-class HostDaemon(Daemon):
-    """The real daemon, started inside a network namespace (``ip netns exec`` execs in place,
-    so the pid is the daemon's)."""
-
-    def __init__(
-        self, tmp_path: Path, config: dict[str, Any], *, netns: str, run_args: tuple[str, ...] = ()
-    ) -> None:
-        super().__init__(tmp_path, config, run_args=run_args)
-        self.netns = netns
-
-    def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
-        env["LLMSUP_LOG_FORMAT"] = "text"  # as Daemon.start: the tests read the text log
-        env.update(extra_env or {})
-        argv = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "llmsupervisor"]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *argv,
-                    "--config",
-                    str(self.config_path),
-                    *(("run", *self.run_args) if self.run_args else ()),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                cwd=ROOT,
-            )
-        return self
 
 
 class AlertRecorder:
@@ -213,54 +132,8 @@ def _ends_in_future(alert: dict[str, Any]) -> bool:
     return ends > datetime.now(UTC)
 
 
-def _fast_rules(path: Path) -> None:
-    """alerts.yml with every ``for:`` cut to 2 s: the expressions are the shipped ones."""
-    text = re.sub(r"^(\s+for:) \S+$", r"\1 2s", ALERTS.read_text(), flags=re.MULTILINE)
-    path.write_text(text)
-    assert yaml.safe_load(text)["groups"]
-
-
-class Load:
-    """Completions through HAProxy, one worker after another; each outcome with its start time."""
-
-    def __init__(self, url: str, workers: int = 3) -> None:
-        self.url = url
-        self.outcomes: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    resp = client.post(self.url, json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
-                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                with self._lock:
-                    self.outcomes.append((started, outcome))
-                self._stop.wait(0.05)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def since(self, t: float) -> list[str]:
-        with self._lock:
-            return [outcome for started, outcome in self.outcomes if started >= t]
-
-
 def _tools() -> tuple[str, str]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
+    require_netns()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.skip("prometheus not installed (apt-get install prometheus)")
@@ -297,7 +170,7 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 d.start()
 
             rules = tmp_path / "rules.yml"
-            _fast_rules(rules)
+            fast_rules(rules)
             prometheus_port = free_port()
             prometheus_cfg = tmp_path / "prometheus.yml"
             prometheus_cfg.write_text(
@@ -388,13 +261,6 @@ def _up(prometheus: str) -> dict[str, float]:
     return {r["metric"]["instance"]: float(r["value"][1]) for r in body.get("data", {}).get("result", [])}
 
 
-def _server_status(stats: Path, server: str) -> str:
-    try:
-        return stat(stats)[server]["status"].split(" ")[0]
-    except (OSError, KeyError):
-        return ""
-
-
 def test_a_partitioned_host_leaves_haproxy_and_fires_scrape_down(fleet: dict[str, Any]) -> None:
     net, recorder, stats = fleet["net"], fleet["recorder"], fleet["stats"]
     h1, h2 = (f"{a}:9400" for a in net.addresses)
@@ -410,13 +276,13 @@ def test_a_partitioned_host_leaves_haproxy_and_fires_scrape_down(fleet: dict[str
     )
     assert not recorder.firing("LlmSupervisorEngineFatal", instance=h2)
     wait_for(
-        lambda: _server_status(stats, "h1") == _server_status(stats, "h2") == "UP", timeout_s=20, what="UP"
+        lambda: server_status(stats, "h1") == server_status(stats, "h2") == "UP", timeout_s=20, what="UP"
     )
 
     with Load(fleet["frontend"]) as load:
         wait_for(lambda: load.since(0).count("ok") >= 10, timeout_s=20, what="traffic on both hosts")
         net.cut(1, up=False)
-        wait_for(lambda: _server_status(stats, "h2") == "DOWN", timeout_s=20, what="h2 DOWN in HAProxy")
+        wait_for(lambda: server_status(stats, "h2") == "DOWN", timeout_s=20, what="h2 DOWN in HAProxy")
         noticed = time.monotonic()
         wait_for(lambda: load.since(noticed).count("ok") >= 20, timeout_s=30, what="traffic on host 1 alone")
         # Requests in flight to host 2 when the link went are lost (a partition is not a drain);
@@ -433,7 +299,7 @@ def test_a_partitioned_host_leaves_haproxy_and_fires_scrape_down(fleet: dict[str
         assert fleet["daemons"][1].engine("gpu0")["state"] == "ready"
 
         net.cut(1, up=True)
-        wait_for(lambda: _server_status(stats, "h2") == "UP", timeout_s=20, what="h2 UP again")
+        wait_for(lambda: server_status(stats, "h2") == "UP", timeout_s=20, what="h2 UP again")
         wait_for(
             lambda: (
                 (a := recorder.latest("LlmSupervisorScrapeDown", instance=h2)) is not None

@@ -25,8 +25,6 @@ Host 2 serves throughout and is never touched. Needs root (network namespaces), 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,11 +37,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Daemon, fake_engine, free_port, wait_for
-from tests.test_actions import FAST_DETECTORS, write_gpu
-from tests.test_fleet_multihost import HostDaemon, Load, Network, _server_status
-from tests.test_haproxy_agent import stat
-from tests.test_haproxy_vllm import haproxy
+from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
+from tests.lib.haproxy import haproxy, server_status, stat
+from tests.lib.netns import HostDaemon, Load, Network, require_netns
 
 pytestmark = pytest.mark.system
 
@@ -99,8 +95,7 @@ def _sessions(stats: Path, server: str) -> int:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
+    require_netns()
     haproxy_bin = haproxy()
     daemons: list[HostDaemon] = []
     proxy: subprocess.Popen[bytes] | None = None
@@ -182,7 +177,7 @@ def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet
     servers = ("h1g0", "h1g1", "h2g0", "h2g1")
 
     def status(server: str) -> str:
-        return _server_status(stats, server)
+        return server_status(stats, server)
 
     wait_for(lambda: all(status(s) == "UP" for s in servers), timeout_s=30, what="all four UP")
     assert {stat(stats)[s]["weight"] for s in servers} == {"100"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Daemon, fake_engine, free_port
+from tests.lib.daemon import Daemon, fake_engine, free_port
 
 pytestmark = pytest.mark.system
 

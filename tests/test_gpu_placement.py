@@ -20,7 +20,7 @@ import pytest
 from llmsupervisor.core.placement import format_cpu_list, parse_cpu_list
 from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
 from llmsupervisor.probes.nvml import NvmlReader
-from tests.conftest import fake_engine, free_port
+from tests.lib.daemon import fake_engine, free_port
 
 
 def _driver_answers() -> bool:

@@ -8,8 +8,6 @@ DRAIN, MAINT, DOWN), its weight and its session count.
 
 from __future__ import annotations
 
-import csv
-import io
 import socket
 import subprocess
 import sys
@@ -22,9 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Daemon, fake_engine, free_port, wait_for
-from tests.test_actions import FAST_DETECTORS, write_gpu
-from tests.test_haproxy_vllm import haproxy
+from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
+from tests.lib.haproxy import haproxy, stat
 
 pytestmark = pytest.mark.system
 
@@ -50,20 +47,6 @@ backend engines
     server a 127.0.0.1:{a_port} agent-port {a_agent}
     server b 127.0.0.1:{b_port} agent-port {b_agent}
 """
-
-
-def stat(stats_socket: Path) -> dict[str, dict[str, str]]:
-    """``show stat`` rows of the backend's servers, by server name."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(5)
-        sock.connect(str(stats_socket))
-        sock.sendall(b"show stat\n")
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    rows = csv.DictReader(io.StringIO(data.decode().lstrip("# ")))
-    servers = [r for r in rows if r["pxname"] == "engines" and r["svname"] not in ("FRONTEND", "BACKEND")]
-    return {r["svname"]: r for r in servers}
 
 
 class Load:

@@ -15,8 +15,6 @@ the check's path). Under steady concurrent load:
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -28,8 +26,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import Daemon, free_port, wait_for
-from tests.test_vllm_cpu import READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
+from tests.lib.daemon import Daemon, free_port, wait_for
+from tests.lib.haproxy import haproxy
+from tests.lib.vllm_env import READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -58,16 +57,6 @@ backend engines
     server e1 127.0.0.1:{e1_port} check addr 127.0.0.1 port {supervisor_port}
     server e2 127.0.0.1:{e2_port} check addr 127.0.0.1 port {supervisor_port}
 """
-
-
-def haproxy() -> str:
-    path = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not os.path.exists(path):
-        message = "haproxy not installed (apt-get install haproxy)"
-        if os.environ.get("LLMSUP_REQUIRE_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 MAX_TOKENS = 48

@@ -13,7 +13,7 @@ import pytest
 
 from llmsupervisor.probes import health
 from llmsupervisor.probes.probe_http import ProbeHttp
-from tests.canned_http import canned_server, reply, serving
+from tests.lib.canned_http import canned_server, reply, serving
 
 DRIP_INTERVAL_S = 0.2
 

@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from tests.conftest import fake_engine, free_port, wait_for
+from tests.lib.daemon import fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 

@@ -18,8 +18,8 @@ from llmsupervisor.config import EngineSpec, load_config
 from llmsupervisor.config.checks import hub_cache_dir, hub_offline, hub_offline_problem, hub_snapshot
 from llmsupervisor.doctor import Level
 from llmsupervisor.errors import EX_CONFIG, ConfigError
-from tests.conftest import free_port
-from tests.test_vllm_cpu import VLLM_VENV
+from tests.lib.daemon import free_port
+from tests.lib.vllm_env import VLLM_VENV
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.conftest import Daemon, fake_engine, free_port, wait_for
+from tests.lib.daemon import Daemon, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 

@@ -180,7 +180,7 @@ def test_doctor_names_a_ladder_flag_the_engines_vllm_lacks(
 def test_the_real_vllm_keeps_max_num_active_seqs_out_of_its_compile_key() -> None:
     """Against vLLM 0.32's own SchedulerConfig.compute_hash: max-num-seqs and
     max-num-batched-tokens change the torch.compile cache key, max-num-active-seqs does not."""
-    from tests.test_vllm_cpu import vllm_python
+    from tests.lib.vllm_env import vllm_python
 
     probe = (
         "from vllm.config import SchedulerConfig as S\n"

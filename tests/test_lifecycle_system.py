@@ -1,4 +1,4 @@
-"""Lifecycle regressions through the real daemon and real processes (tests/fake_vllm.py), each
+"""Lifecycle regressions through the real daemon and real processes (tests/lib/fake_vllm.py), each
 one a defect that operators hit with the old lifecycle core."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from llmsupervisor.control import default_socket_path, request
-from tests.conftest import fake_engine, free_port, wait_for
+from tests.lib.daemon import fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 

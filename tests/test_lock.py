@@ -15,7 +15,7 @@ import yaml
 from llmsupervisor import cli, logs
 from llmsupervisor.daemon import lock
 from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, SupervisorError
-from tests.conftest import FAKE_VLLM, free_port
+from tests.lib.daemon import FAKE_VLLM, free_port
 
 
 def test_second_acquire_in_one_process_names_the_holder(tmp_path: Path) -> None:

@@ -26,9 +26,8 @@ from llmsupervisor.core.policy import finding_gpus
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import GpuMarks
 from llmsupervisor.engine.status import EngineStatus
-from tests.conftest import fake_engine, free_port
-from tests.test_actions import FAST_DETECTORS, metric, write_gpu
-from tests.test_fleet_endpoints import _serve
+from tests.lib.daemon import FAST_DETECTORS, fake_engine, free_port, metric, write_gpu
+from tests.lib.endpoints import serve_endpoints
 
 LOST = NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_lost (fault 1): GPU 1 lost")
 
@@ -83,7 +82,7 @@ def test_a_lost_gpu_is_a_condition_at_once(tmp_path: Path) -> None:
 
 def test_readyz_engine_ready_and_agent_say_the_condition() -> None:
     engines = (status("a", (0,)), status("b", (1,)))
-    got = _serve(engines, readyz_requires=lambda: "any", node_conditions=lambda: (LOST,))
+    got = serve_endpoints(engines, readyz_requires=lambda: "any", node_conditions=lambda: (LOST,))
     code, body = got["/readyz"]
     assert code == 503 and body["ready"] is False
     assert body["reason"] == "gpu_unrecoverable on GPU 1: gpu_lost (fault 1): GPU 1 lost"
@@ -91,7 +90,7 @@ def test_readyz_engine_ready_and_agent_say_the_condition() -> None:
     assert got["/engines/a/ready"][0] == 200  # on another GPU: still serves its own traffic
     assert agent_reply(engines[0], (LOST,)).startswith("ready up")
     assert agent_reply(engines[1], (LOST,)) == "maint"
-    assert _serve(engines)["/readyz"][0] == 200  # without the condition
+    assert serve_endpoints(engines)["/readyz"][0] == 200  # without the condition
 
 
 def test_status_says_the_condition() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmsupervisor.notify import Notifier
-from tests.conftest import fake_engine, free_port, wait_for
+from tests.lib.daemon import fake_engine, free_port, wait_for
 
 
 class Receiver:

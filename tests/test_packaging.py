@@ -9,7 +9,7 @@ real in a Debian 12 container booted with systemd-nspawn.
    ``~/.cache/llm-supervisor/rootfs-bookworm``: built once into a temp dir and renamed when
    complete. Each run boots it with ``systemd-nspawn --volatile=overlay -b`` (docs/host-notes.md §5.5:
    ``--register=no --keep-unit`` on a host whose PID 1 is not systemd), so the cached tree is never
-   written, with the two .debs, ``tests/fake_vllm.py`` (stdlib only, so the container's python3
+   written, with the two .debs, ``tests/lib/fake_vllm.py`` (stdlib only, so the container's python3
    runs it) and ``tests/package_scenario.sh`` bound in read-only, and a oneshot unit that powers the
    container off when the scenario ends. The scenario
    installs, configures two fake engines, starts, upgrades, removes and purges; it writes what it
@@ -22,7 +22,6 @@ when missing, or fail the run with ``LLMSUP_REQUIRE_TOOLS=1`` (CI); scripts/test
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -35,20 +34,16 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.lib.rootfs import ensure_rootfs, require, run
 
 pytestmark = pytest.mark.packaging
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 PREFIX = "/opt/llm-supervisor/venv"
-ROOTFS_CACHE = Path(
-    os.environ.get("LLMSUP_ROOTFS_CACHE", Path.home() / ".cache/llm-supervisor/rootfs-bookworm")
-)
-ROOTFS_INCLUDE = ("systemd", "systemd-sysv", "dbus", "python3", "procps")
-DEBIAN_MIRROR = os.environ.get("LLMSUP_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BOOT_TIMEOUT_S = 300.0
 
 # Everything the package installs outside the venv.
@@ -60,30 +55,6 @@ SYSTEM_FILES = {
     "/usr/share/llm-supervisor/config.schema.json": "-rw-r--r--",
     "/etc/llm-supervisor/config.yaml": "-rw-r-----",
 }
-
-
-def require(*tools: str, root: bool = False) -> None:
-    missing = [t for t in tools if shutil.which(t) is None]
-    if root and os.geteuid() != 0:
-        missing.append("root")
-    if not missing:
-        return
-    message = (
-        f"needs {', '.join(missing)} (scripts/test installs the tools: debootstrap systemd-container rpm)"
-    )
-    if os.environ.get("LLMSUP_REQUIRE_TOOLS") == "1":
-        pytest.fail(f"{message}; required with LLMSUP_REQUIRE_TOOLS=1")
-    pytest.skip(message)
-
-
-def run(*argv: str | Path, **kwargs: Any) -> str:
-    done: subprocess.CompletedProcess[str] = subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, check=False, **kwargs
-    )
-    assert done.returncode == 0, (
-        f"{argv} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    )
-    return done.stdout
 
 
 @dataclass(frozen=True)
@@ -303,40 +274,6 @@ def test_rpm_metadata_files_and_config(packages: Packages) -> None:
 # ---- a real install ---------------------------------------------------------------------------
 
 
-def ensure_rootfs() -> tuple[Path, float]:
-    """The cached bookworm rootfs, built now if missing; (path, seconds spent building it)."""
-    stamp_text = " ".join(ROOTFS_INCLUDE) + "\n"
-    stamp = ROOTFS_CACHE / ".llmsup-rootfs"
-    if stamp.exists() and stamp.read_text() == stamp_text:
-        return ROOTFS_CACHE, 0.0
-    ROOTFS_CACHE.parent.mkdir(parents=True, exist_ok=True)
-    with open(ROOTFS_CACHE.parent / f"{ROOTFS_CACHE.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others wait and reuse it
-        if stamp.exists() and stamp.read_text() == stamp_text:
-            return ROOTFS_CACHE, 0.0
-        for stale in ROOTFS_CACHE.parent.glob(f"{ROOTFS_CACHE.name}.tmp-*"):
-            shutil.rmtree(stale)  # a build that was killed; ours holds the lock
-        tmp = ROOTFS_CACHE.parent / f"{ROOTFS_CACHE.name}.tmp-{os.getpid()}"
-        started = time.monotonic()
-        run(
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(ROOTFS_INCLUDE)}",
-            "bookworm",
-            tmp,
-            DEBIAN_MIRROR,
-            timeout=1800,
-        )
-        assert (tmp / "usr/bin/python3.11").exists(), "bookworm's python3 is 3.11"
-        (tmp / ".llmsup-rootfs").write_text(stamp_text)
-        if ROOTFS_CACHE.exists():  # an older include list
-            old = ROOTFS_CACHE.parent / f"{ROOTFS_CACHE.name}.tmp-old-{os.getpid()}"
-            ROOTFS_CACHE.rename(old)
-            shutil.rmtree(old)
-        tmp.rename(ROOTFS_CACHE)
-        return ROOTFS_CACHE, time.monotonic() - started
-
-
 SCENARIO_UNIT_NAME = "llmsup-scenario.service"
 SCENARIO_UNIT = """\
 [Unit]
@@ -411,7 +348,7 @@ def test_install_start_upgrade_remove_purge_in_a_booted_debian(packages: Package
     (inputs / "pkgs").mkdir(parents=True)
     for deb in (packages.deb, packages.deb_upgrade):
         shutil.copy(deb, inputs / "pkgs")
-    shutil.copy(REPO / "tests/fake_vllm.py", inputs)
+    shutil.copy(REPO / "tests/lib/fake_vllm.py", inputs)
     shutil.copy(REPO / "tests/package_scenario.sh", inputs / "scenario.sh")
     (inputs / SCENARIO_UNIT_NAME).write_text(SCENARIO_UNIT)
     inputs.chmod(0o755)  # the service user runs the fake engine from here

@@ -149,7 +149,7 @@ def test_spawn_binds_the_engine_from_its_first_instruction_and_leaves_the_daemon
 def test_launch_passes_the_cpus_to_the_spawn_and_to_vllm(tmp_path: Path) -> None:
     from llmsupervisor.config import EngineSpec
     from llmsupervisor.engine.launch import launch
-    from tests.engine_fakes import FakeProcesses
+    from tests.lib.engine_fakes import FakeProcesses
 
     cpu = min(host_cpus())
     spec = EngineSpec(name="e", model="m", gpus=(), port=8000, command=("x",), cpus=(cpu,), placement=(cpu,))

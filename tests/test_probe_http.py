@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 
 from llmsupervisor.probes.probe_http import Answer, BadAnswer, ProbeHttp, TooLarge, Unreachable
-from tests.canned_http import CannedServer, Handler, Reply, canned_server, reply
+from tests.lib.canned_http import CannedServer, Handler, Reply, canned_server, reply
 
 T = TypeVar("T")
 BIG = 1 << 20

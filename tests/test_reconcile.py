@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.policy import Action, ActionKind, FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
@@ -15,22 +14,11 @@ from llmsupervisor.daemon.reconcile import Reconciler
 from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo
 from llmsupervisor.engine.status import EngineStatus, Incarnation
+from tests.lib.statuses import spec, status
 
 S = EngineState
 K = FindingKind
 NOON = 12 * 60
-
-
-def spec(name: str, **overrides: Any) -> EngineSpec:
-    return EngineSpec(name=name, model="m", gpus=(int(name[-1]),), port=8000 + int(name[-1]), **overrides)
-
-
-def status(name: str, state: EngineState = S.READY, *, since_s: float = 0.0, **changes: Any) -> EngineStatus:
-    inc = Incarnation(number=1, pid=100, pgid=100, step=0, started_s=since_s, ready_since_s=since_s)
-    base = EngineStatus(
-        name=name, spec=spec(name), state=state, state_reason="", state_since_s=since_s, incarnation=inc
-    )
-    return dataclasses.replace(base, **changes)
 
 
 def finding(kind: FindingKind, severity: Severity = Severity.WARNING) -> Finding:

@@ -33,9 +33,9 @@ from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, vllm_metrics
 from llmsupervisor.probes.host import GroupSweeper, ProcSample, RawProcess
 from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics, parse_metrics
-from tests.canned_http import canned_server, reply, serving
-from tests.test_runner import Harness, ready_as, spec
-from tests.test_runner import run as run_virtual_test
+from tests.lib.canned_http import canned_server, reply, serving
+from tests.lib.runner_harness import Harness, ready_as, spec
+from tests.lib.runner_harness import run as run_virtual_test
 
 OUTER_DEADLINE_S = 30.0  # each scenario's own bound; far above what any of them needs
 

@@ -1,5 +1,5 @@
 """The daemon's reconcile loop over eight runners with fake processes and a scripted server, on
-virtual time (tests/virtual_time.py): what one tick costs it, counted, not timed."""
+virtual time (tests/lib/virtual_time.py): what one tick costs it, counted, not timed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from llmsupervisor.daemon.requests import Request
 from llmsupervisor.daemon.supervisor import Supervisor
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes.fake_gpu import FakeGpu
-from tests.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
-from tests.virtual_time import run_virtual
+from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
+from tests.lib.virtual_time import run_virtual
 
 ENGINES = 8
 

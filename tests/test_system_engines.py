@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import fake_engine, free_port
+from tests.lib.daemon import fake_engine, free_port
 
 pytestmark = pytest.mark.system
 

@@ -1,4 +1,4 @@
-"""The real daemon supervising real processes (tests/fake_vllm.py): signals, HTTP, ports, orphans."""
+"""The real daemon supervising real processes (tests/lib/fake_vllm.py): signals, HTTP, ports, orphans."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from llmsupervisor import process
 from llmsupervisor.control import default_socket_path, request
 from llmsupervisor.errors import EX_ALREADY_RUNNING
-from tests.conftest import FAKE_VLLM, alive, fake_engine, free_port, wait_for
+from tests.lib.daemon import FAKE_VLLM, alive, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from llmsupervisor import process
-from tests.conftest import alive, fake_engine, free_port
+from tests.lib.daemon import alive, fake_engine, free_port
 
 pytestmark = [
     pytest.mark.systemd,

@@ -22,8 +22,8 @@ from llmsupervisor import process
 from llmsupervisor.core.placement import parse_cpu_list
 from llmsupervisor.engine.evidence import find_py_spy
 from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
-from tests.conftest import Daemon, alive, free_port
-from tests.test_vllm_cpu import READY_TIMEOUT_S, VLLM_VENV, build_model, complete, vllm_engine, vllm_python
+from tests.lib.daemon import Daemon, alive, free_port
+from tests.lib.vllm_env import READY_TIMEOUT_S, VLLM_VENV, build_model, complete, vllm_engine, vllm_python
 
 pytestmark = pytest.mark.vllm_cpu
 

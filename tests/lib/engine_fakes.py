@@ -1,4 +1,4 @@
-"""Fakes at the runner's seams, for tests on virtual time (tests/virtual_time.py).
+"""Fakes at the runner's seams, for tests on virtual time (tests/lib/virtual_time.py).
 
 ``FakeProcesses`` stands for the operating system (engine/launch.py ``Processes``): each spawn
 is a ``FakeProcess`` with real output pipes and a scripted reaction to signals. ``ScriptedHttp``
