@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.lib.daemon import Daemon
+from tests.lib.sd_notify import Receiver
 
 
 @pytest.fixture
@@ -23,3 +24,10 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield make
     for d in made:
         d.cleanup()
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Receiver]:
+    r = Receiver(tmp_path / "notify")
+    yield r
+    r.close()
