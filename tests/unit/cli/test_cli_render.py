@@ -278,7 +278,7 @@ def test_config_and_socket_after_the_subcommand(tmp_path: Any) -> None:
     assert (args.engine, args.follow, args.since) == ("gpu0", True, "10m")
 
 
-# Real lines of vLLM 0.32's CPU build starting (a daemon log of tests/test_vllm_cpu.py), and the
+# Real lines of vLLM 0.32's CPU build starting (a daemon log of tests/vllm/test_vllm_cpu.py), and the
 # GPU build's graph capture line (docs/vllm-notes.md §5).
 REAL_LINES = [
     ("(APIServer pid=4794) INFO 11-23 11:19:09 [model.py:733] Resolved architecture: LlamaForCausalLM", None),

@@ -206,7 +206,7 @@ def test_values_the_kernel_cannot_pass_to_an_engine(tmp_path: Path, text: str, m
     ("key", "field"), [("", "['']"), ("\r", "['\\r']"), ("a b", "['a b']"), ("a.b", "['a.b']")]
 )
 def test_a_key_that_is_not_a_plain_word_is_quoted_in_the_field(tmp_path: Path, key: str, field: str) -> None:
-    # Found by tests/test_properties.py: {"\r": null} rendered as "FILE:1: : unknown top-level key".
+    # Found by tests/unit/test_properties.py: {"\r": null} rendered as "FILE:1: : unknown top-level key".
     path = tmp_path / "config.yaml"
     path.write_text(f"{key!r}: 1\n".replace("'\\r'", '"\\r"'))
     lines = rejected(path)

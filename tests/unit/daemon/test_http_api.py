@@ -458,7 +458,7 @@ def test_a_client_that_resets_after_the_request_is_not_an_error(caplog: pytest.L
     """Clients that reset the connection (SO_LINGER 0) are leaving, not a server error. HAProxy's
     health checks do this; against real HAProxy the server's shutdown(SHUT_WR) then failed with
     ENOTCONN, logged as an error per check until OSError was treated as the client leaving. This
-    loopback test does not hit that exact timing; tests/test_haproxy_vllm.py does."""
+    loopback test does not hit that exact timing; tests/vllm/test_haproxy_vllm.py does."""
 
     async def slow(rest: str) -> Response:
         await asyncio.sleep(0.2)  # the reset arrives before the answer is written

@@ -8,8 +8,8 @@
 - probe access lines kept out of the journal (vLLM's flag where it has it, else the filter);
 - the down clock behind the LlmSupervisorEngineDown alert.
 
-System tests with real processes are in tests/test_system_fake.py (fake vLLM) and
-tests/test_vllm_cpu.py (real vLLM).
+System tests with real processes are in tests/system/test_system_fake.py (fake vLLM) and
+tests/vllm/test_vllm_cpu.py (real vLLM).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def _driver_answers() -> bool:
 
 
 # These read the real module's no-driver path: on a GPU host (the gpu tier's machine) the
-# driver answers, and tests/test_gpu_placement.py reads the real GPU instead.
+# driver answers, and tests/host/test_gpu_placement.py reads the real GPU instead.
 without_a_driver = pytest.mark.skipif(_driver_answers(), reason="an NVIDIA driver answers NVML here")
 
 

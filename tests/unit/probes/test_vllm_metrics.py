@@ -262,7 +262,7 @@ def test_one_sleeping_engine_makes_the_server_not_awake() -> None:
         pytest.param('vllm:num_requests_running{engine="0" 3\n', id="unclosed-labels"),
         pytest.param("\x00\xff\xfe binary", id="binary"),
         pytest.param('{"detail": "Not Found"}', id="json"),
-        # A bad or missing `le` drops that histogram only (tests/test_runtime_hardening.py).
+        # A bad or missing `le` drops that histogram only (tests/unit/daemon/test_runtime_hardening.py).
     ],
 )
 def test_garbage_is_a_parse_failure_not_an_exception(text: str) -> None:
