@@ -63,9 +63,10 @@ def tier_of(path: Path) -> str:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if not item.path.is_relative_to(TESTS):
+        path = item.path.resolve()  # TESTS is resolved too: a checkout reached through a symlink
+        if not path.is_relative_to(TESTS):
             continue
-        tier = tier_of(item.path)
+        tier = tier_of(path)
         for marker in TIER_MARKERS[tier]:
             item.add_marker(marker)
         marked = {m.name for m in item.iter_markers()} & TIER_NAMES
