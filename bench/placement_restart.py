@@ -6,7 +6,7 @@ threads by vLLM's rule (``VLLM_CPU_OMP_THREADS_BIND=auto``: on 2 cores, one rese
 threads on core 0), and with two engines under load a restarting engine starved on the busy
 core and failed its start after ten minutes.
 
-One daemon per variant over two engines of the tiny model (tests/tiny_model.py), e1 and e2,
+One daemon per variant over two engines of the tiny model (tests/lib/tiny_model.py), e1 and e2,
 started with ``vllm serve``, warm compile caches (the tests' own, under
 ~/.cache/llm-supervisor). For each run of a variant:
 
@@ -52,8 +52,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from llmsupervisor import process  # noqa: E402
-from tests.conftest import Daemon, free_port  # noqa: E402
-from tests.test_vllm_cpu import VLLM_VENV, build_model, vllm_engine  # noqa: E402
+from tests.lib.daemon import Daemon, free_port  # noqa: E402
+from tests.lib.vllm_env import VLLM_VENV, build_model, vllm_engine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -2,7 +2,7 @@
 """CPU per probe request: httpx (what the probes used) against the probes' own client
 (llmsupervisor/probes/probe_http.py), for ``GET /health`` and ``GET /metrics``.
 
-One fake vLLM (tests/fake_vllm.py, a separate process, so its CPU is not counted) serves the
+One fake vLLM (tests/lib/fake_vllm.py, a separate process, so its CPU is not counted) serves the
 captured vLLM 0.32 ``/metrics`` body; this process sends ``--requests`` sequential requests of
 each kind through each client, on one kept-alive connection, and reports the CPU time of this
 process (user + system) per request, the median of ``--repeats`` runs. The body is fetched, not
@@ -95,7 +95,7 @@ def main() -> int:
     server = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "tests" / "fake_vllm.py"),
+            str(ROOT / "tests" / "lib" / "fake_vllm.py"),
             "--model",
             "tiny",
             "--port",

@@ -1,6 +1,6 @@
 """Recovery overhead: from the policy's decision to READY again, minus the engine's own start.
 
-Runs the real daemon over a fake engine (tests/fake_vllm.py, a real process serving real HTTP)
+Runs the real daemon over a fake engine (tests/lib/fake_vllm.py, a real process serving real HTTP)
 that takes a fixed time to start, and makes it recover N times each way:
 
     hang       /fake/hang -> the hang finding -> restart without drain (quick stop ladder)
@@ -32,7 +32,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import Daemon, fake_engine, free_port  # noqa: E402
+from tests.lib.daemon import Daemon, fake_engine, free_port  # noqa: E402
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STARTUP_DELAY_S = 2.0

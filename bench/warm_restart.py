@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Daemon, free_port
-from tests.test_vllm_cpu import MODEL_CACHE, VLLM_VENV, build_model, vllm_engine
+from tests.lib.daemon import Daemon, free_port
+from tests.lib.vllm_env import MODEL_CACHE, VLLM_VENV, build_model, vllm_engine
 
 READY_TIMEOUT_S = 900.0
 

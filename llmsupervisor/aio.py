@@ -1,7 +1,7 @@
 """The daemon's one clock and one wait primitive.
 
 Time is the event loop's (``loop.time()``, monotonic): every deadline, backoff and observation
-stamp reads it, so a test that runs the loop on virtual time (tests/virtual_time.py) moves all
+stamp reads it, so a test that runs the loop on virtual time (tests/lib/virtual_time.py) moves all
 of them at once, and nothing mixes time bases. Wall-clock time appears only where it is shown to
 people or exported as a ``*_timestamp_seconds`` value.
 """

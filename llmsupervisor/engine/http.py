@@ -2,7 +2,7 @@
 
 ``EngineHttp`` is the seam: the real one speaks to vLLM through the engine's own clients (the
 probes' small HTTP/1.1 client for ``/health`` and ``/metrics``, httpx for the rest);
-tests script one (tests/engine_fakes.py). A new spec (a port change) gets a new object, so a
+tests script one (tests/lib/engine_fakes.py). A new spec (a port change) gets a new object, so a
 drain always talks to the address of the process being drained (defect D4).
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes base/prometheusrule.yaml from packaging/prometheus/alerts.yml: the same groups and
 rules, wrapped as a prometheus-operator PrometheusRule. One source of truth for the alerts;
-tests/test_kubernetes.py fails when the two disagree. Run after editing alerts.yml:
+tests/unit/test_kubernetes.py fails when the two disagree. Run after editing alerts.yml:
 
     python3 packaging/kubernetes/gen_prometheusrule.py
 """
@@ -19,7 +19,7 @@ OUTPUT = HERE / "base" / "prometheusrule.yaml"
 
 HEADER = """\
 # Generated from packaging/prometheus/alerts.yml by packaging/kubernetes/gen_prometheusrule.py;
-# do not edit by hand (tests/test_kubernetes.py checks that the two agree).
+# do not edit by hand (tests/unit/test_kubernetes.py checks that the two agree).
 """
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llmsupervisor.detectors import DetectorConfig, FindingKind
-from tests.conftest import fake_engine, free_port
+from tests.lib.daemon import fake_engine, free_port
 
 pytestmark = pytest.mark.system
 

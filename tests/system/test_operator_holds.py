@@ -10,8 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import Daemon, fake_engine, free_port
-from tests.test_cli_system import cli
+from tests.lib.daemon import Daemon, cli, fake_engine, free_port
 
 pytestmark = pytest.mark.system
 

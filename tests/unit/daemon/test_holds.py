@@ -12,7 +12,7 @@ import pytest
 from llmsupervisor import control
 from llmsupervisor.daemon.holds import Holds, OperatorHold, after, desired_for, operator_name
 from llmsupervisor.engine.commands import Command, Desired, Hold, Restart, Start, Stop
-from tests.test_runner import spec
+from tests.lib.runner_harness import spec
 
 STOP = OperatorHold(kind="stop", by="alice (uid 1000)", since=1.0)
 DRAIN = OperatorHold(kind="drain", by="alice (uid 1000)", since=1.0)

@@ -1,0 +1,269 @@
+"""Fakes at the runner's seams, for tests on virtual time (tests/lib/virtual_time.py).
+
+``FakeProcesses`` stands for the operating system (engine/processes.py ``Processes``): each spawn
+is a ``FakeProcess`` with real output pipes and a scripted reaction to signals. ``ScriptedHttp``
+stands for one engine's vLLM server (engine/http.py ``EngineHttp``): the test says what /health,
+/v1/models, the canary and /metrics answer, and can change it at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmsupervisor import aio
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.engine.evidence import StackDump
+from llmsupervisor.engine.http import PrefixReset
+from llmsupervisor.engine.processes import EngineProcess
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.host import ProcInfo, ProcSample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
+from llmsupervisor.process import ExitStatus
+
+_pids = itertools.count(50_000)
+
+
+class FakeProcess:
+    def __init__(
+        self, argv: list[str], env: Mapping[str, str], *, term_exit_s: float, ignores_term: bool
+    ) -> None:
+        self.argv = argv
+        self.env = dict(env)
+        self.pid = self.pgid = next(_pids)
+        self.stdout_fd, self._out_w = os.pipe()
+        self.stderr_fd, self._err_w = os.pipe()
+        self.exit_status: ExitStatus | None = None
+        self._exited: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
+        self.signals: list[tuple[str, int]] = []
+        self.cpus: tuple[int, ...] = ()
+        self._term_exit_s = term_exit_s
+        self._ignores_term = ignores_term
+
+    @property
+    def returned(self) -> bool:
+        return self.exit_status is not None
+
+    async def wait(self) -> ExitStatus:
+        return await asyncio.shield(self._exited)
+
+    def say(self, line: str, *, stderr: bool = False) -> None:
+        os.write(self._err_w if stderr else self._out_w, line.encode() + b"\n")
+
+    def exit(self, *, code: int | None = 0, sig: int | None = None) -> None:
+        if self.returned:
+            return
+        self.exit_status = ExitStatus(code=None if sig is not None else code, signal=sig)
+        for fd in (self._out_w, self._err_w):
+            os.close(fd)
+        self._exited.set_result(self.exit_status)
+
+    def signal_main(self, sig: int) -> None:
+        self.signals.append(("main", sig))
+        self._react(sig)
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append(("group", sig))
+        self._react(sig)
+
+    def _react(self, sig: int) -> None:
+        if self.returned:
+            return
+        if sig == signal.SIGKILL:
+            self.exit(sig=signal.SIGKILL)
+        elif sig == signal.SIGTERM and not self._ignores_term:
+            asyncio.get_running_loop().call_later(self._term_exit_s, self.exit)
+
+
+@dataclass
+class FakeProcesses:
+    """The OS as the runner sees it. ``spawned`` lists every spawn, newest last."""
+
+    state_dir: Path
+    term_exit_s: float = 0.5
+    ignores_term: bool = False
+    exec_error: OSError | None = None
+    record_error: OSError | None = None
+    held_ports: dict[int, int | None] = field(default_factory=dict)  # port -> foreign holder pid
+    spawned: list[FakeProcess] = field(default_factory=list)
+    py_spy: bool = True
+    dumped: list[list[int]] = field(default_factory=list)  # each dump_stacks call's pids
+    signals_at_dump: list[list[tuple[str, int]]] = field(default_factory=list)  # to live processes
+
+    def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> FakeProcess:
+        if self.exec_error is not None:
+            raise self.exec_error
+        proc = FakeProcess(argv, env, term_exit_s=self.term_exit_s, ignores_term=self.ignores_term)
+        proc.cpus = tuple(cpus)
+        self.spawned.append(proc)
+        return proc
+
+    def group_members(self, pgid: int) -> list[int]:
+        return [p.pid for p in self.spawned if p.pgid == pgid and not p.returned]
+
+    def group_gone(self, proc: EngineProcess) -> bool:
+        return proc.returned
+
+    def strays(self, engine: str, *, leader: int) -> list[int]:
+        return []
+
+    async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]:
+        return []
+
+    def record_group(self, engine: str, pid: int) -> None:
+        if self.record_error is not None:
+            raise self.record_error
+
+    def forget_group(self, engine: str) -> None:
+        pass
+
+    async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
+        self.dumped.append(list(pids))
+        self.signals_at_dump.append(
+            [sig for proc in self.spawned for sig in proc.signals if not proc.returned]
+        )
+        if not self.py_spy:
+            return None
+        return [StackDump(pid, "fake", "S (sleeping)", True, f"Thread {pid}: fake stack\n") for pid in pids]
+
+    def port_holders(self, port: int) -> list[int | None]:
+        return [self.held_ports[port]] if port in self.held_ports else []
+
+    def leftover_of_ours(self, pid: int) -> str | None:
+        return None
+
+    def earlier_runs(self, engine: str) -> list[int]:
+        return []
+
+    def describe(self, pid: int) -> str:
+        return f"fake process {pid}"
+
+    @property
+    def live(self) -> list[FakeProcess]:
+        return [p for p in self.spawned if not p.returned]
+
+
+def ok(latency_s: float = 0.01) -> HttpCheck:
+    return HttpCheck(ok=True, detail="ok", latency_s=latency_s, status_code=200)
+
+
+def refused() -> HttpCheck:
+    return HttpCheck(ok=False, detail="connection refused", latency_s=0.0, failure="connect")
+
+
+def metrics(running: int = 0, waiting: int = 0, steps: int = 0) -> EngineMetrics:
+    body = (
+        f"vllm:num_requests_running {running}\n"
+        f"vllm:num_requests_waiting {waiting}\n"
+        f'vllm:iteration_tokens_total_count{{model_name="m"}} {steps}\n'
+    )
+    parsed = parse_metrics(body)
+    assert isinstance(parsed, EngineMetrics)
+    return parsed
+
+
+@dataclass
+class ScriptedHttp:
+    """One engine's server as scripted by the test; ``calls`` records (what, base_url)."""
+
+    spec: EngineSpec
+    script: ServerScript
+
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        return await self.script.answer("health", self.spec, timeout_s)
+
+    async def models(self, *, timeout_s: float) -> HttpCheck:
+        return await self.script.answer("models", self.spec, timeout_s)
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        return await self.script.answer("canary", self.spec, timeout_s)
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        self.script.calls.append(("metrics", self.spec.base_url))
+        return self.script.metrics
+
+    async def reset_prefix_cache(self) -> PrefixReset:
+        self.script.calls.append(("reset_prefix_cache", self.spec.base_url))
+        return self.script.prefix_reset
+
+
+@dataclass
+class ServerScript:
+    """What the engine's server answers. ``ready_after_s`` counts from the latest spawn."""
+
+    procs: FakeProcesses
+    ready_after_s: float = 1.0
+    canary_hangs: bool = False
+    health_status: int = 200
+    metrics: EngineMetrics | ProbeFailure = field(default_factory=metrics)
+    prefix_reset: PrefixReset = PrefixReset.DONE
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    _spawned_at: dict[int, float] = field(default_factory=dict)
+
+    def http_for(self, spec: EngineSpec) -> ScriptedHttp:
+        return ScriptedHttp(spec, self)
+
+    async def answer(self, what: str, spec: EngineSpec, timeout_s: float) -> HttpCheck:
+        self.calls.append((what, spec.base_url))
+        live = self.procs.live
+        if not live:
+            return refused()
+        proc = live[-1]
+        started = self._spawned_at.setdefault(proc.pid, aio.now())
+        if aio.now() - started < self.ready_after_s:
+            return refused()
+        if what == "health" and self.health_status != 200:
+            return HttpCheck(
+                ok=False,
+                detail=f"HTTP {self.health_status}",
+                latency_s=0.0,
+                status_code=self.health_status,
+                failure="http",
+            )
+        if what == "canary" and self.canary_hangs:
+            await asyncio.sleep(timeout_s)
+            return HttpCheck(
+                ok=False, detail=f"timed out after {timeout_s:g} s", latency_s=timeout_s, failure="timeout"
+            )
+        return ok()
+
+
+@dataclass
+class FakeSweeper:
+    """One process per engine group, read at ``aio.now()``: its CPU time advances at
+    ``cpu_per_s`` of a core (0: idle or deadlocked), and not at all while ``stopped``."""
+
+    cpu_per_s: float = 0.0
+    stopped: bool = False
+    _cpu_s: float = 1.0
+    _last_s: float | None = None
+
+    async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
+        now = aio.now()
+        if self._last_s is not None and not self.stopped:
+            self._cpu_s += self.cpu_per_s * (now - self._last_s)
+        self._last_s = now
+        return ProcSample(
+            pgid=pgid,
+            processes=(
+                ProcInfo(
+                    pid=pgid,
+                    title="vllm",
+                    rss_bytes=1 << 20,
+                    cpu_seconds=self._cpu_s,
+                    status="stopped" if self.stopped else "sleeping",
+                    zombie=False,
+                ),
+            ),
+            rss_bytes_total=1 << 20,
+            cpu_seconds_total=self._cpu_s,
+            process_count=1,
+            zombie_count=0,
+            at_s=now,
+        )

@@ -1,0 +1,142 @@
+"""Hosts as network namespaces on one bridge, for the fleet tier: each namespace runs its own
+daemon (``HostDaemon``) on the same ports and engine names, as real hosts do; ``Load`` sends
+completions through whatever stands in front of them (HAProxy) and keeps every outcome.
+
+Needs root and iproute2: ``require_netns`` skips otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.lib.daemon import Daemon
+from tests.lib.paths import REPO
+
+
+def require_netns() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+class Network:
+    """A bridge in the root namespace and one namespace per host, each with a veth on it."""
+
+    def __init__(self, hosts: int) -> None:
+        tag = os.getpid() % 10000
+        self.subnet = f"10.215.{os.getpid() % 250}"
+        self.bridge = f"h15br{tag}"
+        self.namespaces = [f"h15-{tag}-{i}" for i in range(1, hosts + 1)]
+        self.links = [f"h15v{tag}{i}" for i in range(1, hosts + 1)]
+        self.addresses = [f"{self.subnet}.{10 + i}" for i in range(1, hosts + 1)]
+
+    def __enter__(self) -> Network:
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+            _run("ip", "link", "set", self.bridge, "up")
+            for ns, link, address in zip(self.namespaces, self.links, self.addresses, strict=True):
+                _run("ip", "netns", "add", ns)
+                _run("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _run("ip", "link", "set", link, "master", self.bridge, "up")
+                _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "up")
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        for link in self.links:
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+
+    def cut(self, host: int, *, up: bool) -> None:
+        """A partition: host's link on the bridge goes down (or up again)."""
+        _run("ip", "link", "set", self.links[host], "up" if up else "down")
+
+
+class HostDaemon(Daemon):
+    """The real daemon, started inside a network namespace (``ip netns exec`` execs in place,
+    so the pid is the daemon's)."""
+
+    def __init__(
+        self, tmp_path: Path, config: dict[str, Any], *, netns: str, run_args: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(tmp_path, config, run_args=run_args)
+        self.netns = netns
+
+    def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
+        env["LLMSUP_LOG_FORMAT"] = "text"  # as Daemon.start: the tests read the text log
+        env.update(extra_env or {})
+        argv = ["ip", "netns", "exec", self.netns, sys.executable, "-m", "llmsupervisor"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    *argv,
+                    "--config",
+                    str(self.config_path),
+                    *(("run", *self.run_args) if self.run_args else ()),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=REPO,
+            )
+        return self
+
+
+class Load:
+    """Completions through HAProxy, one worker after another; each outcome with its start time."""
+
+    def __init__(self, url: str, workers: int = 3) -> None:
+        self.url = url
+        self.outcomes: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    resp = client.post(self.url, json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
+                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
+                except httpx.HTTPError as exc:
+                    outcome = type(exc).__name__
+                with self._lock:
+                    self.outcomes.append((started, outcome))
+                self._stop.wait(0.05)
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+
+    def since(self, t: float) -> list[str]:
+        with self._lock:
+            return [outcome for started, outcome in self.outcomes if started >= t]

@@ -1,0 +1,197 @@
+"""The daemon's reconcile loop over eight runners with fake processes and a scripted server, on
+virtual time (tests/lib/virtual_time.py): what one tick costs it, counted, not timed."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from llmsupervisor import aio
+from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSettings
+from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.requests import Request
+from llmsupervisor.daemon.supervisor import Supervisor
+from llmsupervisor.notify import Notifier
+from llmsupervisor.probes.fake_gpu import FakeGpu
+from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
+from tests.lib.virtual_time import run_virtual
+
+ENGINES = 8
+
+
+def config(tmp_path: Path) -> SupervisorConfig:
+    engines = tuple(
+        EngineSpec(
+            name=f"e{i}",
+            model="m",
+            port=8000 + i,
+            gpus=(),
+            command=("vllm-fake",),
+            start_timeout_s=60.0,
+            gpu_release_timeout_s=0.0,
+        )
+        for i in range(ENGINES)
+    )
+    settings = SupervisorSettings(state_dir=tmp_path / "state", tick_interval_s=2.0)
+    return SupervisorConfig(path=tmp_path / "config.yaml", supervisor=settings, engines=engines)
+
+
+async def all_ready(sup: Supervisor) -> None:
+    while not all(s.state is EngineState.READY for s in sup.fleet.statuses()):
+        seen = sup.fleet.changes.version
+        await aio.wait_any(sup.fleet.changes.wait(seen), timeout_s=600)
+
+
+def test_observation_rounds_do_not_each_reconcile_the_fleet(tmp_path: Path) -> None:
+    """Every round publishes a status and wakes the loop: eight engines, eight wakes a tick.
+    A publish that changes nothing the policy reads costs no reconcile (it cost a full one, plus
+    a walk over every engine, each: O(engines^2) a tick)."""
+
+    async def scenario() -> tuple[int, int, int]:
+        procs = FakeProcesses(state_dir=tmp_path)
+        server = ServerScript(procs)
+        sup = Supervisor(
+            config(tmp_path),
+            notifier=Notifier(environ={}),
+            gpu_reader=FakeGpu(),
+            procs=procs,
+            http_for=server.http_for,
+            sweeper=FakeSweeper(cpu_per_s=0.01),
+        )
+        for spec in sup.config.engines:
+            sup.fleet.add(spec)
+        loop = asyncio.create_task(sup._loop())
+        await all_ready(sup)
+        await asyncio.sleep(10)
+        rounds0 = sum(s.rounds_total for s in sup.fleet.statuses())
+        reconciles0, ticks0 = sup.reconciles_total, sup.ticks_total
+        await asyncio.sleep(120)
+        rounds = sum(s.rounds_total for s in sup.fleet.statuses()) - rounds0
+        reconciles, ticks = sup.reconciles_total - reconciles0, sup.ticks_total - ticks0
+        sup.submit(Request.SHUTDOWN)
+        await loop
+        sup.fleet.stop_all()
+        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
+        await sup.status_file.flush()
+        return rounds, reconciles, ticks
+
+    rounds, reconciles, ticks = run_virtual(scenario())
+    assert rounds >= ENGINES * 50  # every engine observed about every 2 s
+    assert ticks >= 55
+    # One reconcile per tick for the decisions time makes; none per round.
+    assert reconciles <= ticks + 2, (rounds, reconciles, ticks)
+
+
+def test_a_finding_reconciles_at_once_not_at_the_next_tick(tmp_path: Path) -> None:
+    async def scenario() -> tuple[float, float]:
+        procs = FakeProcesses(state_dir=tmp_path)
+        server = ServerScript(procs)
+        sweeper = FakeSweeper(cpu_per_s=0.01)
+        sup = Supervisor(
+            config(tmp_path),
+            notifier=Notifier(environ={}),
+            gpu_reader=FakeGpu(),
+            procs=procs,
+            http_for=server.http_for,
+            sweeper=sweeper,
+        )
+        for spec in sup.config.engines:
+            sup.fleet.add(spec)
+        loop = asyncio.create_task(sup._loop())
+        await all_ready(sup)
+        await asyncio.sleep(10)
+        sweeper.stopped = True  # every engine's process stopped: HANG, and the policy restarts
+        found_s = restarted_s = None
+        while restarted_s is None:
+            await asyncio.sleep(0.01)
+            if found_s is None and any(s.findings for s in sup.fleet.statuses()):
+                found_s = aio.now()
+            if any(s.restarts_by_reason.get("hang") for s in sup.fleet.statuses()) or any(
+                s.state is EngineState.STOPPING for s in sup.fleet.statuses()
+            ):
+                restarted_s = aio.now()
+        sweeper.stopped = False
+        sup.submit(Request.SHUTDOWN)
+        await loop
+        sup.fleet.stop_all()
+        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
+        await sup.status_file.flush()
+        assert found_s is not None
+        return found_s, restarted_s
+
+    found_s, restarted_s = run_virtual(scenario())
+    assert restarted_s - found_s < 0.5  # not the next tick's reconcile, 2 s later
+
+
+def test_a_reload_and_a_due_schedule_never_take_two_engines_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect E1: the reload's roll decided capacity on its own, blind to the commands the
+    policy had sent and the runner not yet taken, so a config roll and a scheduled restart could
+    take two engines out with max_unavailable=1. A reload with two changed engines, at the very
+    moment a third one's scheduled restart is due: every publish sees at most one engine that is
+    not READY, and all three end up restarted (two on their new spec)."""
+    base = config(tmp_path)
+    c = dataclasses.replace(base.engines[2], restart_every_h=0.01, restart_jitter_s=0.0)  # 36 s
+    current = dataclasses.replace(base, engines=(base.engines[0], base.engines[1], c))
+    changed = tuple(dataclasses.replace(e, args={"max-num-seqs": 8}) for e in current.engines[:2])
+    new = dataclasses.replace(current, engines=(*changed, c))
+    monkeypatch.setattr("llmsupervisor.daemon.reload.load_config", lambda path: new)
+
+    async def scenario() -> tuple[int, list[str]]:
+        procs = FakeProcesses(state_dir=tmp_path)
+        server = ServerScript(procs)
+        sup = Supervisor(
+            current,
+            notifier=Notifier(environ={}),
+            gpu_reader=FakeGpu(),
+            procs=procs,
+            http_for=server.http_for,
+            sweeper=FakeSweeper(cpu_per_s=0.01),
+        )
+        for spec in sup.config.engines:
+            sup.fleet.add(spec)
+        most_out = 0
+        publish = sup.fleet.changes.set
+
+        def counted(name: str | None = None) -> None:  # every runner publish passes here
+            nonlocal most_out
+            out = sum(1 for s in sup.fleet.statuses() if s.state is not EngineState.READY)
+            most_out = max(most_out, out)
+            publish(name)
+
+        loop = asyncio.create_task(sup._loop())
+        await all_ready(sup)
+        inc = sup.fleet.status("e2").incarnation  # type: ignore[union-attr]
+        assert inc is not None and inc.scheduled_due_s is not None
+        await asyncio.sleep(inc.scheduled_due_s - aio.now())  # the schedule is due now
+        sup.fleet.changes.set = counted  # type: ignore[method-assign]
+        reply = await sup.reload()
+        assert reply["rolling"] == ["e0", "e1"]
+        while not (
+            all(s.state is EngineState.READY for s in sup.fleet.statuses())
+            and all(s.spec == t for s, t in zip(sup.fleet.statuses(), new.engines, strict=True))
+            and sup.fleet.status("e2").restarts_by_reason.get("scheduled")  # type: ignore[union-attr]
+        ):
+            seen = sup.fleet.changes.version
+            await aio.wait_any(sup.fleet.changes.wait(seen), timeout_s=600)
+        sup.fleet.changes.set = publish  # type: ignore[method-assign]  # the shutdown stops them all
+        causes = [
+            reason
+            for s in sup.fleet.statuses()
+            for reason, n in s.restarts_by_reason.items()
+            for _ in range(n)
+        ]
+        sup.submit(Request.SHUTDOWN)
+        await loop
+        sup.fleet.stop_all()
+        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
+        await sup.status_file.flush()
+        return most_out, sorted(causes)
+
+    most_out, causes = run_virtual(scenario())
+    assert most_out == 1
+    assert causes[:3] == ["config_change", "config_change", "scheduled"]
