@@ -344,7 +344,10 @@ def _parse(head: bytes) -> _Request:
     if target.startswith("/"):
         path = target.split("?", 1)[0]
     elif target.startswith(("http://", "https://")):  # absolute-form, as sent through a proxy
-        path = urlsplit(target).path or "/"
+        try:
+            path = urlsplit(target).path or "/"
+        except ValueError:  # "http://[/x": an unclosed IPv6 bracket (no answer and a traceback before)
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request target") from None
     else:
         raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request target")
     if any(ch.isspace() or not ch.isprintable() for ch in path):
