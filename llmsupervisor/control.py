@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
@@ -230,20 +231,17 @@ def _validated(request: Any) -> dict[str, Any]:
 
 
 def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Client side (blocking, for the CLI). Raises ControlError with an operator-facing message."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout_s)
+    """Client side (blocking, for the CLI). Raises ControlError with an operator-facing message.
+
+    A full listen backlog (a burst of clients) is retried until ``timeout_s``: with a timeout set,
+    an AF_UNIX connect fails at once with EAGAIN instead of waiting for room, and that used to
+    drop the command as "the daemon went away" (issue 28). If it never gets through, the error
+    says the daemon is busy and that the command was not sent.
+    """
+    deadline = time.monotonic() + timeout_s
+    sock = _connect(path, timeout_s, deadline)
     try:
-        try:
-            sock.connect(str(path))
-        except FileNotFoundError:
-            raise ControlError(f"the daemon is not running (no control socket at {path})") from None
-        except ConnectionRefusedError:
-            raise ControlError(f"the daemon is not running (stale control socket at {path})") from None
-        except PermissionError:
-            raise ControlError(
-                f"permission denied on {path}: run as root or as a member of the daemon's group"
-            ) from None
+        sock.settimeout(timeout_s)
         sock.sendall(json.dumps(payload).encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):
@@ -261,3 +259,49 @@ def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 10.0) -> 
         raise ControlError("the daemon went away without answering")
     reply: dict[str, Any] = json.loads(data)
     return reply
+
+
+CONNECT_RETRY_FIRST_S: Final = 0.005
+CONNECT_RETRY_MAX_S: Final = 0.1
+
+
+def _connect_pause(seconds: float) -> None:
+    time.sleep(seconds)  # a seam for the tests, which want to know that a retry happened
+
+
+def _connect(path: Path, timeout_s: float, deadline: float) -> socket.socket:
+    pause_s = CONNECT_RETRY_FIRST_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(str(path))
+            return sock
+        except BlockingIOError:  # EAGAIN: the listen backlog is full; the daemon is in a burst
+            sock.close()
+        except FileNotFoundError:
+            sock.close()
+            raise ControlError(f"the daemon is not running (no control socket at {path})") from None
+        except ConnectionRefusedError:
+            sock.close()
+            raise ControlError(f"the daemon is not running (stale control socket at {path})") from None
+        except PermissionError:
+            sock.close()
+            raise ControlError(
+                f"permission denied on {path}: run as root or as a member of the daemon's group"
+            ) from None
+        except TimeoutError:
+            sock.close()
+            break
+        except OSError as exc:
+            sock.close()
+            raise ControlError(f"cannot connect to the daemon: {exc.strerror or exc}") from None
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            break
+        _connect_pause(min(pause_s, left_s))
+        pause_s = min(pause_s * 2, CONNECT_RETRY_MAX_S)
+    raise ControlError(
+        f"the daemon is busy: its control socket took no connection within {timeout_s:g} s"
+        " (a burst of clients); the command was not sent, try again"
+    )
