@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import resource
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -126,23 +128,15 @@ def test_a_burst_of_cli_requests_through_the_client_all_get_their_result(tmp_pat
     async def scenario() -> list[Any]:
         server = control.ControlServer(tmp_path / "control.sock", handler)
         await server.start()
+        loop = asyncio.get_running_loop()
         try:
-            calls = [
-                asyncio.to_thread(control.request, server.path, {"command": "status"}, timeout_s=30.0)
-                for _ in range(burst)
-            ]
-            return await asyncio.gather(*calls, return_exceptions=True)
+            with ThreadPoolExecutor(min(burst, 200)) as pool:
+                ask = functools.partial(control.request, server.path, {"command": "status"}, timeout_s=30.0)
+                calls = [loop.run_in_executor(pool, ask) for _ in range(burst)]
+                return list(await asyncio.gather(*calls, return_exceptions=True))
         finally:
             await server.close()
 
-    loop_threads = min(burst, 200)
-
-    async def with_threads() -> list[Any]:
-        from concurrent.futures import ThreadPoolExecutor
-
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(loop_threads))
-        return await scenario()
-
-    results = run(with_threads)
+    results = run(scenario)
     failures = [r for r in results if not (isinstance(r, dict) and r.get("ok"))]
     assert failures == [], f"{len(failures)} of {burst}: {failures[:3]}"
