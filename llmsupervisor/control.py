@@ -16,9 +16,13 @@ read), replacing whatever the client sent under that key. An operator's hold nam
 
 Any local client in the group can connect, so a connection is cheap to hold and bounded: its
 request must arrive within ``idle_timeout_s`` and fit in ``read_limit_bytes``; at most
-``max_connections`` are open, and a new one past that pushes out the oldest that has not sent
-its request yet (the CLI sends at once, so it always gets through). Before, 1,100 idle clients
-used up the daemon's 1,024 descriptors and the /proc sweep failed for every engine (issue 17).
+``max_connections`` are open, and a new one past that pushes out the oldest whose request has not
+arrived within ``silent_grace_s`` (admission.py); when none may make way, the new one is answered
+``{"ok": false, "busy": true, ...}`` without being read, and the client (``request``) tries again
+until its timeout: the command was not taken. Before issue 17, 1,100 idle clients used up the
+daemon's 1,024 descriptors and the /proc sweep failed for every engine; before issue 28, a burst
+pushed out connections whose requests had arrived but were not read yet ("the daemon went away
+without answering" for 32 of 100 `status` calls).
 Whatever arrives gets a JSON answer: malformed or deeply nested JSON is a "bad request", never
 an "internal error".
 """
@@ -33,10 +37,12 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
+from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, protocol_factory
 from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor.control")
@@ -46,6 +52,7 @@ ENGINE_COMMANDS: Final = frozenset({"restart", "drain", "stop", "start"})
 REQUEST_LIMIT_BYTES: Final = 64 * 1024
 IDLE_TIMEOUT_S: Final = 5.0
 MAX_CONNECTIONS: Final = 64
+BUSY_ERROR: Final = "busy: too many connections; try again"
 # After a refused request: how long and how much to keep reading before closing, so the client
 # reads our answer instead of a reset (as http_api's lingering close).
 LINGER_S: Final = 1.0
@@ -76,21 +83,23 @@ class ControlServer:
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         read_limit_bytes: int = REQUEST_LIMIT_BYTES,
+        silent_grace_s: float = SILENT_GRACE_S,
     ) -> None:
         self.path = path
         self.handler = handler
-        self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
         self.read_limit_bytes = read_limit_bytes
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        # Connections still waiting for their request, oldest first: the ones a new client may push out.
-        self._waiting: dict[asyncio.Task[None], None] = {}
-        self.refused_total = 0
+        self._crowd = Crowd(max_connections=max_connections, silent_grace_s=silent_grace_s)
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections)
+        return len(self._crowd)
+
+    @property
+    def refused_total(self) -> int:
+        """Connections pushed out or answered "busy"."""
+        return self._crowd.pushed_out_total + self._crowd.busy_total
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -109,14 +118,18 @@ class ControlServer:
             raise
         finally:
             os.umask(old_umask)
-        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        # No limit on the reader: _read_request bounds what it reads itself.
+        factory = protocol_factory(self._serve, (b"\n",), limit=2**16)
+        self._server = await asyncio.get_running_loop().create_unix_server(
+            factory, sock=sock, backlog=LISTEN_BACKLOG
+        )
         os.chmod(self.path, 0o660)
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
             # Clients still connected are ended, not waited for (3.12's wait_closed would wait).
-            tasks = list(self._connections)
+            tasks = self._crowd.tasks
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -128,45 +141,38 @@ class ControlServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         try:
-            if len(self._connections) > self.max_connections and not self._evict_one():
-                self.refused_total += 1
-                await self._reply(writer, {"ok": False, "error": "too many connections; try again"})
+            if not self._crowd.join(task, reader):
+                await self._reply(writer, {"ok": False, "busy": True, "error": BUSY_ERROR})
+                self._crowd.answered(task)
+                await _linger(reader)  # until the client, which has its answer, closes
                 return
-            self._waiting[task] = None
-            try:
-                line = await self._read_request(reader)
-            finally:
-                self._waiting.pop(task, None)
+            line = await self._read_request(reader)
             reply = await self._answer(line, peer_uid(writer))
             await self._reply(writer, reply)
         except _TooLarge:
             await self._reply(
                 writer, {"ok": False, "error": f"bad request: longer than {self.read_limit_bytes} bytes"}
             )
+            self._crowd.answered(task)
             await _linger(reader)
         except TimeoutError:
             await self._reply(
                 writer, {"ok": False, "error": f"bad request: no request within {self.idle_timeout_s:g} s"}
             )
-        except (asyncio.CancelledError, OSError, asyncio.IncompleteReadError):
-            pass  # pushed out for a newer client, the server is closing, or the client went away
+        except asyncio.CancelledError:
+            # Pushed out for a newer client (answered "busy", written as the close ends), or the
+            # server is closing.
+            if self._crowd.owes_answer(task) and not writer.is_closing():
+                writer.write(json.dumps({"ok": False, "busy": True, "error": BUSY_ERROR}).encode() + b"\n")
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the client went away
         finally:
-            self._connections.discard(task)
-            self._waiting.pop(task, None)
+            self._crowd.leave(task)
             writer.close()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await writer.wait_closed()
-
-    def _evict_one(self) -> bool:
-        for task in self._waiting:
-            del self._waiting[task]
-            task.cancel()
-            self.refused_total += 1
-            return True
-        return False
 
     async def _read_request(self, reader: asyncio.StreamReader) -> bytes:
         """One line of at most ``read_limit_bytes``, within ``idle_timeout_s``."""
@@ -247,21 +253,37 @@ def _validated(request: Any) -> dict[str, Any]:
 
 
 def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Client side (blocking, for the CLI). Raises ControlError with an operator-facing message."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout_s)
-    try:
-        try:
-            sock.connect(str(path))
-        except FileNotFoundError:
-            raise ControlError(f"the daemon is not running (no control socket at {path})") from None
-        except ConnectionRefusedError:
-            raise ControlError(f"the daemon is not running (stale control socket at {path})") from None
-        except PermissionError:
+    """Client side (blocking, for the CLI). Raises ControlError with an operator-facing message.
+
+    A full listen backlog (a burst of clients) is retried until ``timeout_s``: with a timeout set,
+    an AF_UNIX connect fails at once with EAGAIN instead of waiting for room, and that used to
+    drop the command as "the daemon went away" (issue 28). So is a "busy" answer (the daemon
+    had too many connections and did not read the command). If it never gets through, the error
+    says the daemon is busy and that the command was not sent.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause_s = CONNECT_RETRY_FIRST_S
+    while True:
+        reply = _exchange(path, payload, timeout_s, deadline)
+        left_s = deadline - time.monotonic()
+        if not reply.get("busy"):
+            return reply
+        if left_s <= 0:  # busy: the daemon took the connection but not the command
             raise ControlError(
-                f"permission denied on {path}: run as root or as a member of the daemon's group"
-            ) from None
-        sock.sendall(json.dumps(payload).encode() + b"\n")
+                f"the daemon is busy: too many connections for {timeout_s:g} s (a burst of clients);"
+                " the command was not sent, try again"
+            )
+        _connect_pause(min(pause_s, left_s))
+        pause_s = min(pause_s * 2, CONNECT_RETRY_MAX_S)
+
+
+def _exchange(path: Path, payload: dict[str, Any], timeout_s: float, deadline: float) -> dict[str, Any]:
+    sock = _connect(path, timeout_s, deadline)
+    try:
+        sock.settimeout(timeout_s)
+        # A daemon that answered "busy" without reading may have closed already: read its answer.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(json.dumps(payload).encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):
             chunk = sock.recv(65536)
@@ -278,3 +300,49 @@ def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 10.0) -> 
         raise ControlError("the daemon went away without answering")
     reply: dict[str, Any] = json.loads(data)
     return reply
+
+
+CONNECT_RETRY_FIRST_S: Final = 0.005
+CONNECT_RETRY_MAX_S: Final = 0.1
+
+
+def _connect_pause(seconds: float) -> None:
+    time.sleep(seconds)  # a seam for the tests, which want to know that a retry happened
+
+
+def _connect(path: Path, timeout_s: float, deadline: float) -> socket.socket:
+    pause_s = CONNECT_RETRY_FIRST_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(str(path))
+            return sock
+        except BlockingIOError:  # EAGAIN: the listen backlog is full; the daemon is in a burst
+            sock.close()
+        except FileNotFoundError:
+            sock.close()
+            raise ControlError(f"the daemon is not running (no control socket at {path})") from None
+        except ConnectionRefusedError:
+            sock.close()
+            raise ControlError(f"the daemon is not running (stale control socket at {path})") from None
+        except PermissionError:
+            sock.close()
+            raise ControlError(
+                f"permission denied on {path}: run as root or as a member of the daemon's group"
+            ) from None
+        except TimeoutError:
+            sock.close()
+            break
+        except OSError as exc:
+            sock.close()
+            raise ControlError(f"cannot connect to the daemon: {exc.strerror or exc}") from None
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            break
+        _connect_pause(min(pause_s, left_s))
+        pause_s = min(pause_s * 2, CONNECT_RETRY_MAX_S)
+    raise ControlError(
+        f"the daemon is busy: its control socket took no connection within {timeout_s:g} s"
+        " (a burst of clients); the command was not sent, try again"
+    )

@@ -49,6 +49,46 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, mode: int
     _fsync_directory(path.parent)
 
 
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove ``.NAME.PID.tmp`` files that ``write_json_atomic`` left beside ``path`` when its
+    process was killed mid-write (SIGKILL, a power cut) and that process is gone; a running
+    writer's file is left alone. Returns what was removed. Never raises: a leftover only costs
+    space. Call it at start, before the first write."""
+    removed: list[Path] = []
+    prefix, suffix = f".{path.name}.", ".tmp"
+    try:
+        candidates = [
+            p for p in path.parent.iterdir() if p.name.startswith(prefix) and p.name.endswith(suffix)
+        ]
+    except OSError:  # no directory yet, or not readable: nothing of ours is there
+        return removed
+    for candidate in sorted(candidates):
+        pid_text = candidate.name[len(prefix) : -len(suffix)]
+        if not (pid_text.isascii() and pid_text.isdigit()) or _running(int(pid_text)):
+            continue
+        try:
+            candidate.unlink()
+        except OSError as exc:
+            log.warning("cannot remove %s, left by a killed writer: %s", candidate, exc.strerror or exc)
+            continue
+        removed.append(candidate)
+    if removed:
+        log.info("removed %s, left by a writer that was killed mid-write", ", ".join(p.name for p in removed))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists
+    except PermissionError:
+        return True  # another user's process
+    except (ProcessLookupError, OverflowError):  # gone; or a pid no process can have
+        return False
+    return True
+
+
 def _fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

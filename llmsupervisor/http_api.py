@@ -13,12 +13,12 @@ loop, so a slow or hostile client must cost one bounded task and nothing else.
 
 A handler that raises (or runs past ``handler_timeout_s``) gives 500 (503) and is logged; the
 exception never reaches the event loop. Past ``max_connections`` open connections a new one
-pushes out the oldest connection that is still *waiting* (has not sent a complete request head,
-or lingers after an error response): such a client costs nothing to drop, and one that sends its
-request at once (a load balancer's check) is never waiting for long. Only when every connection
-is busy (in a handler or writing) does the new one get 503 at once without being read. Before,
-64 idle sockets from any local user took every engine out of rotation: each check got 503
-(issue 17, docs/reliability.md).
+pushes out one that lingers after an error response, else the oldest whose request head has not
+arrived within ``silent_grace_s`` (admission.py); one pushed out gets 503 before it is closed.
+A connection whose head has arrived is never pushed out, even before its task has read it: in a
+burst that lost requests already sent (issue 28). When none may make way, the new one gets 503
+at once without being read. Before issue 17, 64 idle sockets from any local user took every
+engine out of rotation: each check got 503 (docs/reliability.md).
 
 Routing: an exact match in ``routes`` first; otherwise the longest key of ``prefix_routes`` that
 the path starts with, whose handler gets the rest of the path (``"/engines/"`` + ``"gpu0/ready"``
@@ -31,11 +31,13 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final
 from urllib.parse import urlsplit
+
+from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, protocol_factory
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ class HttpApi:
         handler_timeout_s: float = HANDLER_TIMEOUT_S,
         max_header_bytes: int = MAX_HEADER_BYTES,
         max_connections: int = MAX_CONNECTIONS,
+        silent_grace_s: float = SILENT_GRACE_S,
     ) -> None:
         self._routes = dict(routes)
         # Longest prefix first, so "/engines/gpu0/" can override "/engines/".
@@ -120,23 +123,23 @@ class HttpApi:
         self._write_timeout_s = write_timeout_s
         self._handler_timeout_s = handler_timeout_s
         self._max_header_bytes = max_header_bytes
-        self._max_connections = max_connections
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        # Connections that may be pushed out for a new one, oldest first (dicts keep order).
-        self._waiting: dict[asyncio.Task[None], None] = {}
-        self.evicted_total = 0
+        self._crowd = Crowd(max_connections=max_connections, silent_grace_s=silent_grace_s)
+
+    @property
+    def evicted_total(self) -> int:
+        return self._crowd.pushed_out_total
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` (port 0: any free port; see ``port``)."""
         if self._server is not None:
             raise RuntimeError("HttpApi already started")
-        self._server = await asyncio.start_server(
-            self._serve,
+        self._server = await asyncio.get_running_loop().create_server(
+            # readuntil() raises LimitOverrunError past the limit, which we answer with 431.
+            protocol_factory(self._serve, (b"\n\r\n", b"\n\n"), limit=self._max_header_bytes),
             host,
             port,
-            # readuntil() raises LimitOverrunError past this, which we answer with 431.
-            limit=self._max_header_bytes,
+            backlog=LISTEN_BACKLOG,
         )
 
     @property
@@ -157,7 +160,7 @@ class HttpApi:
         if server is not None:
             server.close()
         # Before 3.12 Server.close() leaves accepted connections running: end them ourselves.
-        tasks = list(self._connections)
+        tasks = self._crowd.tasks
         for task in tasks:
             task.cancel()
         if tasks:
@@ -168,9 +171,8 @@ class HttpApi:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         try:
-            if len(self._connections) > self._max_connections and not self._evict_one():
+            if not self._crowd.join(task, reader):
                 await self._respond(writer, _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"))
                 await self._linger(reader)
                 return
@@ -181,15 +183,17 @@ class HttpApi:
             # is left to tell it. ConnectionError is an OSError too.
             pass
         except asyncio.CancelledError:
-            # close() ends open connections this way. Ending normally matters: on 3.11,
-            # StreamReaderProtocol logs a cancelled connection task as an unhandled error.
-            pass
+            # close() ends open connections this way, and a connection pushed out for a new one.
+            # Ending normally matters: on 3.11, StreamReaderProtocol logs a cancelled connection
+            # task as an unhandled error.
+            if self._crowd.owes_answer(task) and not writer.is_closing():
+                # Its request may arrive yet: an answer, not a bare close (written as close() ends).
+                writer.write(_head_and_body(_error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections")))
         except Exception:
             # Never let one connection's failure reach the loop's exception handler.
             log.exception("HTTP connection failed")
         finally:
-            self._connections.discard(task)
-            self._waiting.pop(task, None)
+            self._crowd.leave(task)
             writer.close()
             try:
                 async with asyncio.timeout(self._write_timeout_s):
@@ -199,31 +203,11 @@ class HttpApi:
             except Exception:
                 pass  # the connection is gone either way
 
-    def _evict_one(self) -> bool:
-        """Cancel the oldest waiting connection to make room; False when none is waiting."""
-        for task in self._waiting:
-            del self._waiting[task]
-            task.cancel()
-            self.evicted_total += 1
-            return True
-        return False
-
-    @contextlib.contextmanager
-    def _evictable(self) -> Iterator[None]:
-        task = asyncio.current_task()
-        assert task is not None
-        self._waiting[task] = None
-        try:
-            yield
-        finally:
-            self._waiting.pop(task, None)
-
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head_only = False
         try:
-            with self._evictable():
-                async with asyncio.timeout(self._read_timeout_s):
-                    head = await self._read_head(reader)
+            async with asyncio.timeout(self._read_timeout_s):
+                head = await self._read_head(reader)
             request = _parse(head)
         except TimeoutError:
             response = _error(HTTPStatus.REQUEST_TIMEOUT, "request headers too slow")
@@ -243,7 +227,10 @@ class HttpApi:
         sending (a 431 for a huge header, a body we never read) may then lose our response
         instead of reading it. Apache's "lingering close" does the same.
         """
-        with self._evictable(), contextlib.suppress(TimeoutError, ConnectionError):
+        task = asyncio.current_task()
+        assert task is not None
+        self._crowd.answered(task)  # answered: the first to make way for a new connection
+        with contextlib.suppress(TimeoutError, ConnectionError):
             async with asyncio.timeout(LINGER_S):
                 budget = LINGER_BYTES
                 while budget > 0 and (chunk := await reader.read(min(budget, 4096))):
@@ -299,27 +286,32 @@ class HttpApi:
     async def _respond(
         self, writer: asyncio.StreamWriter, response: Response, *, head_only: bool = False
     ) -> None:
-        try:
-            reason = HTTPStatus(response.status).phrase
-        except ValueError:
-            reason = ""
-        headers = [
-            f"HTTP/1.1 {response.status} {reason}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(response.body)}",
-            "Connection: close",
-            "Cache-Control: no-store",
-        ]
-        if response.status == HTTPStatus.METHOD_NOT_ALLOWED:
-            headers.append("Allow: " + ", ".join(ALLOWED_METHODS))
-        data = ("\r\n".join(headers) + "\r\n\r\n").encode("latin-1")
-        if not head_only:
-            data += response.body
+        data = _head_and_body(response, head_only=head_only)
         async with asyncio.timeout(self._write_timeout_s):
             writer.write(data)
             await writer.drain()
             if writer.can_write_eof():
                 writer.write_eof()
+
+
+def _head_and_body(response: Response, *, head_only: bool = False) -> bytes:
+    try:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = ""
+    headers = [
+        f"HTTP/1.1 {response.status} {reason}",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body)}",
+        "Connection: close",
+        "Cache-Control: no-store",
+    ]
+    if response.status == HTTPStatus.METHOD_NOT_ALLOWED:
+        headers.append("Allow: " + ", ".join(ALLOWED_METHODS))
+    data = ("\r\n".join(headers) + "\r\n\r\n").encode("latin-1")
+    if not head_only:
+        data += response.body
+    return data
 
 
 def _bind(handler: PrefixHandler, rest: str) -> Handler:
@@ -344,7 +336,10 @@ def _parse(head: bytes) -> _Request:
     if target.startswith("/"):
         path = target.split("?", 1)[0]
     elif target.startswith(("http://", "https://")):  # absolute-form, as sent through a proxy
-        path = urlsplit(target).path or "/"
+        try:
+            path = urlsplit(target).path or "/"
+        except ValueError:  # "http://[/x": an unclosed IPv6 bracket (no answer and a traceback before)
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request target") from None
     else:
         raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request target")
     if any(ch.isspace() or not ch.isprintable() for ch in path):

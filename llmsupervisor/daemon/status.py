@@ -25,7 +25,7 @@ from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
-from llmsupervisor.files import write_json_atomic
+from llmsupervisor.files import remove_stale_temporaries, write_json_atomic
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.nvml import GpuSample
@@ -266,6 +266,8 @@ class StatusFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # A daemon killed mid-write (SIGKILL) left its temporary file; nothing else removes it.
+        remove_stale_temporaries(path)
         self._written: str | None = None
         self._written_at_s = 0.0
         self._pending: dict[str, Any] | None = None

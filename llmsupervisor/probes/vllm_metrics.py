@@ -15,8 +15,11 @@ wins. Rules that follow from how vLLM exposes them (docs/vllm-notes.md §3.1):
   ``max_body_bytes`` (read as a stream and abandoned at the cap) and one with more than
   ``MAX_SERIES`` samples of the families read (a label that takes a new value on every scrape);
 - one absurd histogram (a missing, non-numeric or NaN ``le``, a negative or non-finite count,
-  counts that go down as ``le`` goes up, more than ``MAX_BUCKETS`` bounds) is dropped (``None``),
-  and the rest of the scrape is kept; ``finished_reason`` keeps ``MAX_LABEL_VALUES`` values, the
+  a count past ``MAX_COUNT``, counts that go down as ``le`` goes up, more than ``MAX_BUCKETS``
+  bounds) is dropped (``None``), and so is a counter or gauge whose sum is not a finite number
+  (``+Inf`` and ``-Inf`` on two engines) or a count past ``MAX_COUNT``; the rest of the scrape is
+  kept (before issue 28 a bucket count of 1e30 failed the whole parse), and each drop is logged at
+  most once a minute per family. ``finished_reason`` keeps ``MAX_LABEL_VALUES`` values, the
   rest summed under ``"other"``. Every observation window holds ~1,200 scrapes per engine: before
   these caps a hostile body could make one engine's window 812 MB (issue 17).
 
@@ -46,11 +49,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import math
 import re
 import sys
+import threading
+import time
 from array import array
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -60,6 +66,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.probe_http import ProbeHttp, ProbeHttpError, TooLarge
+
+log = logging.getLogger(__name__)
 
 SleepState = Literal["awake", "weights_offloaded", "discard_all"]
 
@@ -110,6 +118,10 @@ DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024  # vLLM 0.32's body: ~60 kB
 MAX_SERIES: Final = 20_000  # samples of the families read, per scrape
 MAX_BUCKETS: Final = 256  # distinct `le` bounds of one histogram
 MAX_LABEL_VALUES: Final = 64  # distinct finished_reason values kept; the rest sum under "other"
+# The largest count kept: a histogram's counts are packed as int64 (Histogram), and no engine
+# counts past it; a larger one is absurd, and its series is dropped.
+MAX_COUNT: Final = 2**63 - 1
+DROP_LOG_EVERY_S: Final = 60.0
 OTHER_LABEL_VALUE: Final = "other"
 _SLEEP_STATES: Final[tuple[SleepState, ...]] = ("discard_all", "weights_offloaded", "awake")
 
@@ -369,11 +381,38 @@ def _first(store: Mapping[str, _Series], canonical: str, present: set[str]) -> _
     return None
 
 
-def _total(series: _Series | None) -> float | None:
+# family -> when its last drop was logged (time.monotonic); written from the parse threads.
+_DROPS_LOGGED_S: dict[str, float] = {}
+_DROPS_LOCK: Final = threading.Lock()
+DROPPED_SERIES: Counter[str] = Counter()  # family -> series dropped as absurd, since start
+
+
+def _dropped(family: str, why: str) -> None:
+    """Count a dropped series, and log it at most once per ``DROP_LOG_EVERY_S`` per family:
+    a broken engine sends the same absurd value on every scrape."""
+    now = time.monotonic()
+    with _DROPS_LOCK:
+        DROPPED_SERIES[family] += 1
+        last = _DROPS_LOGGED_S.get(family)
+        loud = last is None or now - last >= DROP_LOG_EVERY_S
+        if loud:
+            _DROPS_LOGGED_S[family] = now
+    if loud:
+        log.warning("/metrics: dropped %s (%s); the rest of the scrape is kept", family, why)
+
+
+def _total(series: _Series | None, family: str = "") -> float | None:
     if series is None:
         return None
-    total = math.fsum(value for _, value in series)
-    return total if math.isfinite(total) else None
+    try:
+        total = math.fsum(value for _, value in series)
+    except (ValueError, OverflowError):  # +Inf and -Inf together; or finite values that overflow
+        total = math.nan
+    if not math.isfinite(total):
+        if family:
+            _dropped(family, "its sum is not a finite number")
+        return None
+    return total
 
 
 def _worst(series: _Series | None) -> float | None:
@@ -385,9 +424,18 @@ def _worst(series: _Series | None) -> float | None:
     return max(values) if values else None
 
 
-def _count(series: _Series | None) -> int | None:
-    total = _total(series)
-    return None if total is None else round(total)
+def _count(series: _Series | None, family: str = "") -> int | None:
+    total = _total(series, family)
+    if total is None:
+        return None
+    if abs(total) > MAX_COUNT:
+        _dropped(family, f"a count of {total:g}")
+        return None
+    return round(total)
+
+
+def _count_of(store: Mapping[str, _Series], canonical: str, present: set[str]) -> int | None:
+    return _count(_first(store, canonical, present), canonical)
 
 
 def _by_label(series: _Series | None, label: str) -> dict[str, float] | None:
@@ -411,12 +459,14 @@ def _histogram(store: Mapping[str, _Series], canonical: str, present: set[str]) 
             continue
         present.add(canonical)
         ordered = _buckets(buckets or [])
-        count = _count(counts)
+        count = _count(counts, base + "_count")
         if ordered is None or (count is not None and count < 0) or (counts and count is None):
+            if ordered is None:
+                _dropped(base, "an absurd bucket")
             return None  # one absurd histogram: drop it, keep the rest of the scrape
         if count is None:
             count = ordered[-1][1] if ordered else 0
-        total = _total(store.get(base + "_sum"))
+        total = _total(store.get(base + "_sum"), base + "_sum")
         return Histogram(buckets=ordered, sum=0.0 if total is None else total, count=count)
     return None
 
@@ -432,6 +482,8 @@ def _buckets(series: _Series) -> tuple[tuple[float, int], ...] | None:
         if math.isnan(le) or not math.isfinite(value) or value < 0:
             return None
         by_le[le] += value
+        if by_le[le] > MAX_COUNT:
+            return None  # it would not fit the packed counts (an OverflowError failed the scrape)
         if len(by_le) > MAX_BUCKETS:
             return None
     ordered = tuple((le, round(v)) for le, v in sorted(by_le.items()))
@@ -459,19 +511,21 @@ def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
         present: set[str] = set()
         reasons = _by_label(_first(store, "vllm:request_success_total", present), "finished_reason")
         return EngineMetrics(
-            requests_running=_count(_first(store, "vllm:num_requests_running", present)),
-            requests_waiting=_count(_first(store, "vllm:num_requests_waiting", present)),
-            requests_swapped=_count(_first(store, "vllm:num_requests_swapped", present)) or 0,
+            requests_running=_count_of(store, "vllm:num_requests_running", present),
+            requests_waiting=_count_of(store, "vllm:num_requests_waiting", present),
+            requests_swapped=_count_of(store, "vllm:num_requests_swapped", present) or 0,
             kv_usage_ratio=_worst(_first(store, "vllm:kv_cache_usage_perc", present)),
-            preemptions_total=_count(_first(store, "vllm:num_preemptions_total", present)),
-            prompt_tokens_total=_count(_first(store, "vllm:prompt_tokens_total", present)),
-            generation_tokens_total=_count(_first(store, "vllm:generation_tokens_total", present)),
-            iterations_total=_count(_first(store, "vllm:iteration_tokens_total_count", present)),
-            prefix_cache_queries_total=_count(_first(store, "vllm:prefix_cache_queries_total", present)),
-            prefix_cache_hits_total=_count(_first(store, "vllm:prefix_cache_hits_total", present)),
+            preemptions_total=_count_of(store, "vllm:num_preemptions_total", present),
+            prompt_tokens_total=_count_of(store, "vllm:prompt_tokens_total", present),
+            generation_tokens_total=_count_of(store, "vllm:generation_tokens_total", present),
+            iterations_total=_count_of(store, "vllm:iteration_tokens_total_count", present),
+            prefix_cache_queries_total=_count_of(store, "vllm:prefix_cache_queries_total", present),
+            prefix_cache_hits_total=_count_of(store, "vllm:prefix_cache_hits_total", present),
             request_success_total_by_reason=None
             if reasons is None
-            else MappingProxyType({k: round(v) for k, v in reasons.items() if math.isfinite(v)}),
+            else MappingProxyType(
+                {k: round(v) for k, v in reasons.items() if math.isfinite(v) and abs(v) <= MAX_COUNT}
+            ),
             ttft_seconds=_histogram(store, "vllm:time_to_first_token_seconds", present),
             e2e_latency_seconds=_histogram(store, "vllm:e2e_request_latency_seconds", present),
             itl_seconds=_histogram(store, "vllm:inter_token_latency_seconds", present),
@@ -542,8 +596,10 @@ async def fetch_metrics(
 __all__ = [
     "ALIASES",
     "DEFAULT_MAX_BODY_BYTES",
+    "DROPPED_SERIES",
     "HISTOGRAM_ROWS",
     "MAX_BUCKETS",
+    "MAX_COUNT",
     "MAX_LABEL_VALUES",
     "MAX_SERIES",
     "EngineMetrics",

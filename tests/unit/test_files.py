@@ -8,12 +8,15 @@ import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from llmsupervisor.files import MAX_CORRUPT_KEPT, read_json, write_json_atomic
+from llmsupervisor.daemon.status import StatusFile
+from llmsupervisor.files import MAX_CORRUPT_KEPT, read_json, remove_stale_temporaries, write_json_atomic
 
 
 @pytest.fixture
@@ -146,3 +149,31 @@ def test_the_control_socket_is_0660_under_the_units_umask(tmp_path: Path, umask:
     assert asyncio.run(scenario()) == 0o660
     write_json_atomic(tmp_path / "status.json", {})
     assert stat.S_IMODE((tmp_path / "status.json").stat().st_mode) == 0o640
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (not reused within a test)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_temporaries_of_dead_writers_are_removed_and_others_kept(tmp_path: Path) -> None:
+    """A SIGKILL during a write leaves .NAME.PID.tmp behind; it was never removed (issue 28)."""
+    path = tmp_path / "status.json"
+    dead = tmp_path / f".status.json.{_dead_pid()}.tmp"
+    alive = tmp_path / f".status.json.{os.getppid()}.tmp"  # a running writer's: not ours to remove
+    unrelated = [tmp_path / ".status.json.abc.tmp", tmp_path / f".ladder.json.{_dead_pid()}.tmp"]
+    for file in (dead, alive, *unrelated):
+        file.write_text("{")
+    assert remove_stale_temporaries(path) == [dead]
+    assert not dead.exists()
+    assert alive.exists() and all(f.exists() for f in unrelated)
+    assert remove_stale_temporaries(tmp_path / "missing" / "status.json") == []
+
+
+def test_the_status_file_removes_a_temporary_left_by_a_killed_daemon(tmp_path: Path) -> None:
+    stale = tmp_path / f".status.json.{_dead_pid()}.tmp"
+    stale.write_text('{"half": ')
+    StatusFile(tmp_path / "status.json")
+    assert not stale.exists()

@@ -369,3 +369,30 @@ def _check_metrics(result: EngineMetrics | ProbeFailure) -> None:
 @given(body=bodies)
 def test_any_metrics_body(body: str) -> None:
     _check_metrics(parse_metrics(body))
+
+
+# Well-formed lines of the families read, with any number as the value: absurd numbers (1e30,
+# +Inf and -Inf on two engines of one counter, 1e308 twice) drop their series, never the scrape.
+absurd_numbers = st.one_of(
+    st.floats().map(repr),
+    st.sampled_from(["1e30", "-1e30", "1e308", "+Inf", "-Inf", "NaN", "9223372036854775808", "0", "1"]),
+)
+safe_label_values = st.one_of(
+    st.sampled_from(["+Inf", "-Inf", "NaN", "0.1", "1", "stop", "awake", "0", "1e30"]),
+    st.floats(allow_nan=False).map(repr),
+)
+
+
+@st.composite
+def well_formed_lines(draw: st.DrawFn) -> str:
+    name = draw(st.sampled_from(METRIC_NAMES))
+    labels = draw(st.dictionaries(label_names, safe_label_values, max_size=3))
+    rendered = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{name}{{{rendered}}} {draw(absurd_numbers)}" if labels else f"{name} {draw(absurd_numbers)}"
+
+
+@given(lines=st.lists(well_formed_lines(), max_size=40))
+def test_a_well_formed_body_with_absurd_numbers_is_never_a_parse_failure(lines: list[str]) -> None:
+    result = parse_metrics("\n".join(lines) + "\nvllm:num_requests_running 3\n")
+    assert isinstance(result, EngineMetrics), (result, lines)
+    _check_metrics(result)

@@ -225,18 +225,25 @@ def test_a_handler_past_its_deadline_gives_503() -> None:
         pytest.param(b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", id="header-no-colon"),
         pytest.param(b"GET / HTTP/1.1\r\nHost : x\r\n\r\n", id="space-before-colon"),
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", id="obs-fold"),
+        # urlsplit raises ValueError on these: no answer and a traceback before issue 28.
+        pytest.param(b"GET http://[/healthz HTTP/1.1\r\nHost: x\r\n\r\n", id="absolute-form-open-bracket"),
+        pytest.param(b"GET http://[::1/healthz HTTP/1.1\r\nHost: x\r\n\r\n", id="absolute-form-ipv6"),
+        pytest.param(b"GET https://a]/x HTTP/1.1\r\nHost: x\r\n\r\n", id="absolute-form-stray-bracket"),
     ],
 )
-def test_malformed_requests_get_400(request_bytes: bytes) -> None:
+def test_malformed_requests_get_400(request_bytes: bytes, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         async with serving(ROUTES) as (api, client):
             raw = await raw_exchange(api.port, request_bytes)
             assert status_of(raw) == 400
             body = raw.split(b"\r\n\r\n", 1)[1]
             assert headers_of(raw)["content-length"] == str(len(body))
+            assert body.startswith(b"400 Bad Request: ")
             assert (await client.get("/")).status_code == 200
 
     run(scenario)
+    # A bad request is the client's mistake: nothing logged as an error, no traceback.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_lenient_but_valid_requests_are_served() -> None:

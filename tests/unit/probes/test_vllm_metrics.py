@@ -530,3 +530,58 @@ def test_fetch_has_one_overall_deadline() -> None:
     assert time.monotonic() - started < 1.0
     assert isinstance(result, ProbeFailure)
     assert result.kind == "timeout"
+
+
+# ---- one absurd value drops its series, never the scrape (issue 28, point 5) ----
+
+_REST = (
+    'vllm:time_to_first_token_seconds_bucket{le="0.1"} 1\n'
+    'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 4\n'
+    "vllm:time_to_first_token_seconds_count 4\n"
+    "vllm:time_to_first_token_seconds_sum 2.5\n"
+    "vllm:num_requests_running 3\n"
+    'vllm:prompt_tokens_total{engine="0"} 10\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("bad", "dropped"),
+    [
+        # round(1e30) does not fit the histogram's int64 array: OverflowError failed the parse.
+        pytest.param('vllm:e2e_request_latency_seconds_bucket{le="1.0"} 1e30\n', "e2e", id="bucket-1e30"),
+        pytest.param("vllm:e2e_request_latency_seconds_count 1e30\n", "e2e", id="count-1e30"),
+        # fsum raises ValueError on +Inf and -Inf together (OverflowError on a finite overflow).
+        pytest.param(
+            'vllm:generation_tokens_total{engine="0"} +Inf\nvllm:generation_tokens_total{engine="1"} -Inf\n',
+            "generation",
+            id="counter-plus-and-minus-inf",
+        ),
+        pytest.param(
+            'vllm:generation_tokens_total{engine="0"} 1e308\n'
+            'vllm:generation_tokens_total{engine="1"} 1e308\n',
+            "generation",
+            id="counter-fsum-overflow",
+        ),
+        pytest.param(
+            'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 1\n'
+            'vllm:e2e_request_latency_seconds_sum{engine="0"} +Inf\n'
+            'vllm:e2e_request_latency_seconds_sum{engine="1"} -Inf\n',
+            "e2e-sum",
+            id="histogram-sum-plus-and-minus-inf",
+        ),
+    ],
+)
+def test_one_absurd_value_drops_its_series_and_keeps_the_scrape(bad: str, dropped: str) -> None:
+    before = sum(vllm_metrics.DROPPED_SERIES.values())
+    result = parse_metrics(bad + _REST)
+    assert isinstance(result, EngineMetrics), result
+    assert sum(vllm_metrics.DROPPED_SERIES.values()) > before  # counted (and logged once a minute)
+    assert result.requests_running == 3
+    assert result.prompt_tokens_total == 10
+    assert result.ttft_seconds is not None and result.ttft_seconds.count == 4
+    if dropped == "e2e":
+        assert result.e2e_latency_seconds is None
+    elif dropped == "generation":
+        assert result.generation_tokens_total is None
+    else:  # a histogram with an unreadable sum keeps its buckets, its sum unknown (0.0)
+        assert result.e2e_latency_seconds is not None and result.e2e_latency_seconds.sum == 0.0
