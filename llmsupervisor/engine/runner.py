@@ -19,7 +19,9 @@ A pass of the loop::
                              or FATAL (budget spent; an operator `start` tries again)
 
 The runner takes its inbox only at its own waits (``_pause``), so what it should be doing never
-changes in the middle of a step, and a command sent at any time wakes it at once.
+changes in the middle of a step, and a command sent at any time wakes it at once. Its helpers'
+tasks (the output readers, a prefix-cache reset) report what they saw to that inbox too, and the
+runner alone publishes, from its own task; ``build_status`` (engine/status.py) makes the status.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import Observation
-from llmsupervisor.core.restarts import should_reset
 from llmsupervisor.core.state import SERVING, EngineState, rotation_target
 from llmsupervisor.engine.commands import (
     Command,
@@ -51,13 +53,22 @@ from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, take_evidence
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import launch
-from llmsupervisor.engine.ledger import Ledger
+from llmsupervisor.engine.ledger import Ledger, rotation_reason, start_reason
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
-from llmsupervisor.engine.output import OutputForwarder, later_phase
+from llmsupervisor.engine.output import OutputForwarder, OutputSeen
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.engine.readiness import Readiness, await_ready
-from llmsupervisor.engine.repair import PrefixRepair
-from llmsupervisor.engine.status import EngineStatus, Incarnation
+from llmsupervisor.engine.repair import PrefixRepair, ResetDone
+from llmsupervisor.engine.status import (
+    EngineStatus,
+    Incarnation,
+    Observed,
+    StartProgress,
+    Tally,
+    build_status,
+    down_since,
+    seen,
+)
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -105,27 +116,25 @@ class EngineRunner:
         self._ledger = ledger or Ledger(spec.name, now=aio.now())
         self._desired = desired or Desired(run=spec.enabled)
         self._inbox: collections.deque[Command] = collections.deque()
+        # What the helpers' tasks saw, for the runner to take at its waits: output lines do not
+        # wake it (a start's phase waits for the next readiness poll), a reset's end does.
+        self._reports: collections.deque[OutputSeen | ResetDone] = collections.deque()
         self._wake = asyncio.Event()
         self._ladder = LadderStore(procs.state_dir, spec)
         self._proc: EngineProcess | None = None
         self._inc: Incarnation | None = None
         self._output: OutputForwarder | None = None
         self._observer: Observer | None = None
-        self._gave_up = self._ledger.state is S.FATAL  # only an operator's Start tries again
         # A stop, restart or failure is being carried out (from the drain to the next READY or
-        # rest): the policy must leave the engine alone meanwhile.
+        # rest): the policy must leave the engine alone meanwhile. Not a state: the STARTING of
+        # a restart is busy, a first start is not.
         self._acting = False
-        self._start_failed_oom = False
-        self._start_phase: str | None = None  # how far the current start has come (STARTING only)
-        self._repair = PrefixRepair(spec.name, on_done=self._publish)
-        self._canary_latency_s: float | None = None
-        self._canaries_total = 0  # canaries answered, readiness ones included: not traffic
-        self._commands_taken = 0
-        self._rounds_total = 0
-        self._last_round_s = 0.0
+        self._start = StartProgress()
+        self._repair = PrefixRepair(spec.name, report=self._report_now)
+        self._reset_supported: bool | None = None  # None: not tried yet
+        self._tally = Tally()
         self._down_since_s: float | None = None
-        self._track_down()
-        self._status = self._build_status()
+        self._publish(quietly=True)
 
     # ---- the contract ----
 
@@ -148,70 +157,74 @@ class EngineRunner:
         return self._desired
 
     def _count_canary(self) -> None:
-        self._canaries_total += 1
+        self._tally.canary_requests_total += 1
 
-    def _track_down(self) -> None:
-        """Since when the engine is meant to serve and does not: None while it serves (READY,
-        SHEDDING) or an operator holds it (drained, stopped, disabled). A hold's end starts the
-        clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
-        d = self._desired
-        meant = d.run and not d.final and not d.held
-        if not meant or self._ledger.state in (S.READY, S.SHEDDING):
-            self._down_since_s = None
-        elif self._down_since_s is None:
-            self._down_since_s = aio.now()
-
-    def _publish(self) -> None:
-        self._track_down()
-        self._status = self._build_status()
-        self._changed.set(self.name)
-
-    def _build_status(self) -> EngineStatus:
-        d, spec = self._desired, self._spec
-        stop_pending = self._ledger.state in SERVING and (not d.run or d.final)
-        if self._observer is not None:
-            self._canary_latency_s = self._observer.canary_latency_s
-        return EngineStatus(
-            name=self.name,
-            spec=spec,
-            **self._ledger.facts(now=aio.now(), policy=spec.restart_policy),
+    def _publish(self, *, quietly: bool = False) -> None:
+        """The one place a status is made, on this runner's task only."""
+        now, obs = aio.now(), self._observer
+        self._down_since_s = down_since(self._down_since_s, self._desired, self._ledger.state, now=now)
+        observed = None
+        if obs is not None:
+            observed = Observed(
+                findings=obs.findings,
+                served=obs.served,
+                load=obs.load(),
+                canary_latency_s=obs.canary_latency_s,
+            )
+        self._status = build_status(
+            self._spec,
+            now=now,
+            ledger=self._ledger,
+            desired=self._desired,
             incarnation=self._inc,
-            wants_run=d.run and not d.final,
-            held=d.held,
-            shed=d.shed,
-            final=d.final,
-            busy=d.restart is not None or self._repair.running or stop_pending or self._acting,
-            findings=self._observer.findings if self._observer is not None else (),
-            ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
-            ladder_steps=len(spec.ladder),
-            start_failed_oom=self._start_failed_oom,
-            start_phase=self._start_phase if self._ledger.state is S.STARTING else None,
-            prefix_reset_supported=self._repair.supported,
-            canary_latency_s=self._canary_latency_s,
-            canary_requests_total=self._canaries_total,
+            next_step=self._ladder.step,
+            start=self._start,
+            observed=observed,
+            tally=self._tally,
+            resetting=self._repair.running,
+            reset_supported=self._reset_supported,
+            acting=self._acting,
             down_since_s=self._down_since_s,
-            served=self._observer.served if self._observer is not None else None,
-            commands_taken=self._commands_taken,
-            rounds_total=self._rounds_total,
-            last_round_s=self._last_round_s,
-            load=self._observer.load() if self._observer is not None else None,
         )
+        if not quietly:
+            self._changed.set(self.name)
 
-    # ---- commands ----
+    # ---- commands and reports ----
+
+    def _report_now(self, report: OutputSeen | ResetDone) -> None:
+        self._reports.append(report)
+        self._wake.set()
+
+    def _fold(self, report: OutputSeen | ResetDone) -> bool:
+        """Take one report; whether it changed anything to publish. A start's progress counts
+        only while STARTING (an OOM of a serving engine is no failed start)."""
+        if isinstance(report, ResetDone):
+            self._reset_supported = report.supported
+            return True
+        if self._ledger.state is not S.STARTING or (progress := seen(self._start, report)) == self._start:
+            return False
+        self._start = progress
+        return True
+
+    def _take_reports(self) -> bool:
+        changed = False
+        while self._reports:
+            changed = self._fold(self._reports.popleft()) or changed
+        return changed
 
     def _take_inbox(self) -> None:
-        """Fold the inbox into Desired. Called only from this runner's own task."""
-        if not self._inbox:
+        """Fold the inbox into Desired, and the reports. Called only from this runner's own task."""
+        changed = self._take_reports()
+        if not self._inbox and not changed:
             return
         while self._inbox:
             cmd = self._inbox.popleft()
-            self._commands_taken += 1
-            if isinstance(cmd, Start) and self._gave_up and not self._desired.final:
-                self._gave_up = False
+            self._tally.commands_taken += 1
+            if isinstance(cmd, Start) and self._ledger.gave_up and not self._desired.final:
                 self._ledger.reset_budget("operator start")
             elif isinstance(cmd, StepTo):
                 self._ladder.set(cmd.step, cmd.reason)
-                self._start_failed_oom = False
+                self._start = replace(self._start, failed_oom=False)
             elif isinstance(cmd, ResetPrefixCache):
                 self._repair.start(self._http, cmd.reason, verify_s=self._spec.repair_verify_s)
             self._desired = apply(self._desired, cmd)
@@ -243,7 +256,7 @@ class EngineRunner:
             self._take_inbox()
             while True:
                 d = self._desired
-                if d.final or not d.run or self._gave_up:
+                if d.final or not d.run or self._ledger.gave_up:
                     self._acting = False
                     if self._ledger.state is S.BACKOFF:
                         self._to(S.STOPPED, "stop requested during backoff")
@@ -286,27 +299,21 @@ class EngineRunner:
         self._apply_spec()
         self._desired = restart_taken(self._desired)
         spec, step = self._spec, self._ladder.step
-        self._start_failed_oom = False
-        self._start_phase = None
-        last_failure = self._ledger.history.last_failure
-        reason = "start" if self._ledger.state in (S.STOPPED, S.FATAL) else f"restart after: {last_failure}"
-
-        if step:
-            reason += f" at ladder step {step}/{len(spec.ladder)}"
-        self._to(S.STARTING, reason)
+        self._start = StartProgress()
+        ledger = self._ledger
+        self._to(S.STARTING, start_reason(ledger.state, ledger.history.last_failure, step, len(spec.ladder)))
         launched = await launch(spec, step, self._procs)
         if launched.proc is not None:
             proc = self._proc = launched.proc
             self._inc = Incarnation(
                 number=self._ledger.spawned(), pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
-            self._start_phase = "spawned"
+            self._start = StartProgress(phase="spawned")
             self._output = OutputForwarder(
                 self.name,
                 proc.pid,
                 (proc.stdout_fd, proc.stderr_fd),
-                self._on_oom,
-                self._on_phase,
+                self._reports.append,
                 drop_probe_access=not spec.log_probe_requests,
             )
             self._publish()
@@ -319,10 +326,10 @@ class EngineRunner:
             self._proc,
             pause=self._pause,
             interrupted=self._start_interrupted,
-            on_canary=lambda: self._on_phase("canary"),
+            on_canary=self._canary_phase,
         )
         if result is Readiness.READY:
-            self._canary_latency_s = latency_s
+            self._tally.canary_latency_s = latency_s
             if latency_s is not None:
                 self._count_canary()
             return Outcome.READY, why
@@ -358,16 +365,8 @@ class EngineRunner:
             sweeper=self._sweeper,
             on_canary=self._count_canary,
         )
-        self._observer.note_canary(self._canary_latency_s)
-        self._inc = inc = Incarnation(
-            number=inc.number,
-            pid=inc.pid,
-            pgid=inc.pgid,
-            step=inc.step,
-            started_s=inc.started_s,
-            ready_since_s=now,
-            scheduled_due_s=due_s,
-        )
+        self._observer.note_canary(self._tally.canary_latency_s)
+        self._inc = inc = replace(inc, ready_since_s=now, scheduled_due_s=due_s)
         self._ledger.reached_ready()
         self._acting = False
         self._to(S.READY, "ready")
@@ -386,17 +385,15 @@ class EngineRunner:
                 await self._pause(left)
                 continue
             due_at_s = next_round_s
-            policy = spec.restart_policy
-            if self._ledger.history.failures.times_s and should_reset(inc.ready_since_s, aio.now(), policy):
-                self._ledger.reset_budget(f"ready for {aio.now() - (inc.ready_since_s or 0.0):.0f} s")
+            self._ledger.settled(inc.ready_since_s, now=aio.now(), policy=spec.restart_policy)
             obs = await self._observe_unless_interrupted(proc)
             next_round_s = aio.now() + self._tick_s
             if obs is None:
                 continue  # a stop or restart came in: act on it now, not after a slow canary
             # Timed from when the round was due: waking late because the shared loop was busy
             # is part of what a round costs (and what bench/overhead sees from outside).
-            self._rounds_total += 1
-            self._last_round_s = aio.now() - due_at_s
+            self._tally.rounds_total += 1
+            self._tally.last_round_s = aio.now() - due_at_s
             self._publish()
             if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (docs/vllm-notes.md §6).
@@ -429,15 +426,7 @@ class EngineRunner:
         walking only EDGES (core.state.rotation_target)."""
         d = self._desired
         while (target := rotation_target(self._ledger.state, held=d.held, shed=d.shed)) is not None:
-            if target is S.DRAINING:
-                why = "drain requested: out of rotation until started again"
-            elif target is S.SHEDDING:
-                why = f"shedding load: {d.shed}"
-            elif self._ledger.state is S.DRAINING:
-                why = "drain cancelled: back in rotation"
-            else:
-                why = "load shedding over: back in rotation"
-            self._to(target, why)
+            self._to(target, rotation_reason(self._ledger.state, target, d.shed))
 
     # ---- stopping and failing ----
 
@@ -473,9 +462,11 @@ class EngineRunner:
         if self._output is not None:
             await self._output.close()
             self._output = None
+            self._take_reports()  # what the pipes still said (an OOM line after the exit); published below
         pids = frozenset({proc.pid})
         if self._observer is not None:
             pids |= self._observer.engine_pids
+            self._tally.canary_latency_s = self._observer.canary_latency_s  # shown after it stops
             self._observer.close("engine stopped")
             self._observer = None
         self._repair.cancel()
@@ -500,23 +491,20 @@ class EngineRunner:
                         self._ledger.incident(str(path))
                         self._publish()
             await self._terminate(quick=True)
+        self._acting = False
         if verdict.give_up:
-            self._gave_up = True
-            self._acting = False
-            why = f"{reason}; {verdict.budget}, giving up (llm-supervisor start {self.name} retries)"
-            self._to(S.FATAL, why)
+            self._to(S.FATAL, verdict.give_up_reason(reason, self.name))
             return
-        count, delay_s = verdict.failures, verdict.backoff_s
+        delay_s = verdict.backoff_s
         # A start that ran out of memory waits for the policy's turn (bounded): it decides
         # whether the next spawn runs a batch step down, and a 0 s backoff would not let it.
-        oom_step = self._start_failed_oom and self._ladder.step < len(self._spec.ladder)
+        oom_step = self._start.failed_oom and self._ladder.step < len(self._spec.ladder)
         wait_s = max(delay_s, POLICY_TURN_S) if oom_step else delay_s
-        self._acting = False
-        self._to(S.BACKOFF, f"{reason}; failure {count}/{policy.max_failures}, restarting in {wait_s:.1f} s")
+        self._to(S.BACKOFF, verdict.backoff_reason(reason, policy, wait_s))
         deadline = aio.now() + wait_s
         # An operator's restart during the backoff means "try now"; so does the policy's step.
         while (left := deadline - aio.now()) > 0 and self._wants_start() and self._desired.restart is None:
-            if oom_step and not self._start_failed_oom and aio.now() >= deadline - wait_s + delay_s:
+            if oom_step and not self._start.failed_oom and aio.now() >= deadline - wait_s + delay_s:
                 break
             await self._pause(left)
         if self._wants_start():
@@ -538,20 +526,12 @@ class EngineRunner:
         self._http = self._http_for(spec)
         self._publish()
 
-    def _exit_text(self, proc: EngineProcess) -> str:
-        assert proc.exit_status is not None
-        return proc.exit_status.describe()
-
     def _record_exit(self, proc: EngineProcess) -> None:
         """An exit nobody asked for: what it was, and when (`status` shows "crashed ... ago")."""
-        self._ledger.exited(self._exit_text(proc), now=aio.now())
+        assert proc.exit_status is not None
+        self._ledger.exited(proc.exit_status.describe(), now=aio.now())
 
-    def _on_phase(self, phase: str) -> None:
-        if self._ledger.state is S.STARTING and later_phase(self._start_phase, phase):
-            self._start_phase = phase
-            self._publish()
-
-    def _on_oom(self) -> None:
-        if self._ledger.state is S.STARTING and not self._start_failed_oom:
-            self._start_failed_oom = True
+    def _canary_phase(self) -> None:
+        """The readiness canary is under way (called on this task, from await_ready)."""
+        if self._fold(OutputSeen(phase="canary")):
             self._publish()

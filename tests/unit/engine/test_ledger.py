@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -10,6 +11,7 @@ from llmsupervisor.core.restarts import RestartPolicy
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.errors import IllegalTransition
+from llmsupervisor.redact import redact_json
 
 S = EngineState
 POLICY = RestartPolicy(max_failures=3, backoff_initial_s=10.0, backoff_jitter_ratio=0.0)
@@ -93,7 +95,11 @@ def test_a_runner_that_dies_during_shutdown_gives_up() -> None:
     assert verdict.give_up and ledger.state is S.FATAL
 
 
-def test_reasons_are_redacted_in_facts() -> None:
+def test_reasons_are_kept_as_written_and_redacted_where_they_leave() -> None:
+    # Redaction is at the sinks only (redact.py; tests/unit/daemon/test_redaction_sinks.py):
+    # the facts keep the text, and every way out of the daemon masks it.
     ledger = ready_ledger()
     ledger.failed("spawn failed: --api-key sk-secret-123", now=1.0, policy=POLICY)
-    assert "sk-secret-123" not in str(ledger.facts(now=1.0, policy=POLICY)["last_failure"])
+    facts = ledger.facts(now=1.0, policy=POLICY)
+    assert facts["last_failure"] == "spawn failed: --api-key sk-secret-123"
+    assert "sk-secret-123" not in json.dumps(redact_json(facts), default=str)
