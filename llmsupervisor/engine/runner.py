@@ -62,12 +62,12 @@ from llmsupervisor.engine.repair import PrefixRepair, ResetDone
 from llmsupervisor.engine.status import (
     EngineStatus,
     Incarnation,
-    Observed,
     StartProgress,
     Tally,
     build_status,
     down_since,
     seen,
+    turned_ready,
 )
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
 
@@ -156,21 +156,10 @@ class EngineRunner:
         """What the engine was told (an immutable value), for a successor likewise."""
         return self._desired
 
-    def _count_canary(self) -> None:
-        self._tally.canary_requests_total += 1
-
     def _publish(self, *, quietly: bool = False) -> None:
         """The one place a status is made, on this runner's task only."""
-        now, obs = aio.now(), self._observer
+        now = aio.now()
         self._down_since_s = down_since(self._down_since_s, self._desired, self._ledger.state, now=now)
-        observed = None
-        if obs is not None:
-            observed = Observed(
-                findings=obs.findings,
-                served=obs.served,
-                load=obs.load(),
-                canary_latency_s=obs.canary_latency_s,
-            )
         self._status = build_status(
             self._spec,
             now=now,
@@ -179,7 +168,7 @@ class EngineRunner:
             incarnation=self._inc,
             next_step=self._ladder.step,
             start=self._start,
-            observed=observed,
+            observer=self._observer,
             tally=self._tally,
             resetting=self._repair.running,
             reset_supported=self._reset_supported,
@@ -195,21 +184,16 @@ class EngineRunner:
         self._reports.append(report)
         self._wake.set()
 
-    def _fold(self, report: OutputSeen | ResetDone) -> bool:
-        """Take one report; whether it changed anything to publish. A start's progress counts
-        only while STARTING (an OOM of a serving engine is no failed start)."""
-        if isinstance(report, ResetDone):
-            self._reset_supported = report.supported
-            return True
-        if self._ledger.state is not S.STARTING or (progress := seen(self._start, report)) == self._start:
-            return False
-        self._start = progress
-        return True
-
     def _take_reports(self) -> bool:
+        """Fold what the helpers reported; whether it changed anything to publish. A start's
+        progress counts only while STARTING (an OOM of a serving engine is no failed start)."""
         changed = False
         while self._reports:
-            changed = self._fold(self._reports.popleft()) or changed
+            report = self._reports.popleft()
+            if isinstance(report, ResetDone):
+                self._reset_supported, changed = report.supported, True
+            elif self._ledger.state is S.STARTING and (progress := seen(self._start, report)) != self._start:
+                self._start, changed = progress, True
         return changed
 
     def _take_inbox(self) -> None:
@@ -242,9 +226,6 @@ class EngineRunner:
         self._wake.clear()
         self._take_inbox()
 
-    def _quick(self) -> bool:
-        return self._desired.quick
-
     def _to(self, state: EngineState, reason: str) -> None:
         self._ledger.to(state, reason, now=aio.now())
         self._publish()
@@ -256,7 +237,7 @@ class EngineRunner:
             self._take_inbox()
             while True:
                 d = self._desired
-                if d.final or not d.run or self._ledger.gave_up:
+                if not d.wants_run or self._ledger.gave_up:
                     self._acting = False
                     if self._ledger.state is S.BACKOFF:
                         self._to(S.STOPPED, "stop requested during backoff")
@@ -309,12 +290,9 @@ class EngineRunner:
                 number=self._ledger.spawned(), pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
             self._start = StartProgress(phase="spawned")
+            fds, drop = (proc.stdout_fd, proc.stderr_fd), not spec.log_probe_requests
             self._output = OutputForwarder(
-                self.name,
-                proc.pid,
-                (proc.stdout_fd, proc.stderr_fd),
-                self._reports.append,
-                drop_probe_access=not spec.log_probe_requests,
+                self.name, proc.pid, fds, self._reports.append, drop_probe_access=drop
             )
             self._publish()
         if launched.failure:
@@ -325,36 +303,28 @@ class EngineRunner:
             self._http,
             self._proc,
             pause=self._pause,
-            interrupted=self._start_interrupted,
+            interrupted=lambda: self._desired.interrupts,
             on_canary=self._canary_phase,
         )
         if result is Readiness.READY:
             self._tally.canary_latency_s = latency_s
             if latency_s is not None:
-                self._count_canary()
+                self._tally.count_canary()
             return Outcome.READY, why
         if result is Readiness.FAILED:
             if self._proc.returned:
                 self._record_exit(self._proc)
             return Outcome.FAILED, why
         d = self._desired
-        if d.final or not d.run:
+        if not d.wants_run:
             return Outcome.STOP, "stop requested during start"
         # An operator's restart during a start abandons it and starts again at once: a 70B
         # model's load is minutes, and finishing it only to restart would pay twice.
         return Outcome.RESTART, d.restart.reason if d.restart is not None else "restart during start"
 
-    def _start_interrupted(self) -> bool:
-        d = self._desired
-        return d.final or not d.run or d.restart is not None
-
     async def _serve(self) -> tuple[Outcome, str]:
         proc, inc, spec = self._proc, self._inc, self._spec
         assert proc is not None and inc is not None
-        now = aio.now()
-        due_s = None
-        if spec.restart_every_h is not None:
-            due_s = now + spec.restart_every_h * 3600.0 + self._rng.uniform(0.0, spec.restart_jitter_s)
         # The incarnation is complete before READY is published, with no await in between: the
         # policy can never see a READY engine with the previous incarnation's due time (D2).
         self._observer = Observer(
@@ -363,10 +333,10 @@ class EngineRunner:
             http=self._http,
             gpus=self._gpus,
             sweeper=self._sweeper,
-            on_canary=self._count_canary,
+            on_canary=self._tally.count_canary,
         )
         self._observer.note_canary(self._tally.canary_latency_s)
-        self._inc = inc = replace(inc, ready_since_s=now, scheduled_due_s=due_s)
+        self._inc = inc = turned_ready(inc, spec, now=aio.now(), uniform=self._rng.uniform)
         self._ledger.reached_ready()
         self._acting = False
         self._to(S.READY, "ready")
@@ -376,7 +346,7 @@ class EngineRunner:
                 self._record_exit(proc)
                 return Outcome.FAILED, f"process {self._ledger.history.last_exit} unexpectedly"
             d = self._desired
-            if d.final or not d.run:
+            if not d.wants_run:
                 return Outcome.STOP, "stop requested"
             if d.restart is not None:
                 return (Outcome.BROKEN if d.restart.failure else Outcome.RESTART), d.restart.reason
@@ -411,8 +381,7 @@ class EngineRunner:
                 if not observing.done():
                     self._wake.clear()
                     self._take_inbox()
-                d = self._desired
-                if proc.returned or d.final or not d.run or d.restart is not None:
+                if proc.returned or self._desired.interrupts:
                     return None
             return observing.result()
         finally:
@@ -432,11 +401,11 @@ class EngineRunner:
 
     async def _drain(self, why: str) -> None:
         proc = self._proc
-        if proc is None or proc.returned or self._ledger.state not in SERVING or self._quick():
+        if proc is None or proc.returned or self._ledger.state not in SERVING or self._desired.quick:
             return
         if self._ledger.state is not S.DRAINING:
             self._to(S.DRAINING, f"draining: {why}")
-        await drain(self._spec, self._http, proc, pause=self._pause, quick=self._quick)
+        await drain(self._spec, self._http, proc, pause=self._pause, quick=lambda: self._desired.quick)
 
     async def _stop(self, why: str, *, drain_first: bool) -> None:
         if drain_first:
@@ -447,17 +416,11 @@ class EngineRunner:
 
     async def _terminate(self, *, quick: bool = False) -> None:
         """The stop ladder on the current incarnation; returns once none of it is left."""
-        proc = self._proc
-        if proc is None:
+        if (proc := self._proc) is None:
             return
-        ladder = self._spec.stop_ladder
+        ladder = self._spec.stop_ladder.quick() if quick else self._spec.stop_ladder
         await terminate(
-            self.name,
-            proc,
-            ladder.quick() if quick else ladder,
-            self._procs,
-            pause=self._pause,
-            quick=self._quick,
+            self.name, proc, ladder, self._procs, pause=self._pause, quick=lambda: self._desired.quick
         )
         if self._output is not None:
             await self._output.close()
@@ -503,15 +466,14 @@ class EngineRunner:
         self._to(S.BACKOFF, verdict.backoff_reason(reason, policy, wait_s))
         deadline = aio.now() + wait_s
         # An operator's restart during the backoff means "try now"; so does the policy's step.
-        while (left := deadline - aio.now()) > 0 and self._wants_start() and self._desired.restart is None:
+        while (
+            (left := deadline - aio.now()) > 0 and self._desired.wants_run and self._desired.restart is None
+        ):
             if oom_step and not self._start.failed_oom and aio.now() >= deadline - wait_s + delay_s:
                 break
             await self._pause(left)
-        if self._wants_start():
+        if self._desired.wants_run:
             self._ledger.restarted(cause)
-
-    def _wants_start(self) -> bool:
-        return self._desired.run and not self._desired.final
 
     # ---- helpers ----
 
@@ -533,5 +495,6 @@ class EngineRunner:
 
     def _canary_phase(self) -> None:
         """The readiness canary is under way (called on this task, from await_ready)."""
-        if self._fold(OutputSeen(phase="canary")):
+        self._reports.append(OutputSeen(phase="canary"))
+        if self._take_reports():
             self._publish()

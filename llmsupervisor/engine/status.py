@@ -14,8 +14,9 @@ next (the policy saw a READY engine carrying the last incarnation's due time: de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import SERVING, EngineState
@@ -35,6 +36,17 @@ class Incarnation:
     started_s: float  # spawn time (loop clock)
     ready_since_s: float | None = None
     scheduled_due_s: float | None = None  # restart_every_h: when this incarnation is due
+
+
+def turned_ready(
+    inc: Incarnation, spec: EngineSpec, *, now: float, uniform: Callable[[float, float], float]
+) -> Incarnation:
+    """The incarnation as it turns READY at ``now``, with its scheduled-restart due time
+    (``restart_every_h``, spread by up to ``restart_jitter_s``, drawn with ``uniform``)."""
+    due_s = None
+    if spec.restart_every_h is not None:
+        due_s = now + spec.restart_every_h * 3600.0 + uniform(0.0, spec.restart_jitter_s)
+    return replace(inc, ready_since_s=now, scheduled_due_s=due_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,22 +149,26 @@ class Tally:
     rounds_total: int = 0
     last_round_s: float = 0.0
 
+    def count_canary(self) -> None:
+        """A canary answered (readiness or live): the engine's own request counters include it."""
+        self.canary_requests_total += 1
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Observed:
-    """What the live incarnation's observer last made of the engine (engine/observer.py)."""
 
-    findings: tuple[Finding, ...] = ()
-    served: ServedLoad | None = None
-    load: EngineLoad | None = None
-    canary_latency_s: float | None = None
+class ObserverView(Protocol):
+    """What a status reads of the live incarnation's observer (engine/observer.py)."""
+
+    findings: tuple[Finding, ...]
+    served: ServedLoad | None
+    canary_latency_s: float | None
+
+    def load(self) -> EngineLoad | None: ...
 
 
 def down_since(previous_s: float | None, desired: Desired, state: EngineState, *, now: float) -> float | None:
     """Since when the engine is meant to serve and does not: None while it serves (READY,
     SHEDDING) or an operator holds it (drained, stopped, disabled). A hold's end starts the
     clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
-    meant = desired.run and not desired.final and not desired.held
+    meant = desired.wants_run and not desired.held
     if not meant or state in (EngineState.READY, EngineState.SHEDDING):
         return None
     return now if previous_s is None else previous_s
@@ -167,7 +183,7 @@ def build_status(
     incarnation: Incarnation | None,
     next_step: int,
     start: StartProgress,
-    observed: Observed | None,
+    observer: ObserverView | None,
     tally: Tally,
     resetting: bool,
     reset_supported: bool | None,
@@ -178,29 +194,29 @@ def build_status(
     ``next_step``: the batch step the next spawn would take; ``acting``: a stop, restart or
     failure is being carried out; ``resetting``: a prefix-cache reset is under way."""
     d, state = desired, ledger.state
-    stop_pending = state in SERVING and (not d.run or d.final)
+    stop_pending = state in SERVING and not d.wants_run
     return EngineStatus(
         name=spec.name,
         spec=spec,
         **ledger.facts(now=now, policy=spec.restart_policy),
         incarnation=incarnation,
-        wants_run=d.run and not d.final,
+        wants_run=d.wants_run,
         held=d.held,
         shed=d.shed,
         final=d.final,
         busy=d.restart is not None or resetting or stop_pending or acting,
-        findings=observed.findings if observed is not None else (),
+        findings=observer.findings if observer is not None else (),
         ladder_step=incarnation.step if incarnation is not None else next_step,
         ladder_steps=len(spec.ladder),
         start_failed_oom=start.failed_oom,
         start_phase=start.phase if state is EngineState.STARTING else None,
         prefix_reset_supported=reset_supported,
-        canary_latency_s=observed.canary_latency_s if observed is not None else tally.canary_latency_s,
+        canary_latency_s=observer.canary_latency_s if observer is not None else tally.canary_latency_s,
         canary_requests_total=tally.canary_requests_total,
         down_since_s=down_since_s,
-        served=observed.served if observed is not None else None,
+        served=observer.served if observer is not None else None,
         commands_taken=tally.commands_taken,
         rounds_total=tally.rounds_total,
         last_round_s=tally.last_round_s,
-        load=observed.load if observed is not None else None,
+        load=observer.load() if observer is not None else None,
     )
