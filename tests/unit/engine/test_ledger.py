@@ -103,3 +103,15 @@ def test_reasons_are_kept_as_written_and_redacted_where_they_leave() -> None:
     facts = ledger.facts(now=1.0, policy=POLICY)
     assert facts["last_failure"] == "spawn failed: --api-key sk-secret-123"
     assert "sk-secret-123" not in json.dumps(redact_json(facts), default=str)
+
+
+def test_gave_up_lasts_from_fatal_until_an_operator_start_resets_the_budget() -> None:
+    # The runner waits while the ledger says it gave up; a successor reads the same ledger.
+    ledger = ready_ledger()
+    assert not ledger.gave_up
+    ledger.to(S.FATAL, "3 failures in a row", now=3.0)
+    assert ledger.gave_up
+    ledger.reset_budget("operator start")
+    assert not ledger.gave_up and ledger.state is S.FATAL  # the start walks FATAL -> STARTING next
+    ledger.to(S.STARTING, "start", now=4.0)
+    assert not ledger.gave_up
