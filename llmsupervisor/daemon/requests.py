@@ -1,9 +1,9 @@
 """What reaches the daemon from outside: signals and the control socket, as requests on one queue.
 
-Signal handlers and the control socket only queue a request; the daemon's loop acts on it. A
-reload therefore goes one way whether it comes from SIGHUP or from `llm-supervisor reload`, and
-an operator's command for an engine becomes engine commands in one place
-(``operator_commands``), like the policy's actions do in daemon/actions.py.
+Signal handlers and the control socket only queue a request (daemon/intake.py); the daemon's
+loop acts on it. A reload therefore goes one way whether it comes from SIGHUP or from
+`llm-supervisor reload`, and an operator's command for an engine becomes engine commands in one
+place (``operator_commands``), like the policy's actions do in daemon/actions.py.
 """
 
 from __future__ import annotations

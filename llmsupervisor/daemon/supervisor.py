@@ -16,8 +16,9 @@ run's leftovers, the guard, the runners, the control socket and the HTTP listene
 tells every runner (retiring ones too) to stop for good, waits for them under
 ``shutdown_timeout_s`` (a second SIGINT skips the drains), and confirms that nothing is left.
 
-Signal handlers and the control socket only put a request on the queue, and only the loop acts
-on it: a reload goes one way whether it comes from SIGHUP or from `llm-supervisor reload`. A
+Signal handlers and the control socket only put a request on the queue (daemon/intake.py), and
+only the loop acts on it: a reload goes one way whether it comes from SIGHUP or from
+`llm-supervisor reload`. A
 misbehaving engine cannot take the daemon down: each runner is its own task, and one that dies
 of a bug is replaced by the fleet (daemon/fleet.py).
 """
@@ -25,10 +26,7 @@ of a bug is replaced by the fleet (daemon/fleet.py).
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
 import logging
-import signal
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -46,19 +44,12 @@ from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
-from llmsupervisor.daemon.holds import Holds, desired_for, operator_name
-from llmsupervisor.daemon.placement import describe, place_config, topology
+from llmsupervisor.daemon.holds import Holds, desired_for
+from llmsupervisor.daemon.intake import Intake
+from llmsupervisor.daemon.placement import describe, place_config, refuse_mig, topology
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
-from llmsupervisor.daemon.requests import (
-    AnyRequest,
-    EngineRequest,
-    ReloadRequest,
-    Request,
-    operator_commands,
-    refuse,
-    what_happens,
-)
+from llmsupervisor.daemon.requests import AnyRequest, EngineRequest, ReloadRequest, Request, refuse
 from llmsupervisor.daemon.status import (
     DaemonCounters,
     Snapshot,
@@ -116,12 +107,8 @@ class Supervisor:
         self.notifier = notifier or Notifier()
         self.minute_of_day = minute_of_day
         self.control_path = control.default_socket_path(self.state_dir)
-        self._requests: collections.deque[AnyRequest] = collections.deque()
-        self._request_arrived = asyncio.Event()
         self._stopping = False
-        self._sigint_count = 0
         self._ready_sent = False
-        self._background: set[asyncio.Task[Any]] = set()  # reloads
         self._config_changed = False  # a reload took a new config: reconcile against it at once
         self.ticks_total = 0
         self.last_tick_duration_s = 0.0
@@ -167,94 +154,20 @@ class Supervisor:
         self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
         self.events = EventRing()
+        self.intake = Intake(
+            fleet=self.fleet,
+            holds=self.holds,
+            events=self.events,
+            status=self.status,
+            stopping=lambda: self._stopping,
+            reload=self.reload,
+        )
 
     # ---- requests: the one way in ----
 
     def submit(self, request: AnyRequest) -> None:
-        """Queue a request for the loop (signal handlers and the control socket)."""
-        self._requests.append(request)
-        self._request_arrived.set()
-
-    def _install_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self.submit, Request.SHUTDOWN)
-        loop.add_signal_handler(signal.SIGHUP, self.submit, ReloadRequest())
-        loop.add_signal_handler(signal.SIGINT, self._on_sigint)
-
-    def _on_sigint(self) -> None:
-        self._sigint_count += 1
-        self.submit(Request.SHUTDOWN if self._sigint_count == 1 else Request.SHUTDOWN_NOW)
-
-    async def _on_control(self, req: dict[str, Any]) -> Any:
-        command = req["command"]
-        if command == "status":
-            return self.status()  # read-only: answered from the published statuses
-        if command == "events":  # read-only too
-            return await self._events(req)
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if command == "reload":
-            events_seq = self.events.last_seq  # `reload --wait` follows what happens from here
-            self.submit(ReloadRequest(reply))
-            result = await reply
-            return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
-        name = req["engine"]
-        self.submit(EngineRequest(command, name, reply, by=await operator_name(req.get("peer_uid"))))
-        result = await reply
-        await self.holds.persist(name)  # before the operator hears "accepted"
-        return result
-
-    async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
-        since_s = req.get("since_s")
-        found = await self.events.wait_select(
-            engine=req.get("engine"),
-            after_seq=int(req.get("after") or 0),
-            since_time_s=time.time() - float(since_s) if since_s is not None else None,
-            wait_s=float(req.get("wait_s") or 0.0),
-        )
-        return {"events": [e.as_json() for e in found], "last_seq": self.events.last_seq}
-
-    def _handle(self, request: AnyRequest) -> None:
-        """Act on one request (never for SHUTDOWN: the loop ends on it)."""
-        if isinstance(request, ReloadRequest):
-            if self._stopping:
-                refuse(request.reply, "the daemon is shutting down")
-                return
-            self._spawn(self._reload(request.reply), "reload")
-        elif isinstance(request, EngineRequest):
-            try:
-                request.reply.set_result(self._engine_command(request.command, request.engine, request.by))
-            except control.ControlError as exc:
-                request.reply.set_exception(exc)
-
-    def _engine_command(self, command: str, name: str, by: str = "operator") -> dict[str, Any]:
-        status = self.fleet.status(name)
-        if status is None:
-            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}")
-        if self._stopping:
-            raise control.ControlError("the daemon is shutting down")
-        log.info("operator: %s (by %s)", command, by, extra={"engine": name, "event": "operator"})
-        commands = operator_commands(command, status)
-        for cmd in commands:
-            self.fleet.send(name, cmd)
-        hold = self.holds.note(name, commands, by=by, now=time.time())
-        # "state" is the state when the command was taken (the command acts after this reply);
-        # incarnation, state_changes and events_seq let `--wait` tell what happened since.
-        return {
-            "engine": name,
-            "accepted": command,
-            "state": status.state.value,
-            "doing": what_happens(command, status),
-            "incarnation": status.incarnation.number if status.incarnation is not None else None,
-            "state_changes": status.state_changes_total,
-            "events_seq": self.events.last_seq,
-            "hold": hold.as_json() if hold is not None else None,
-        }
-
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+        """Queue a request for the loop (daemon/intake.py: signals and the control socket)."""
+        self.intake.submit(request)
 
     # ---- projections ----
 
@@ -298,23 +211,6 @@ class Supervisor:
         log.info("CPU placement: %s", describe(placed))
         return placed
 
-    def _refuse_mig(self, config: SupervisorConfig) -> SupervisorConfig:
-        """Engines on a GPU with MIG enabled are not started: CUDA numbers the MIG devices, not
-        the GPU, so CUDA_VISIBLE_DEVICES=<NVML index> would run them elsewhere than monitored."""
-        engines = []
-        for spec in config.engines:
-            with_mig = self.gpu_monitor.mig_enabled(spec.gpus) if spec.enabled else []
-            if with_mig:
-                log.error(
-                    "engine %s not started: GPU(s) %s have MIG enabled; disable MIG or move the engine"
-                    " (docs/gpu.md)",
-                    spec.name,
-                    with_mig,
-                )
-                spec = dataclasses.replace(spec, enabled=False)
-            engines.append(spec)
-        return dataclasses.replace(config, engines=tuple(engines))
-
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
         return status.spec.gpus if status is not None else ()
@@ -322,7 +218,7 @@ class Supervisor:
     # ---- run ----
 
     async def run(self) -> int:
-        self._install_signals()
+        self.intake.install_signals()
         logging.getLogger("llmsupervisor").addHandler(self.events)
         try:
             return await self._run()
@@ -341,9 +237,9 @@ class Supervisor:
         # (cli/main.py) guarantees that no live daemon owns them.
         await process.sweep_leftovers(self.state_dir, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
         self.guard.start()
-        server = control.ControlServer(self.control_path, self._on_control)
+        server = control.ControlServer(self.control_path, self.intake.on_control)
         await self.gpu_monitor.start()
-        self.config = self._refuse_mig(self.config)
+        self.config = refuse_mig(self.config, self.gpu_monitor.mig_enabled)
         self.config = await self.place(self.config)
         self.holds.load(spec.name for spec in self.config.engines)
         for spec in self.config.engines:
@@ -401,15 +297,15 @@ class Supervisor:
             )
         next_tick_s = aio.now()
         while True:
-            self._request_arrived.clear()
-            handled = bool(self._requests)
-            while self._requests:
-                request = self._requests.popleft()
+            self.intake.arrived.clear()
+            handled = bool(self.intake.requests)
+            while self.intake.requests:
+                request = self.intake.requests.popleft()
                 if request in (Request.SHUTDOWN, Request.SHUTDOWN_NOW):
                     if request is Request.SHUTDOWN_NOW:
                         self.submit(request)  # the shutdown sees it and escalates at once
                     return
-                self._handle(request)
+                self.intake.handle(request)
             # Only the engines that published since the last turn are looked at: a publish that
             # changed nothing the policy reads (most of them: one per observation round) costs
             # no reconcile. The tick reconciles regardless, for the decisions that time makes.
@@ -424,7 +320,7 @@ class Supervisor:
                 self._write_status()
             seen = self.fleet.changes.version
             await aio.wait_any(
-                self._request_arrived.wait(), self.fleet.changes.wait(seen), timeout_s=next_tick_s - aio.now()
+                self.intake.arrived.wait(), self.fleet.changes.wait(seen), timeout_s=next_tick_s - aio.now()
             )
 
     def _look(self, changed: set[str] | None) -> tuple[bool, bool]:
@@ -505,17 +401,6 @@ class Supervisor:
 
     # ---- reload ----
 
-    async def _reload(self, reply: asyncio.Future[Any] | None) -> None:
-        try:
-            result = await self.reload()
-        except Exception as exc:  # a bug in the reload must not go unanswered
-            log.exception("reload failed")
-            if reply is not None and not reply.done():
-                reply.set_exception(control.ControlError(f"reload failed: {exc!r}"))
-            return
-        if reply is not None and not reply.done():
-            reply.set_result(result)
-
     async def reload(self) -> dict[str, Any]:
         """Validate the whole new config first; on any problem keep the old one untouched.
         Otherwise apply the plan; the policy rolls the changed engines that run (within
@@ -535,7 +420,7 @@ class Supervisor:
                 await self.holds.persist(name)
             await self.agents.sync(new.engines)
             self._config_changed = True
-            self._request_arrived.set()
+            self.intake.arrived.set()  # the loop reconciles against it at once
             self._write_status()
             self.notifier.ready(self.summary())
         return reply
@@ -554,7 +439,7 @@ class Supervisor:
         notified_s = -SHUTDOWN_NOTIFY_S
         while pending := {t for t in self.fleet.all_tasks() if not t.done()}:
             self._last_tick_s = aio.now()  # a turn of the shutdown loop: /livez stays 200
-            self._request_arrived.clear()
+            self.intake.arrived.clear()
             if self._state_changes() != self._changes_written:
                 self._write_status()  # `llm-supervisor status` shows the engines stopping
             seen = self.fleet.changes.version
@@ -562,7 +447,7 @@ class Supervisor:
             # while engines drain; the daemon's own deadline is shutdown_timeout_s.
             await aio.wait_any(
                 *(asyncio.shield(t) for t in pending),
-                self._request_arrived.wait(),
+                self.intake.arrived.wait(),
                 self.fleet.changes.wait(seen),
                 timeout_s=min(5.0, max(0.0, deadline - aio.now())),
             )
@@ -572,8 +457,8 @@ class Supervisor:
                 self.notifier.extend_timeout(30.0)
                 self.notifier.watchdog()
                 self.notifier.status("stopping: " + self.summary())
-            while self._requests:
-                request = self._requests.popleft()
+            while self.intake.requests:
+                request = self.intake.requests.popleft()
                 if request is Request.SHUTDOWN_NOW and not escalated:
                     escalated = True
                     log.warning("second interrupt: stopping engines without draining")
@@ -590,8 +475,7 @@ class Supervisor:
         for name, task in self.fleet.tasks.items():
             if task.done() and not task.cancelled() and task.exception() is not None:
                 log.error("engine task failed during shutdown: %r", task.exception(), extra={"engine": name})
-        for task in list(self._background):
-            task.cancel()
+        self.intake.cancel_reloads()
         self._write_status()
         await self.status_file.flush()
         left = process.marker_processes(self.state_dir)

@@ -92,6 +92,16 @@ class Desired:
     spec: EngineSpec | None = None  # a new spec, applied while no process runs
     quick: bool = False  # stops skip the drain and shorten the ladder
 
+    @property
+    def wants_run(self) -> bool:
+        """Asked to run, and not stopped for good."""
+        return self.run and not self.final
+
+    @property
+    def interrupts(self) -> bool:
+        """A stop or a restart is asked: what the engine is doing now should end."""
+        return not self.wants_run or self.restart is not None
+
 
 def merge(pending: Restart | None, new: Restart) -> Restart:
     """One restart at a time: a second request joins the pending one. The more urgent wins

@@ -10,10 +10,11 @@ through the methods below:
                            raises: it is a bug), logged with its reason, counted
     spawned()              a new incarnation; returns its number
     reached_ready()        READY: failures before it no longer count as "in a row"
+    settled(ready_since)   READY for stable_after_s: the budget is reset
     exited(text)           an exit nobody asked for, and when
     failed(reason)         a failure against the budget -> Verdict (backoff_s, or give_up)
-    reset_budget(why)      a clean slate: an operator's start of a FATAL engine, or READY for
-                           stable_after_s
+    reset_budget(why)      a clean slate: an operator's start of a FATAL engine (which ends
+                           ``gave_up``), or READY for stable_after_s
     restarted(cause)       a restart by cause (the restarts metric)
     incident(path)         hang/stall evidence kept (engine/evidence.py)
     runner_died(exc)       the runner's task died of a bug (daemon/fleet.py): a failure, and
@@ -31,9 +32,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llmsupervisor.core.restarts import FailureHistory, RestartPolicy, backoff_delay_s, is_crash_loop
+from llmsupervisor.core.restarts import (
+    FailureHistory,
+    RestartPolicy,
+    backoff_delay_s,
+    is_crash_loop,
+    should_reset,
+)
 from llmsupervisor.core.state import EDGES, EngineState, StateChange, transition
-from llmsupervisor.redact import redact
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -66,6 +72,29 @@ class Verdict:
     backoff_s: float  # 0 for the first failure in the window: one crash is not a loop
     budget: str  # why the budget is spent ("3 failures in a row without becoming ready")
 
+    def give_up_reason(self, reason: str, engine: str) -> str:
+        return f"{reason}; {self.budget}, giving up (llm-supervisor start {engine} retries)"
+
+    def backoff_reason(self, reason: str, policy: RestartPolicy, wait_s: float) -> str:
+        return f"{reason}; failure {self.failures}/{policy.max_failures}, restarting in {wait_s:.1f} s"
+
+
+def start_reason(state: EngineState, last_failure: str | None, step: int, steps: int) -> str:
+    """Why a start begins: the first (or an operator's) or a restart after a failure."""
+    reason = "start" if state in (S.STOPPED, S.FATAL) else f"restart after: {last_failure}"
+    return f"{reason} at ladder step {step}/{steps}" if step else reason
+
+
+def rotation_reason(state: EngineState, target: EngineState, shed: str | None) -> str:
+    """Why a serving engine moves to ``target`` (core.state.rotation_target)."""
+    if target is S.DRAINING:
+        return "drain requested: out of rotation until started again"
+    if target is S.SHEDDING:
+        return f"shedding load: {shed}"
+    if state is S.DRAINING:
+        return "drain cancelled: back in rotation"
+    return "load shedding over: back in rotation"
+
 
 class Ledger:
     def __init__(self, name: str, *, now: float, history: History | None = None) -> None:
@@ -74,6 +103,7 @@ class Ledger:
         self._state = S.STOPPED
         self._since_s = now
         self._reason = "not started"
+        self._gave_up = False
 
     # ---- reading ----
 
@@ -90,6 +120,11 @@ class Ledger:
         return self._reason
 
     @property
+    def gave_up(self) -> bool:
+        """FATAL, and no operator ``start`` taken since (``reset_budget``): the runner waits."""
+        return self._gave_up
+
+    @property
     def history(self) -> History:
         return self._history
 
@@ -98,19 +133,19 @@ class Ledger:
 
     def facts(self, *, now: float, policy: RestartPolicy) -> dict[str, Any]:
         """The ledger's part of an ``EngineStatus`` (its field names). Reasons quote errors and
-        command lines: what others read is redacted (redact.py)."""
+        command lines as they were: they are redacted where they leave the daemon (redact.py)."""
         h = self._history
         return {
             "state": self._state,
-            "state_reason": redact(self._reason),
+            "state_reason": self._reason,
             "state_since_s": self._since_s,
             "state_changes_total": h.state_changes_total,
             "restarts_total": h.restarts_total,
             "restarts_by_reason": dict(h.restarts_by_reason),
             "failures": h.failures.count(now, policy),
-            "last_exit": redact(h.last_exit) if h.last_exit else h.last_exit,
+            "last_exit": h.last_exit,
             "last_exit_at_s": h.last_exit_at_s,
-            "last_failure": redact(h.last_failure) if h.last_failure else h.last_failure,
+            "last_failure": h.last_failure,
             "incidents_total": h.incidents_total,
             "last_incident": h.last_incident,
         }
@@ -129,6 +164,7 @@ class Ledger:
             extra={"engine": self.name, "event": "transition", "to_state": state.value},
         )
         self._state, self._since_s, self._reason = state, now, reason
+        self._gave_up = self._gave_up or state is S.FATAL
         self._history = replace(self._history, state_changes_total=self._history.state_changes_total + 1)
         return change
 
@@ -146,6 +182,12 @@ class Ledger:
         if self._history.failures != FailureHistory():
             log.info("%s: the failure budget is reset", why, extra={"engine": self.name})
         self._history = replace(self._history, failures=self._history.failures.reset())
+        self._gave_up = False
+
+    def settled(self, ready_since_s: float | None, *, now: float, policy: RestartPolicy) -> None:
+        """READY for ``stable_after_s``: the failures before no longer count."""
+        if self._history.failures.times_s and should_reset(ready_since_s, now, policy):
+            self.reset_budget(f"ready for {now - (ready_since_s or 0.0):.0f} s")
 
     def restarted(self, cause: str) -> None:
         h = self._history

@@ -3,13 +3,16 @@
 vLLM prefixes its lines with a level word (after an optional ``(EngineCore pid=12)``); the line
 is logged at that level, and continuation lines (tracebacks) keep the level of the line that
 began them. Access lines for the supervisor's own probes are dropped (``log_probe_requests``
-keeps them). Out-of-memory lines are reported to ``on_oom``: the policy starts the next spawn a
-batch step down when a start ran out of memory.
+keeps them). Out-of-memory lines are reported (``OutputSeen(oom=True)``): the policy starts the
+next spawn a batch step down when a start ran out of memory.
 
-vLLM's start-up milestones (docs/vllm-notes.md §5) are reported to ``on_phase`` as a start
-phase (``START_PHASES``), so that `llm-supervisor status` and `restart --wait` can show how far
-a minutes-long load has come. Only a hint: a vLLM that logs none of them (another version,
+vLLM's start-up milestones (docs/vllm-notes.md §5) are reported as a start phase
+(``START_PHASES``), so that `llm-supervisor status` and `restart --wait` can show how far a
+minutes-long load has come. Only a hint: a vLLM that logs none of them (another version,
 ``VLLM_CONFIGURE_LOGGING=0``) starts just the same, its phase staying at "spawned".
+
+The readers run as their own tasks and never call the runner back: ``report`` only queues an
+``OutputSeen`` for the runner, which takes it at its next wait and publishes from its own task.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 engine_output_log = logging.getLogger("llmsupervisor.engine.output")
@@ -100,6 +104,14 @@ def engine_log_level(line: str, previous: int) -> int:
     return _LEVELS[match.group(1)] if match else previous
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputSeen:
+    """What a line of the engine's output tells the runner (engine/status.py ``seen``)."""
+
+    oom: bool = False  # an out-of-memory line
+    phase: str | None = None  # the start phase the line begins
+
+
 class OutputForwarder:
     """The two pipe readers of one incarnation."""
 
@@ -108,15 +120,13 @@ class OutputForwarder:
         engine: str,
         pid: int,
         fds: tuple[int, int],
-        on_oom: Callable[[], None],
-        on_phase: Callable[[str], None] = lambda phase: None,
+        report: Callable[[OutputSeen], None],
         *,
         drop_probe_access: bool = True,
     ) -> None:
         self._engine = engine
         self._pid = pid
-        self._on_oom = on_oom
-        self._on_phase = on_phase
+        self._report = report
         self._drop_probe_access = drop_probe_access
         self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
@@ -160,9 +170,8 @@ class OutputForwarder:
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
                 )
                 engine_output_log.log(level, "%s", line, extra=extra)
-                if OOM_RE.search(line):
-                    self._on_oom()
-                if (phase := start_phase(line)) is not None:
-                    self._on_phase(phase)
+                oom, phase = OOM_RE.search(line) is not None, start_phase(line)
+                if oom or phase is not None:
+                    self._report(OutputSeen(oom=oom, phase=phase))
         finally:
             transport.close()

@@ -1,7 +1,9 @@
 """vLLM's cheapest repair, the prefix-cache reset, run beside the runner's loop.
 
-At most one at a time; the runner publishes whether the route exists (vLLM offers it only in dev
-mode), and the policy checks after ``repair_verify_s`` whether the reset helped.
+At most one at a time. Its result (``ResetDone``: whether the route exists; vLLM offers it only in
+dev mode) is reported to the runner's inbox, never published from here: the runner takes it at
+its next wait and publishes it from its own task. The policy checks after ``repair_verify_s``
+whether the reset helped.
 """
 
 from __future__ import annotations
@@ -9,18 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from llmsupervisor.engine.http import EngineHttp, PrefixReset
 
 log = logging.getLogger("llmsupervisor.engine")
 
 
+@dataclass(frozen=True, slots=True)
+class ResetDone:
+    """A prefix-cache reset has ended; ``supported``: vLLM offers the route."""
+
+    supported: bool
+
+
 class PrefixRepair:
-    def __init__(self, engine: str, *, on_done: Callable[[], None]) -> None:
+    def __init__(self, engine: str, *, report: Callable[[ResetDone], None]) -> None:
         self._engine = engine
-        self._on_done = on_done
+        self._report = report
         self._task: asyncio.Task[None] | None = None
-        self.supported: bool | None = None  # None: not tried yet
 
     @property
     def running(self) -> bool:
@@ -37,7 +46,6 @@ class PrefixRepair:
     async def _run(self, http: EngineHttp, reason: str, verify_s: float) -> None:
         result = await http.reset_prefix_cache()
         extra = {"engine": self._engine}
-        self.supported = result is PrefixReset.DONE
         if result is PrefixReset.DONE:
             log.info(
                 "prefix cache reset (%s); checking for %g s whether that helped",
@@ -52,4 +60,4 @@ class PrefixRepair:
             )
         else:
             log.warning("reset_prefix_cache kept failing: a restart is the repair", extra=extra)
-        self._on_done()
+        self._report(ResetDone(result is PrefixReset.DONE))

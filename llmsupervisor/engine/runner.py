@@ -19,7 +19,9 @@ A pass of the loop::
                              or FATAL (budget spent; an operator `start` tries again)
 
 The runner takes its inbox only at its own waits (``_pause``), so what it should be doing never
-changes in the middle of a step, and a command sent at any time wakes it at once.
+changes in the middle of a step, and a command sent at any time wakes it at once. Its helpers'
+tasks (the output readers, a prefix-cache reset) report what they saw to that inbox too, and the
+runner alone publishes, from its own task; ``build_status`` (engine/status.py) makes the status.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import Observation
-from llmsupervisor.core.restarts import should_reset
 from llmsupervisor.core.state import SERVING, EngineState, rotation_target
 from llmsupervisor.engine.commands import (
     Command,
@@ -51,13 +53,22 @@ from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, take_evidence
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import launch
-from llmsupervisor.engine.ledger import Ledger
+from llmsupervisor.engine.ledger import Ledger, rotation_reason, start_reason
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
-from llmsupervisor.engine.output import OutputForwarder, later_phase
+from llmsupervisor.engine.output import OutputForwarder, OutputSeen
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.engine.readiness import Readiness, await_ready
-from llmsupervisor.engine.repair import PrefixRepair
-from llmsupervisor.engine.status import EngineStatus, Incarnation
+from llmsupervisor.engine.repair import PrefixRepair, ResetDone
+from llmsupervisor.engine.status import (
+    EngineStatus,
+    Incarnation,
+    StartProgress,
+    Tally,
+    build_status,
+    down_since,
+    seen,
+    turned_ready,
+)
 from llmsupervisor.engine.stopping import await_gpu_release, drain, terminate
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -105,27 +116,25 @@ class EngineRunner:
         self._ledger = ledger or Ledger(spec.name, now=aio.now())
         self._desired = desired or Desired(run=spec.enabled)
         self._inbox: collections.deque[Command] = collections.deque()
+        # What the helpers' tasks saw, for the runner to take at its waits: output lines do not
+        # wake it (a start's phase waits for the next readiness poll), a reset's end does.
+        self._reports: collections.deque[OutputSeen | ResetDone] = collections.deque()
         self._wake = asyncio.Event()
         self._ladder = LadderStore(procs.state_dir, spec)
         self._proc: EngineProcess | None = None
         self._inc: Incarnation | None = None
         self._output: OutputForwarder | None = None
         self._observer: Observer | None = None
-        self._gave_up = self._ledger.state is S.FATAL  # only an operator's Start tries again
         # A stop, restart or failure is being carried out (from the drain to the next READY or
-        # rest): the policy must leave the engine alone meanwhile.
+        # rest): the policy must leave the engine alone meanwhile. Not a state: the STARTING of
+        # a restart is busy, a first start is not.
         self._acting = False
-        self._start_failed_oom = False
-        self._start_phase: str | None = None  # how far the current start has come (STARTING only)
-        self._repair = PrefixRepair(spec.name, on_done=self._publish)
-        self._canary_latency_s: float | None = None
-        self._canaries_total = 0  # canaries answered, readiness ones included: not traffic
-        self._commands_taken = 0
-        self._rounds_total = 0
-        self._last_round_s = 0.0
+        self._start = StartProgress()
+        self._repair = PrefixRepair(spec.name, report=self._report_now)
+        self._reset_supported: bool | None = None  # None: not tried yet
+        self._tally = Tally()
         self._down_since_s: float | None = None
-        self._track_down()
-        self._status = self._build_status()
+        self._publish(quietly=True)
 
     # ---- the contract ----
 
@@ -147,71 +156,59 @@ class EngineRunner:
         """What the engine was told (an immutable value), for a successor likewise."""
         return self._desired
 
-    def _count_canary(self) -> None:
-        self._canaries_total += 1
-
-    def _track_down(self) -> None:
-        """Since when the engine is meant to serve and does not: None while it serves (READY,
-        SHEDDING) or an operator holds it (drained, stopped, disabled). A hold's end starts the
-        clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
-        d = self._desired
-        meant = d.run and not d.final and not d.held
-        if not meant or self._ledger.state in (S.READY, S.SHEDDING):
-            self._down_since_s = None
-        elif self._down_since_s is None:
-            self._down_since_s = aio.now()
-
-    def _publish(self) -> None:
-        self._track_down()
-        self._status = self._build_status()
-        self._changed.set(self.name)
-
-    def _build_status(self) -> EngineStatus:
-        d, spec = self._desired, self._spec
-        stop_pending = self._ledger.state in SERVING and (not d.run or d.final)
-        if self._observer is not None:
-            self._canary_latency_s = self._observer.canary_latency_s
-        return EngineStatus(
-            name=self.name,
-            spec=spec,
-            **self._ledger.facts(now=aio.now(), policy=spec.restart_policy),
+    def _publish(self, *, quietly: bool = False) -> None:
+        """The one place a status is made, on this runner's task only."""
+        now = aio.now()
+        self._down_since_s = down_since(self._down_since_s, self._desired, self._ledger.state, now=now)
+        self._status = build_status(
+            self._spec,
+            now=now,
+            ledger=self._ledger,
+            desired=self._desired,
             incarnation=self._inc,
-            wants_run=d.run and not d.final,
-            held=d.held,
-            shed=d.shed,
-            final=d.final,
-            busy=d.restart is not None or self._repair.running or stop_pending or self._acting,
-            findings=self._observer.findings if self._observer is not None else (),
-            ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
-            ladder_steps=len(spec.ladder),
-            start_failed_oom=self._start_failed_oom,
-            start_phase=self._start_phase if self._ledger.state is S.STARTING else None,
-            prefix_reset_supported=self._repair.supported,
-            canary_latency_s=self._canary_latency_s,
-            canary_requests_total=self._canaries_total,
+            next_step=self._ladder.step,
+            start=self._start,
+            observer=self._observer,
+            tally=self._tally,
+            resetting=self._repair.running,
+            reset_supported=self._reset_supported,
+            acting=self._acting,
             down_since_s=self._down_since_s,
-            served=self._observer.served if self._observer is not None else None,
-            commands_taken=self._commands_taken,
-            rounds_total=self._rounds_total,
-            last_round_s=self._last_round_s,
-            load=self._observer.load() if self._observer is not None else None,
         )
+        if not quietly:
+            self._changed.set(self.name)
 
-    # ---- commands ----
+    # ---- commands and reports ----
+
+    def _report_now(self, report: OutputSeen | ResetDone) -> None:
+        self._reports.append(report)
+        self._wake.set()
+
+    def _take_reports(self) -> bool:
+        """Fold what the helpers reported; whether it changed anything to publish. A start's
+        progress counts only while STARTING (an OOM of a serving engine is no failed start)."""
+        changed = False
+        while self._reports:
+            report = self._reports.popleft()
+            if isinstance(report, ResetDone):
+                self._reset_supported, changed = report.supported, True
+            elif self._ledger.state is S.STARTING and (progress := seen(self._start, report)) != self._start:
+                self._start, changed = progress, True
+        return changed
 
     def _take_inbox(self) -> None:
-        """Fold the inbox into Desired. Called only from this runner's own task."""
-        if not self._inbox:
+        """Fold the inbox into Desired, and the reports. Called only from this runner's own task."""
+        changed = self._take_reports()
+        if not self._inbox and not changed:
             return
         while self._inbox:
             cmd = self._inbox.popleft()
-            self._commands_taken += 1
-            if isinstance(cmd, Start) and self._gave_up and not self._desired.final:
-                self._gave_up = False
+            self._tally.commands_taken += 1
+            if isinstance(cmd, Start) and self._ledger.gave_up and not self._desired.final:
                 self._ledger.reset_budget("operator start")
             elif isinstance(cmd, StepTo):
                 self._ladder.set(cmd.step, cmd.reason)
-                self._start_failed_oom = False
+                self._start = replace(self._start, failed_oom=False)
             elif isinstance(cmd, ResetPrefixCache):
                 self._repair.start(self._http, cmd.reason, verify_s=self._spec.repair_verify_s)
             self._desired = apply(self._desired, cmd)
@@ -229,9 +226,6 @@ class EngineRunner:
         self._wake.clear()
         self._take_inbox()
 
-    def _quick(self) -> bool:
-        return self._desired.quick
-
     def _to(self, state: EngineState, reason: str) -> None:
         self._ledger.to(state, reason, now=aio.now())
         self._publish()
@@ -243,7 +237,7 @@ class EngineRunner:
             self._take_inbox()
             while True:
                 d = self._desired
-                if d.final or not d.run or self._gave_up:
+                if not d.wants_run or self._ledger.gave_up:
                     self._acting = False
                     if self._ledger.state is S.BACKOFF:
                         self._to(S.STOPPED, "stop requested during backoff")
@@ -286,28 +280,19 @@ class EngineRunner:
         self._apply_spec()
         self._desired = restart_taken(self._desired)
         spec, step = self._spec, self._ladder.step
-        self._start_failed_oom = False
-        self._start_phase = None
-        last_failure = self._ledger.history.last_failure
-        reason = "start" if self._ledger.state in (S.STOPPED, S.FATAL) else f"restart after: {last_failure}"
-
-        if step:
-            reason += f" at ladder step {step}/{len(spec.ladder)}"
-        self._to(S.STARTING, reason)
+        self._start = StartProgress()
+        ledger = self._ledger
+        self._to(S.STARTING, start_reason(ledger.state, ledger.history.last_failure, step, len(spec.ladder)))
         launched = await launch(spec, step, self._procs)
         if launched.proc is not None:
             proc = self._proc = launched.proc
             self._inc = Incarnation(
                 number=self._ledger.spawned(), pid=proc.pid, pgid=proc.pgid, step=step, started_s=aio.now()
             )
-            self._start_phase = "spawned"
+            self._start = StartProgress(phase="spawned")
+            fds, drop = (proc.stdout_fd, proc.stderr_fd), not spec.log_probe_requests
             self._output = OutputForwarder(
-                self.name,
-                proc.pid,
-                (proc.stdout_fd, proc.stderr_fd),
-                self._on_oom,
-                self._on_phase,
-                drop_probe_access=not spec.log_probe_requests,
+                self.name, proc.pid, fds, self._reports.append, drop_probe_access=drop
             )
             self._publish()
         if launched.failure:
@@ -318,36 +303,28 @@ class EngineRunner:
             self._http,
             self._proc,
             pause=self._pause,
-            interrupted=self._start_interrupted,
-            on_canary=lambda: self._on_phase("canary"),
+            interrupted=lambda: self._desired.interrupts,
+            on_canary=self._canary_phase,
         )
         if result is Readiness.READY:
-            self._canary_latency_s = latency_s
+            self._tally.canary_latency_s = latency_s
             if latency_s is not None:
-                self._count_canary()
+                self._tally.count_canary()
             return Outcome.READY, why
         if result is Readiness.FAILED:
             if self._proc.returned:
                 self._record_exit(self._proc)
             return Outcome.FAILED, why
         d = self._desired
-        if d.final or not d.run:
+        if not d.wants_run:
             return Outcome.STOP, "stop requested during start"
         # An operator's restart during a start abandons it and starts again at once: a 70B
         # model's load is minutes, and finishing it only to restart would pay twice.
         return Outcome.RESTART, d.restart.reason if d.restart is not None else "restart during start"
 
-    def _start_interrupted(self) -> bool:
-        d = self._desired
-        return d.final or not d.run or d.restart is not None
-
     async def _serve(self) -> tuple[Outcome, str]:
         proc, inc, spec = self._proc, self._inc, self._spec
         assert proc is not None and inc is not None
-        now = aio.now()
-        due_s = None
-        if spec.restart_every_h is not None:
-            due_s = now + spec.restart_every_h * 3600.0 + self._rng.uniform(0.0, spec.restart_jitter_s)
         # The incarnation is complete before READY is published, with no await in between: the
         # policy can never see a READY engine with the previous incarnation's due time (D2).
         self._observer = Observer(
@@ -356,18 +333,10 @@ class EngineRunner:
             http=self._http,
             gpus=self._gpus,
             sweeper=self._sweeper,
-            on_canary=self._count_canary,
+            on_canary=self._tally.count_canary,
         )
-        self._observer.note_canary(self._canary_latency_s)
-        self._inc = inc = Incarnation(
-            number=inc.number,
-            pid=inc.pid,
-            pgid=inc.pgid,
-            step=inc.step,
-            started_s=inc.started_s,
-            ready_since_s=now,
-            scheduled_due_s=due_s,
-        )
+        self._observer.note_canary(self._tally.canary_latency_s)
+        self._inc = inc = turned_ready(inc, spec, now=aio.now(), uniform=self._rng.uniform)
         self._ledger.reached_ready()
         self._acting = False
         self._to(S.READY, "ready")
@@ -377,7 +346,7 @@ class EngineRunner:
                 self._record_exit(proc)
                 return Outcome.FAILED, f"process {self._ledger.history.last_exit} unexpectedly"
             d = self._desired
-            if d.final or not d.run:
+            if not d.wants_run:
                 return Outcome.STOP, "stop requested"
             if d.restart is not None:
                 return (Outcome.BROKEN if d.restart.failure else Outcome.RESTART), d.restart.reason
@@ -386,17 +355,15 @@ class EngineRunner:
                 await self._pause(left)
                 continue
             due_at_s = next_round_s
-            policy = spec.restart_policy
-            if self._ledger.history.failures.times_s and should_reset(inc.ready_since_s, aio.now(), policy):
-                self._ledger.reset_budget(f"ready for {aio.now() - (inc.ready_since_s or 0.0):.0f} s")
+            self._ledger.settled(inc.ready_since_s, now=aio.now(), policy=spec.restart_policy)
             obs = await self._observe_unless_interrupted(proc)
             next_round_s = aio.now() + self._tick_s
             if obs is None:
                 continue  # a stop or restart came in: act on it now, not after a slow canary
             # Timed from when the round was due: waking late because the shared loop was busy
             # is part of what a round costs (and what bench/overhead sees from outside).
-            self._rounds_total += 1
-            self._last_round_s = aio.now() - due_at_s
+            self._tally.rounds_total += 1
+            self._tally.last_round_s = aio.now() - due_at_s
             self._publish()
             if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (docs/vllm-notes.md §6).
@@ -414,8 +381,7 @@ class EngineRunner:
                 if not observing.done():
                     self._wake.clear()
                     self._take_inbox()
-                d = self._desired
-                if proc.returned or d.final or not d.run or d.restart is not None:
+                if proc.returned or self._desired.interrupts:
                     return None
             return observing.result()
         finally:
@@ -429,25 +395,17 @@ class EngineRunner:
         walking only EDGES (core.state.rotation_target)."""
         d = self._desired
         while (target := rotation_target(self._ledger.state, held=d.held, shed=d.shed)) is not None:
-            if target is S.DRAINING:
-                why = "drain requested: out of rotation until started again"
-            elif target is S.SHEDDING:
-                why = f"shedding load: {d.shed}"
-            elif self._ledger.state is S.DRAINING:
-                why = "drain cancelled: back in rotation"
-            else:
-                why = "load shedding over: back in rotation"
-            self._to(target, why)
+            self._to(target, rotation_reason(self._ledger.state, target, d.shed))
 
     # ---- stopping and failing ----
 
     async def _drain(self, why: str) -> None:
         proc = self._proc
-        if proc is None or proc.returned or self._ledger.state not in SERVING or self._quick():
+        if proc is None or proc.returned or self._ledger.state not in SERVING or self._desired.quick:
             return
         if self._ledger.state is not S.DRAINING:
             self._to(S.DRAINING, f"draining: {why}")
-        await drain(self._spec, self._http, proc, pause=self._pause, quick=self._quick)
+        await drain(self._spec, self._http, proc, pause=self._pause, quick=lambda: self._desired.quick)
 
     async def _stop(self, why: str, *, drain_first: bool) -> None:
         if drain_first:
@@ -458,24 +416,20 @@ class EngineRunner:
 
     async def _terminate(self, *, quick: bool = False) -> None:
         """The stop ladder on the current incarnation; returns once none of it is left."""
-        proc = self._proc
-        if proc is None:
+        if (proc := self._proc) is None:
             return
-        ladder = self._spec.stop_ladder
+        ladder = self._spec.stop_ladder.quick() if quick else self._spec.stop_ladder
         await terminate(
-            self.name,
-            proc,
-            ladder.quick() if quick else ladder,
-            self._procs,
-            pause=self._pause,
-            quick=self._quick,
+            self.name, proc, ladder, self._procs, pause=self._pause, quick=lambda: self._desired.quick
         )
         if self._output is not None:
             await self._output.close()
             self._output = None
+            self._take_reports()  # what the pipes still said (an OOM line after the exit); published below
         pids = frozenset({proc.pid})
         if self._observer is not None:
             pids |= self._observer.engine_pids
+            self._tally.canary_latency_s = self._observer.canary_latency_s  # shown after it stops
             self._observer.close("engine stopped")
             self._observer = None
         self._repair.cancel()
@@ -500,30 +454,26 @@ class EngineRunner:
                         self._ledger.incident(str(path))
                         self._publish()
             await self._terminate(quick=True)
+        self._acting = False
         if verdict.give_up:
-            self._gave_up = True
-            self._acting = False
-            why = f"{reason}; {verdict.budget}, giving up (llm-supervisor start {self.name} retries)"
-            self._to(S.FATAL, why)
+            self._to(S.FATAL, verdict.give_up_reason(reason, self.name))
             return
-        count, delay_s = verdict.failures, verdict.backoff_s
+        delay_s = verdict.backoff_s
         # A start that ran out of memory waits for the policy's turn (bounded): it decides
         # whether the next spawn runs a batch step down, and a 0 s backoff would not let it.
-        oom_step = self._start_failed_oom and self._ladder.step < len(self._spec.ladder)
+        oom_step = self._start.failed_oom and self._ladder.step < len(self._spec.ladder)
         wait_s = max(delay_s, POLICY_TURN_S) if oom_step else delay_s
-        self._acting = False
-        self._to(S.BACKOFF, f"{reason}; failure {count}/{policy.max_failures}, restarting in {wait_s:.1f} s")
+        self._to(S.BACKOFF, verdict.backoff_reason(reason, policy, wait_s))
         deadline = aio.now() + wait_s
         # An operator's restart during the backoff means "try now"; so does the policy's step.
-        while (left := deadline - aio.now()) > 0 and self._wants_start() and self._desired.restart is None:
-            if oom_step and not self._start_failed_oom and aio.now() >= deadline - wait_s + delay_s:
+        while (
+            (left := deadline - aio.now()) > 0 and self._desired.wants_run and self._desired.restart is None
+        ):
+            if oom_step and not self._start.failed_oom and aio.now() >= deadline - wait_s + delay_s:
                 break
             await self._pause(left)
-        if self._wants_start():
+        if self._desired.wants_run:
             self._ledger.restarted(cause)
-
-    def _wants_start(self) -> bool:
-        return self._desired.run and not self._desired.final
 
     # ---- helpers ----
 
@@ -538,20 +488,13 @@ class EngineRunner:
         self._http = self._http_for(spec)
         self._publish()
 
-    def _exit_text(self, proc: EngineProcess) -> str:
-        assert proc.exit_status is not None
-        return proc.exit_status.describe()
-
     def _record_exit(self, proc: EngineProcess) -> None:
         """An exit nobody asked for: what it was, and when (`status` shows "crashed ... ago")."""
-        self._ledger.exited(self._exit_text(proc), now=aio.now())
+        assert proc.exit_status is not None
+        self._ledger.exited(proc.exit_status.describe(), now=aio.now())
 
-    def _on_phase(self, phase: str) -> None:
-        if self._ledger.state is S.STARTING and later_phase(self._start_phase, phase):
-            self._start_phase = phase
-            self._publish()
-
-    def _on_oom(self) -> None:
-        if self._ledger.state is S.STARTING and not self._start_failed_oom:
-            self._start_failed_oom = True
+    def _canary_phase(self) -> None:
+        """The readiness canary is under way (called on this task, from await_ready)."""
+        self._reports.append(OutputSeen(phase="canary"))
+        if self._take_reports():
             self._publish()

@@ -1,8 +1,10 @@
 """What an engine publishes: one immutable ``EngineStatus``, the only way anyone reads it.
 
 The runner builds a new status after every step (a state change, an observation round, a
-command taken) and swaps one reference; the daemon's reconcile loop, the status file, the
-exporter and the HTTP endpoints all read that value, never the runner.
+command or a report taken) with the pure ``build_status`` below, on its own task only, and swaps
+one reference; the daemon's reconcile loop, the status file, the exporter and the HTTP endpoints
+all read that value, never the runner. Text in it (reasons, exits) is as its source wrote it:
+it is redacted where it leaves the daemon (redact.py).
 
 An ``Incarnation`` is one spawn of the engine. Everything that belongs to a spawn (its pid, the
 batch step it was started with, when it turned READY, its scheduled-restart due time) lives
@@ -12,13 +14,17 @@ next (the policy saw a READY engine carrying the last incarnation's due time: de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.state import EngineState
+from llmsupervisor.core.state import SERVING, EngineState
 from llmsupervisor.detectors import Finding
 from llmsupervisor.detectors.load import ServedLoad
+from llmsupervisor.engine.commands import Desired
+from llmsupervisor.engine.ledger import Ledger
+from llmsupervisor.engine.output import OutputSeen, later_phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +36,17 @@ class Incarnation:
     started_s: float  # spawn time (loop clock)
     ready_since_s: float | None = None
     scheduled_due_s: float | None = None  # restart_every_h: when this incarnation is due
+
+
+def turned_ready(
+    inc: Incarnation, spec: EngineSpec, *, now: float, uniform: Callable[[float, float], float]
+) -> Incarnation:
+    """The incarnation as it turns READY at ``now``, with its scheduled-restart due time
+    (``restart_every_h``, spread by up to ``restart_jitter_s``, drawn with ``uniform``)."""
+    due_s = None
+    if spec.restart_every_h is not None:
+        due_s = now + spec.restart_every_h * 3600.0 + uniform(0.0, spec.restart_jitter_s)
+    return replace(inc, ready_since_s=now, scheduled_due_s=due_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,3 +119,104 @@ class EngineStatus:
     @property
     def pid(self) -> int | None:
         return self.incarnation.pid if self.incarnation is not None else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartProgress:
+    """How far the current start has come: replaced whole at each spawn, changed by ``seen``."""
+
+    phase: str | None = None  # engine/output.py START_PHASES; only ever moves forward
+    failed_oom: bool = False  # the engine's output said it ran out of memory
+
+
+def seen(progress: StartProgress, report: OutputSeen) -> StartProgress:
+    """A start's progress after a line of the engine's output (the runner folds only while
+    STARTING). Pure; returns ``progress`` itself when the line changes nothing."""
+    if report.oom and not progress.failed_oom:
+        progress = replace(progress, failed_oom=True)
+    if report.phase is not None and later_phase(progress.phase, report.phase):
+        progress = replace(progress, phase=report.phase)
+    return progress
+
+
+@dataclass(slots=True, kw_only=True)
+class Tally:
+    """The runner's own counters: counted on its task only, copied into each status."""
+
+    canary_latency_s: float | None = None  # the readiness canary's, then the last live one's
+    canary_requests_total: int = 0
+    commands_taken: int = 0
+    rounds_total: int = 0
+    last_round_s: float = 0.0
+
+    def count_canary(self) -> None:
+        """A canary answered (readiness or live): the engine's own request counters include it."""
+        self.canary_requests_total += 1
+
+
+class ObserverView(Protocol):
+    """What a status reads of the live incarnation's observer (engine/observer.py)."""
+
+    findings: tuple[Finding, ...]
+    served: ServedLoad | None
+    canary_latency_s: float | None
+
+    def load(self) -> EngineLoad | None: ...
+
+
+def down_since(previous_s: float | None, desired: Desired, state: EngineState, *, now: float) -> float | None:
+    """Since when the engine is meant to serve and does not: None while it serves (READY,
+    SHEDDING) or an operator holds it (drained, stopped, disabled). A hold's end starts the
+    clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
+    meant = desired.wants_run and not desired.held
+    if not meant or state in (EngineState.READY, EngineState.SHEDDING):
+        return None
+    return now if previous_s is None else previous_s
+
+
+def build_status(
+    spec: EngineSpec,
+    *,
+    now: float,
+    ledger: Ledger,
+    desired: Desired,
+    incarnation: Incarnation | None,
+    next_step: int,
+    start: StartProgress,
+    observer: ObserverView | None,
+    tally: Tally,
+    resetting: bool,
+    reset_supported: bool | None,
+    acting: bool,
+    down_since_s: float | None,
+) -> EngineStatus:
+    """The one status of an engine, from what its runner holds. Pure: it writes nothing.
+    ``next_step``: the batch step the next spawn would take; ``acting``: a stop, restart or
+    failure is being carried out; ``resetting``: a prefix-cache reset is under way."""
+    d, state = desired, ledger.state
+    stop_pending = state in SERVING and not d.wants_run
+    return EngineStatus(
+        name=spec.name,
+        spec=spec,
+        **ledger.facts(now=now, policy=spec.restart_policy),
+        incarnation=incarnation,
+        wants_run=d.wants_run,
+        held=d.held,
+        shed=d.shed,
+        final=d.final,
+        busy=d.restart is not None or resetting or stop_pending or acting,
+        findings=observer.findings if observer is not None else (),
+        ladder_step=incarnation.step if incarnation is not None else next_step,
+        ladder_steps=len(spec.ladder),
+        start_failed_oom=start.failed_oom,
+        start_phase=start.phase if state is EngineState.STARTING else None,
+        prefix_reset_supported=reset_supported,
+        canary_latency_s=observer.canary_latency_s if observer is not None else tally.canary_latency_s,
+        canary_requests_total=tally.canary_requests_total,
+        down_since_s=down_since_s,
+        served=observer.served if observer is not None else None,
+        commands_taken=tally.commands_taken,
+        rounds_total=tally.rounds_total,
+        last_round_s=tally.last_round_s,
+        load=observer.load() if observer is not None else None,
+    )

@@ -44,10 +44,12 @@ class Recorder(aio.Changes):
         super().__init__()
         self.runner: EngineRunner | None = None
         self.published: list[EngineStatus] = []
+        self.publishers: list[asyncio.Task[Any] | None] = []  # the task each status came from
 
     def set(self, name: str | None = None) -> None:
         if self.runner is not None:
             self.published.append(self.runner.status())
+            self.publishers.append(asyncio.current_task())
         super().set(name)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -10,6 +11,7 @@ from llmsupervisor.core.restarts import RestartPolicy
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.errors import IllegalTransition
+from llmsupervisor.redact import redact_json
 
 S = EngineState
 POLICY = RestartPolicy(max_failures=3, backoff_initial_s=10.0, backoff_jitter_ratio=0.0)
@@ -93,7 +95,23 @@ def test_a_runner_that_dies_during_shutdown_gives_up() -> None:
     assert verdict.give_up and ledger.state is S.FATAL
 
 
-def test_reasons_are_redacted_in_facts() -> None:
+def test_reasons_are_kept_as_written_and_redacted_where_they_leave() -> None:
+    # Redaction is at the sinks only (redact.py; tests/unit/daemon/test_redaction_sinks.py):
+    # the facts keep the text, and every way out of the daemon masks it.
     ledger = ready_ledger()
     ledger.failed("spawn failed: --api-key sk-secret-123", now=1.0, policy=POLICY)
-    assert "sk-secret-123" not in str(ledger.facts(now=1.0, policy=POLICY)["last_failure"])
+    facts = ledger.facts(now=1.0, policy=POLICY)
+    assert facts["last_failure"] == "spawn failed: --api-key sk-secret-123"
+    assert "sk-secret-123" not in json.dumps(redact_json(facts), default=str)
+
+
+def test_gave_up_lasts_from_fatal_until_an_operator_start_resets_the_budget() -> None:
+    # The runner waits while the ledger says it gave up; a successor reads the same ledger.
+    ledger = ready_ledger()
+    assert not ledger.gave_up
+    ledger.to(S.FATAL, "3 failures in a row", now=3.0)
+    assert ledger.gave_up
+    ledger.reset_budget("operator start")
+    assert not ledger.gave_up and ledger.state is S.FATAL  # the start walks FATAL -> STARTING next
+    ledger.to(S.STARTING, "start", now=4.0)
+    assert not ledger.gave_up

@@ -16,7 +16,7 @@ import pytest
 
 from llmsupervisor import aio
 from llmsupervisor.core.findings import FindingKind
-from llmsupervisor.engine.commands import Hold, Restart, Shed, Start, StepTo, Stop
+from llmsupervisor.engine.commands import Hold, ResetPrefixCache, Restart, Shed, Start, StepTo, Stop
 from llmsupervisor.engine.http import _success
 from llmsupervisor.engine.ledger import History, Ledger
 from llmsupervisor.engine.observer import canary_deadline_s
@@ -330,6 +330,32 @@ def test_oom_at_start_is_published_and_the_step_applies_to_the_next_spawn(tmp_pa
         assert status.ladder_step == 1 and not status.start_failed_oom
         assert "--max-num-seqs" in h.procs.spawned[-1].argv
         await h.close()
+
+    run(scenario)
+
+
+def test_output_and_prefix_reset_reach_the_status_through_the_runner_task_only(tmp_path: Path) -> None:
+    """Issue 22: the output readers and a prefix-cache reset run as their own tasks; they report
+    to the runner's inbox, and the runner publishes what they saw from its own task, at its next
+    wait. Before, they called the runner back and published from their tasks."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(ladder=({"max-num-seqs": 16},)))
+        h.server.ready_after_s = 1e9  # a long load: the runner waits in its readiness polls
+        await h.state(S.STARTING)
+        proc = h.procs.live[-1]
+        proc.say("INFO 05-01 12:00:00 [default_loader.py:262] Loading weights took 3.2 seconds")
+        proc.say("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        status = await h.until(lambda s: s.start_failed_oom and s.start_phase == "compiling")
+        assert status.state is S.STARTING
+        h.server.ready_after_s = 0.0
+        await h.state(S.READY)
+        assert h.status.prefix_reset_supported is None
+        h.send(ResetPrefixCache("test"))
+        await h.until(lambda s: s.prefix_reset_supported is True and not s.busy)
+        assert ("reset_prefix_cache", spec().base_url) in h.server.calls
+        await h.close()
+        assert h.changes.publishers and all(task is h.task for task in h.changes.publishers)
 
     run(scenario)
 

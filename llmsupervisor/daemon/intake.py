@@ -1,0 +1,157 @@
+"""The daemon's way in: signals and the control socket, as requests on one queue for the loop.
+
+Signal handlers and the control socket only queue a request (daemon/requests.py); the loop takes
+them (``requests``, woken by ``arrived``) and calls ``handle`` for each on its own turn, so a
+reload goes one way whether it comes from SIGHUP or from `llm-supervisor reload`. ``status`` and
+``events`` only read (the published statuses, the event ring) and are answered at once. An
+engine command becomes engine commands for the fleet and the operator's hold, and its reply says
+what was accepted and what it will do; a reload runs as a task of its own, answered when done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from llmsupervisor import control
+from llmsupervisor.daemon.events import EventRing
+from llmsupervisor.daemon.fleet import Fleet
+from llmsupervisor.daemon.holds import Holds, operator_name
+from llmsupervisor.daemon.requests import (
+    AnyRequest,
+    EngineRequest,
+    ReloadRequest,
+    Request,
+    operator_commands,
+    refuse,
+    what_happens,
+)
+
+log = logging.getLogger("llmsupervisor")
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        fleet: Fleet,
+        holds: Holds,
+        events: EventRing,
+        status: Callable[[], dict[str, Any]],
+        stopping: Callable[[], bool],
+        reload: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self._fleet = fleet
+        self._holds = holds
+        self._events = events
+        self._status = status
+        self._stopping = stopping
+        self._reload = reload
+        self.requests: collections.deque[AnyRequest] = collections.deque()
+        self.arrived = asyncio.Event()
+        self._sigint_count = 0
+        self._background: set[asyncio.Task[Any]] = set()  # reloads
+
+    def submit(self, request: AnyRequest) -> None:
+        """Queue a request for the loop (signal handlers and the control socket)."""
+        self.requests.append(request)
+        self.arrived.set()
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.submit, Request.SHUTDOWN)
+        loop.add_signal_handler(signal.SIGHUP, self.submit, ReloadRequest())
+        loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self) -> None:
+        self._sigint_count += 1
+        self.submit(Request.SHUTDOWN if self._sigint_count == 1 else Request.SHUTDOWN_NOW)
+
+    async def on_control(self, req: dict[str, Any]) -> Any:
+        """One control-socket request (control.ControlServer's handler)."""
+        command = req["command"]
+        if command == "status":
+            return self._status()  # read-only: answered from the published statuses
+        if command == "events":  # read-only too
+            return await self._select_events(req)
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if command == "reload":
+            events_seq = self._events.last_seq  # `reload --wait` follows what happens from here
+            self.submit(ReloadRequest(reply))
+            result = await reply
+            return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
+        name = req["engine"]
+        self.submit(EngineRequest(command, name, reply, by=await operator_name(req.get("peer_uid"))))
+        result = await reply
+        await self._holds.persist(name)  # before the operator hears "accepted"
+        return result
+
+    async def _select_events(self, req: dict[str, Any]) -> dict[str, Any]:
+        since_s = req.get("since_s")
+        found = await self._events.wait_select(
+            engine=req.get("engine"),
+            after_seq=int(req.get("after") or 0),
+            since_time_s=time.time() - float(since_s) if since_s is not None else None,
+            wait_s=float(req.get("wait_s") or 0.0),
+        )
+        return {"events": [e.as_json() for e in found], "last_seq": self._events.last_seq}
+
+    def handle(self, request: AnyRequest) -> None:
+        """Act on one queued request, on the loop's turn (never for SHUTDOWN: the loop ends on it)."""
+        if isinstance(request, ReloadRequest):
+            if self._stopping():
+                refuse(request.reply, "the daemon is shutting down")
+                return
+            task = asyncio.create_task(self._answer_reload(request.reply), name="reload")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        elif isinstance(request, EngineRequest):
+            try:
+                request.reply.set_result(self.engine_command(request.command, request.engine, request.by))
+            except control.ControlError as exc:
+                request.reply.set_exception(exc)
+
+    async def _answer_reload(self, reply: asyncio.Future[Any] | None) -> None:
+        try:
+            result = await self._reload()
+        except Exception as exc:  # a bug in the reload must not go unanswered
+            log.exception("reload failed")
+            if reply is not None and not reply.done():
+                reply.set_exception(control.ControlError(f"reload failed: {exc!r}"))
+            return
+        if reply is not None and not reply.done():
+            reply.set_result(result)
+
+    def cancel_reloads(self) -> None:
+        """At shutdown: a reload still running is not finished."""
+        for task in list(self._background):
+            task.cancel()
+
+    def engine_command(self, command: str, name: str, by: str = "operator") -> dict[str, Any]:
+        status = self._fleet.status(name)
+        if status is None:
+            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self._fleet.runners)}")
+        if self._stopping():
+            raise control.ControlError("the daemon is shutting down")
+        log.info("operator: %s (by %s)", command, by, extra={"engine": name, "event": "operator"})
+        commands = operator_commands(command, status)
+        for cmd in commands:
+            self._fleet.send(name, cmd)
+        hold = self._holds.note(name, commands, by=by, now=time.time())
+        # "state" is the state when the command was taken (the command acts after this reply);
+        # incarnation, state_changes and events_seq let `--wait` tell what happened since.
+        return {
+            "engine": name,
+            "accepted": command,
+            "state": status.state.value,
+            "doing": what_happens(command, status),
+            "incarnation": status.incarnation.number if status.incarnation is not None else None,
+            "state_changes": status.state_changes_total,
+            "events_seq": self._events.last_seq,
+            "hold": hold.as_json() if hold is not None else None,
+        }
