@@ -191,7 +191,11 @@ def _throughput_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Fin
         K.DEGRADATION_THROUGHPUT,
         "tokens_per_s_per_running",
         factor=cfg.degradation_throughput_factor,
-        summary=lambda _, __, ratio: f"throughput per running request at {ratio:.0%} of its baseline",
+        # Said in the terms of docs/fragmentation.md: what drifted, at equal load (not "fragmentation").
+        summary=lambda _, __, ratio: (
+            f"throughput per running request at {ratio:.0%} of its baseline at similar load"
+            " (KV thrash, preemptions or slower clocks)"
+        ),
         mean_running=spans[1].mean_running or 0.0,
     )
 
@@ -214,7 +218,10 @@ def _ttft_degradation(all_spans: Spans | None, cfg: DetectorConfig) -> Finding |
         "ttft_p95_s",
         factor=cfg.degradation_ttft_factor,
         higher_is_worse=True,
-        summary=lambda now_s, _, ratio: f"TTFT p95 {now_s * 1000:.0f} ms, {ratio:.1f}x its baseline",
+        summary=lambda now_s, _, ratio: (
+            f"TTFT p95 {now_s * 1000:.0f} ms, {ratio:.1f}x its baseline at similar load"
+            " (queueing for KV blocks, prefix-cache misses or slower clocks)"
+        ),
         requests=current.ttft_count,
     )
 
@@ -239,7 +246,10 @@ def _prefix_cache_degradation(spans: Spans | None, cfg: DetectorConfig) -> Findi
         K.DEGRADATION_PREFIX_CACHE,
         "prefix_hit_ratio",
         factor=cfg.degradation_prefix_hit_factor,
-        summary=lambda hit, base_hit, _: f"prefix-cache hit rate {hit:.0%}, baseline {base_hit:.0%}",
+        summary=lambda hit, base_hit, _: (
+            f"prefix-cache hit rate {hit:.0%}, baseline {base_hit:.0%}"
+            " (cached prompts evicted sooner, or the traffic changed)"
+        ),
     )
 
 

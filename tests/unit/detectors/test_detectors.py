@@ -725,6 +725,26 @@ def test_degradation_evidence() -> None:
     assert finding.evidence["ratio"] == pytest.approx(0.5, rel=0.05)
 
 
+@pytest.mark.parametrize(
+    ("current", "kind", "words"),
+    [
+        ({"tokens_per_s_per_running": 5.0}, K.DEGRADATION_THROUGHPUT, ("at similar load", "preemptions")),
+        ({"ttft_le": 0.5}, K.DEGRADATION_TTFT, ("at similar load", "queueing for KV blocks")),
+        ({"hit_ratio": 0.2}, K.DEGRADATION_PREFIX_CACHE, ("baseline 50%", "evicted")),
+    ],
+)
+def test_degradation_says_what_drifted_not_fragmentation(
+    current: dict[str, Any], kind: FindingKind, words: tuple[str, ...]
+) -> None:
+    """Issue 26: an operator who suspects "KV fragmentation" reads what really drifted, at equal
+    load (docs/fragmentation.md)."""
+    window, now = _degradation(**current)
+    finding = DEGRADATION_DETECTORS[kind](window, now, CFG)
+    assert finding is not None
+    assert all(word in finding.summary for word in words), finding.summary
+    assert "fragment" not in finding.summary
+
+
 def test_span_stats_are_reused_only_for_the_very_same_observations() -> None:
     # Two windows of the same engine, read in turn as two incarnations would be: each answer is
     # its own window's, each window keeping its own baseline's stats.
