@@ -3,8 +3,10 @@
 vLLM prefixes its lines with a level word (after an optional ``(EngineCore pid=12)``); the line
 is logged at that level, and continuation lines (tracebacks) keep the level of the line that
 began them. Access lines for the supervisor's own probes are dropped (``log_probe_requests``
-keeps them). Out-of-memory lines are reported to ``on_oom``: the policy starts the next spawn a
-batch step down when a start ran out of memory.
+keeps them): the GETs by path, the canary's POST by the client address the daemon sent it from
+(probes/health.py ``OwnAddresses``), so a user's completion is always kept. Out-of-memory lines
+are reported to ``on_oom``: the policy starts the next spawn a batch step down when a start ran
+out of memory.
 
 vLLM's start-up milestones (docs/vllm-notes.md §5) are reported to ``on_phase`` as a start
 phase (``START_PHASES``), so that `llm-supervisor status` and `restart --wait` can show how far
@@ -18,8 +20,11 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Final
+
+from llmsupervisor.probes.health import OwnAddresses
 
 engine_output_log = logging.getLogger("llmsupervisor.engine.output")
 
@@ -86,6 +91,14 @@ _LEVELS: Final = {
 PROBE_PATHS: Final = ("/health", "/metrics", "/v1/models")
 _PROBE_PATHS_RE: Final = "|".join(re.escape(p) for p in PROBE_PATHS)
 _PROBE_ACCESS_RE: Final = re.compile(rf'"(?:GET|HEAD) (?:{_PROBE_PATHS_RE})/?(?:\?[^ "]*)? HTTP/[\d.]+"')
+# The canary's requests (probes/health.py): at steady state, 11-15 lines a minute per idle engine
+# and all of the journal. Only an answered one (2xx) from one of the canary's own connections is
+# dropped; a failed canary's line stays, as does every user's request to the same path.
+CANARY_PATHS: Final = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+_CANARY_PATHS_RE: Final = "|".join(re.escape(p) for p in CANARY_PATHS)
+_CANARY_ACCESS_RE: Final = re.compile(
+    rf'(?P<ip>[^\s"]+):(?P<port>\d+) - "POST (?:{_CANARY_PATHS_RE}) HTTP/[\d.]+" 2\d\d\b'
+)
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
 
@@ -93,6 +106,18 @@ READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may 
 def is_probe_access_line(line: str) -> bool:
     """A uvicorn access line for one of the supervisor's probe paths (``GET /health``, ...)."""
     return '"' in line and _PROBE_ACCESS_RE.search(line) is not None
+
+
+def is_own_canary_line(line: str, own: OwnAddresses, now: float) -> bool:
+    """A uvicorn access line for an answered canary sent from one of the daemon's own
+    connections (``127.0.0.1:40312 - "POST /v1/completions HTTP/1.1" 200 OK``)."""
+    if '"POST ' not in line:
+        return False
+    match = _CANARY_ACCESS_RE.search(line)
+    if match is None:
+        return False
+    ip = match.group("ip").strip("[]")
+    return own.holds(ip, int(match.group("port")), now)
 
 
 def engine_log_level(line: str, previous: int) -> int:
@@ -112,12 +137,14 @@ class OutputForwarder:
         on_phase: Callable[[str], None] = lambda phase: None,
         *,
         drop_probe_access: bool = True,
+        own: OwnAddresses | None = None,
     ) -> None:
         self._engine = engine
         self._pid = pid
         self._on_oom = on_oom
         self._on_phase = on_phase
         self._drop_probe_access = drop_probe_access
+        self._own = own  # the canary's local addresses (probes/health.py)
         self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
         self._tasks = [
@@ -133,6 +160,11 @@ class OutputForwarder:
         for task in pending:
             task.cancel()
         self._tasks = []
+
+    def _is_probe_line(self, line: str) -> bool:
+        if is_probe_access_line(line):
+            return True
+        return self._own is not None and is_own_canary_line(line, self._own, time.monotonic())
 
     async def _forward(self, fd: int, default_level: int) -> None:
         loop = asyncio.get_running_loop()
@@ -153,7 +185,7 @@ class OutputForwarder:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 if not line:
                     continue
-                if self._drop_probe_access and is_probe_access_line(line):
+                if self._drop_probe_access and self._is_probe_line(line):
                     self.dropped_probe_lines += 1
                     continue
                 level = engine_log_level(

@@ -308,6 +308,7 @@ class EngineRunner:
                 self._on_oom,
                 self._on_phase,
                 drop_probe_access=not spec.log_probe_requests,
+                own=self._http.own_addresses,
             )
             self._publish()
         if launched.failure:
