@@ -8,6 +8,13 @@ keeps them): the GETs by path, the canary's POST by the client address the daemo
 are reported to ``on_oom``: the policy starts the next spawn a batch step down when a start ran
 out of memory.
 
+A stop the daemon ordered (``planned_stop``: an operator's stop or restart, a planned or config
+restart, the daemon's shutdown) makes vLLM print errors that are none: ``AsyncLLM output_handler
+failed ... EngineDeadError`` at ERROR on a clean drain (docs/vllm-notes.md §6) and a screen of
+nanobind "leaked instance" warnings. From that order on, the incarnation's lines above INFO are
+logged at INFO, marked ``engine_shutdown`` (journal ``SHUTDOWN=1``, logs.py), so that
+`journalctl -p warning` lists only what needs a look. A crash's output keeps its level.
+
 vLLM's start-up milestones (docs/vllm-notes.md §5) are reported to ``on_phase`` as a start
 phase (``START_PHASES``), so that `llm-supervisor status` and `restart --wait` can show how far
 a minutes-long load has come. Only a hint: a vLLM that logs none of them (another version,
@@ -145,12 +152,18 @@ class OutputForwarder:
         self._on_phase = on_phase
         self._drop_probe_access = drop_probe_access
         self._own = own  # the canary's local addresses (probes/health.py)
+        self._planned_stop = False
         self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
         self._tasks = [
             asyncio.create_task(self._forward(stdout_fd, logging.INFO), name=f"stdout:{engine}"),
             asyncio.create_task(self._forward(stderr_fd, logging.WARNING), name=f"stderr:{engine}"),
         ]
+
+    def planned_stop(self) -> None:
+        """The daemon is stopping this incarnation on purpose: what it prints from now on is
+        shutdown output, not a problem."""
+        self._planned_stop = True
 
     async def close(self) -> None:
         """Let the pipes drain (bounded), then stop reading."""
@@ -191,7 +204,11 @@ class OutputForwarder:
                 level = engine_log_level(
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
                 )
-                engine_output_log.log(level, "%s", line, extra=extra)
+                if self._planned_stop and level > logging.INFO:
+                    shutdown = {**extra, "engine_shutdown": True, "engine_level": logging.getLevelName(level)}
+                    engine_output_log.log(logging.INFO, "%s", line, extra=shutdown)
+                else:
+                    engine_output_log.log(level, "%s", line, extra=extra)
                 if OOM_RE.search(line):
                     self._on_oom()
                 if (phase := start_phase(line)) is not None:

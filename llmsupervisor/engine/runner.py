@@ -454,6 +454,8 @@ class EngineRunner:
         if drain_first:
             await self._drain(why)
         self._to(S.STOPPING, why)
+        if self._output is not None:
+            self._output.planned_stop()  # vLLM's errors while it stops are no problem (output.py)
         await self._terminate(quick=not drain_first)
         self._to(S.STOPPED, f"{why}: stopped")
 
