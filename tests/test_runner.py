@@ -688,3 +688,34 @@ def test_what_an_engine_prints_while_the_daemon_stops_it_is_shutdown_output(
     assert [r.levelno for r in crash] == [logging.ERROR]
     assert not getattr(crash[0], "engine_shutdown", False)
     assert all(r.levelno <= logging.INFO for r in forwarded if getattr(r, "engine_shutdown", False))
+
+
+def test_a_crash_loop_says_what_the_engine_printed_and_a_restart_keeps_its_cause(tmp_path: Path) -> None:
+    """ "exited with code 1" alone did not say why (issue 26, point 3): the reason ends with the
+    engine's last error line; the status carries the last restart's cause and reason."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(max_failures=5))
+        await h.state(S.READY)
+        proc = h.procs.live[-1]
+        proc.say("ERROR 11-23 [core.py:1] EngineCore failed to start.")
+        proc.say("Traceback (most recent call last):", stderr=True)
+        proc.say('  File "x.py", line 1, in <module>', stderr=True)
+        proc.say("ValueError: head_dim 16 is not supported", stderr=True)
+        proc.say("INFO 11-23 bye")
+        await asyncio.sleep(0.1)
+        proc.exit(code=1)
+        status = await h.until(ready_as(2))
+        assert status.last_failure is not None
+        assert status.last_failure.endswith(
+            "exited with code 1 unexpectedly: ValueError: head_dim 16 is not supported"
+        )
+        assert status.last_restart is not None and status.last_restart.cause == "crash"
+        assert status.last_restart.reason == status.last_failure
+        h.send(Restart(cause="operator", reason="asked"))
+        status = await h.until(ready_as(3))
+        assert status.last_restart is not None
+        assert (status.last_restart.cause, status.last_restart.reason) == ("operator", "asked")
+        await h.close()
+
+    run(scenario)

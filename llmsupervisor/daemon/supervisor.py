@@ -47,6 +47,7 @@ from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.holds import Holds, desired_for, operator_name
+from llmsupervisor.daemon.output_ring import OutputRing, engine_process
 from llmsupervisor.daemon.placement import describe, place_config, topology
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
@@ -167,6 +168,9 @@ class Supervisor:
         self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
         self.events = EventRing()
+        # Each engine's recent output (this incarnation's and the last one's): `logs`, `describe`.
+        self.output = OutputRing()
+        self._journal = logs.resolve_format() == "journal"
 
     # ---- requests: the one way in ----
 
@@ -191,6 +195,8 @@ class Supervisor:
             return self.status()  # read-only: answered from the published statuses
         if command == "events":  # read-only too
             return await self._events(req)
+        if command == "logs":  # and so is this
+            return await self._logs(req)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
             events_seq = self.events.last_seq  # `reload --wait` follows what happens from here
@@ -212,6 +218,37 @@ class Supervisor:
             wait_s=float(req.get("wait_s") or 0.0),
         )
         return {"events": [e.as_json() for e in found], "last_seq": self.events.last_seq}
+
+    async def _logs(self, req: dict[str, Any]) -> dict[str, Any]:
+        name = req["engine"]
+        status = self.fleet.status(name)
+        if status is None:
+            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}")
+        previous, after = bool(req.get("previous")), int(req.get("after") or 0)
+        lines = req.get("lines")
+        if previous or not req.get("wait_s"):
+            found = self.output.select(name, previous=previous, last=None if lines is None else int(lines))
+            found = [line for line in found if line.seq > after]
+        else:
+            found = await self.output.wait_select(name, after_seq=after, wait_s=float(req["wait_s"]))
+        pid = status.pid
+        return {
+            "engine": name,
+            "lines": [line.as_json() for line in found],
+            "last_seq": self.output.last_seq,
+            "process": await self._engine_process(pid),
+            # Under systemd the journal holds the same lines, and more of them.
+            "journal": f"journalctl -u llm-supervisor ENGINE={name}" if self._journal else None,
+        }
+
+    async def _engine_process(self, pid: int | None) -> dict[str, Any] | None:
+        if pid is None:
+            return None
+        try:
+            async with asyncio.timeout(2.0):
+                return await asyncio.to_thread(engine_process, pid)
+        except TimeoutError:
+            return {"pid": pid, "command": None, "rss_bytes": None}
 
     def _handle(self, request: AnyRequest) -> None:
         """Act on one request (never for SHUTDOWN: the loop ends on it)."""
@@ -324,10 +361,12 @@ class Supervisor:
     async def run(self) -> int:
         self._install_signals()
         logging.getLogger("llmsupervisor").addHandler(self.events)
+        logging.getLogger("llmsupervisor.engine.output").addHandler(self.output)
         try:
             return await self._run()
         finally:
             logging.getLogger("llmsupervisor").removeHandler(self.events)
+            logging.getLogger("llmsupervisor.engine.output").removeHandler(self.output)
 
     async def _run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True)

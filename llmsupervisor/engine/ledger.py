@@ -14,7 +14,8 @@ through the methods below:
     failed(reason)         a failure against the budget -> Verdict (backoff_s, or give_up)
     reset_budget(why)      a clean slate: an operator's start of a FATAL engine, or READY for
                            stable_after_s
-    restarted(cause)       a restart by cause (the restarts metric)
+    restarted(cause)       a restart by cause (the restarts metric), and the last one's
+                           cause, reason, time and incident file (`describe`)
     incident(path)         hang/stall evidence kept (engine/evidence.py)
     runner_died(exc)       the runner's task died of a bug (daemon/fleet.py): a failure, and
                            the state it leaves walks EDGES like any other change
@@ -42,6 +43,17 @@ _WARN_STATES = frozenset({S.BACKOFF, S.FATAL})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRecord:
+    """The last restart: why (a cause of the policy's RESTART_CAUSES and the reason in words),
+    when (loop clock) and the hang/stall evidence kept for it, if any."""
+
+    cause: str
+    reason: str | None = None
+    at_s: float | None = None
+    incident: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class History:
     """The counters and budget, as one immutable value: only the ledger replaces it."""
 
@@ -55,6 +67,7 @@ class History:
     incarnations: int = 0
     incidents_total: int = 0  # hang/stall evidence files written (engine/evidence.py)
     last_incident: str | None = None  # the newest one's path
+    last_restart: RestartRecord | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +126,11 @@ class Ledger:
             "last_failure": redact(h.last_failure) if h.last_failure else h.last_failure,
             "incidents_total": h.incidents_total,
             "last_incident": h.last_incident,
+            "last_restart": (
+                replace(h.last_restart, reason=redact(h.last_restart.reason))
+                if h.last_restart is not None and h.last_restart.reason
+                else h.last_restart
+            ),
         }
 
     # ---- writing: the only place ----
@@ -147,10 +165,15 @@ class Ledger:
             log.info("%s: the failure budget is reset", why, extra={"engine": self.name})
         self._history = replace(self._history, failures=self._history.failures.reset())
 
-    def restarted(self, cause: str) -> None:
+    def restarted(
+        self, cause: str, *, reason: str | None = None, now: float | None = None, incident: str | None = None
+    ) -> None:
         h = self._history
         by_reason = {**h.restarts_by_reason, cause: h.restarts_by_reason.get(cause, 0) + 1}
-        self._history = replace(h, restarts_total=h.restarts_total + 1, restarts_by_reason=by_reason)
+        last = RestartRecord(cause=cause, reason=reason, at_s=now, incident=incident)
+        self._history = replace(
+            h, restarts_total=h.restarts_total + 1, restarts_by_reason=by_reason, last_restart=last
+        )
 
     def incident(self, path: str) -> None:
         h = self._history

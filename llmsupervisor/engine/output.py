@@ -11,8 +11,8 @@ out of memory.
 A stop the daemon ordered (``planned_stop``: an operator's stop or restart, a planned or config
 restart, the daemon's shutdown) makes vLLM print errors that are none: ``AsyncLLM output_handler
 failed ... EngineDeadError`` at ERROR on a clean drain (docs/vllm-notes.md §6) and a screen of
-nanobind "leaked instance" warnings. From that order on, the incarnation's lines above INFO are
-logged at INFO, marked ``engine_shutdown`` (journal ``SHUTDOWN=1``, logs.py), so that
+nanobind "leaked instance" warnings. From that order on, the incarnation's lines are shutdown
+output: marked ``engine_shutdown`` and logged at INFO at most (journal ``SHUTDOWN=1``, logs.py), so that
 `journalctl -p warning` lists only what needs a look. A crash's output keeps its level.
 
 vLLM's start-up milestones (docs/vllm-notes.md §5) are reported to ``on_phase`` as a start
@@ -107,6 +107,9 @@ _CANARY_ACCESS_RE: Final = re.compile(
     rf'(?P<ip>[^\s"]+):(?P<port>\d+) - "POST (?:{_CANARY_PATHS_RE}) HTTP/[\d.]+" 2\d\d\b'
 )
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
+# The final line of an uncaught exception ("RuntimeError: ...", "torch.OutOfMemoryError: ...").
+_EXCEPTION_LINE_RE: Final = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
+ERROR_LINE_LIMIT: Final = 300  # characters of the last error line kept for a failure's reason
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
 
 
@@ -153,6 +156,9 @@ class OutputForwarder:
         self._drop_probe_access = drop_probe_access
         self._own = own  # the canary's local addresses (probes/health.py)
         self._planned_stop = False
+        # What a crash-looping engine said last: its newest ERROR line or exception line, for
+        # the failure's reason ("exited with code 1: ValueError: ...").
+        self.last_error_line: str | None = None
         self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
         self._tasks = [
@@ -164,6 +170,12 @@ class OutputForwarder:
         """The daemon is stopping this incarnation on purpose: what it prints from now on is
         shutdown output, not a problem."""
         self._planned_stop = True
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until both pipes are read to their end: a process that
+        exited may have left its last lines in them."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout_s)
 
     async def close(self) -> None:
         """Let the pipes drain (bounded), then stop reading."""
@@ -204,9 +216,15 @@ class OutputForwarder:
                 level = engine_log_level(
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
                 )
-                if self._planned_stop and level > logging.INFO:
+                if (
+                    not self._planned_stop
+                    and not line[:1].isspace()
+                    and (level >= logging.ERROR or _EXCEPTION_LINE_RE.match(line))
+                ):
+                    self.last_error_line = line[:ERROR_LINE_LIMIT]
+                if self._planned_stop:
                     shutdown = {**extra, "engine_shutdown": True, "engine_level": logging.getLevelName(level)}
-                    engine_output_log.log(logging.INFO, "%s", line, extra=shutdown)
+                    engine_output_log.log(min(level, logging.INFO), "%s", line, extra=shutdown)
                 else:
                     engine_output_log.log(level, "%s", line, extra=extra)
                 if OOM_RE.search(line):

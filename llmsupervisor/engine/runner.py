@@ -64,6 +64,7 @@ log = logging.getLogger("llmsupervisor.engine")
 
 S = EngineState
 POLICY_TURN_S = 1.0  # how long a BACKOFF after an out-of-memory start waits for the policy
+OUTPUT_SETTLE_S = 0.5  # after an exit, how long its last lines may take to arrive
 
 
 class Outcome(enum.Enum):
@@ -269,7 +270,7 @@ class EngineRunner:
                     self._desired = restart_taken(self._desired)
                     if outcome is Outcome.RESTART:
                         await self._stop(why, drain_first=planned.drain)
-                        self._ledger.restarted(planned.cause)
+                        self._ledger.restarted(planned.cause, reason=why, now=aio.now())
                         continue
                     if planned.drain:
                         await self._drain(why)
@@ -490,6 +491,8 @@ class EngineRunner:
         """Clean up, then restart (at once the first time within the failure window, with a
         growing backoff on repeats), or give up (FATAL)."""
         policy = self._spec.restart_policy
+        reason = await self._with_last_error(reason)
+        incident: str | None = None
         verdict = self._ledger.failed(reason, now=aio.now(), policy=policy, draw=self._rng.random)
         if self._proc is not None:
             if not self._procs.group_gone(self._proc):
@@ -500,7 +503,8 @@ class EngineRunner:
                     # the hang itself, and recovery waits for them at most EVIDENCE_TIMEOUT_S.
                     path = await take_evidence(self.name, self._proc, self._procs, cause=cause, reason=reason)
                     if path is not None:
-                        self._ledger.incident(str(path))
+                        incident = str(path)
+                        self._ledger.incident(incident)
                         self._publish()
             await self._terminate(quick=True)
         if verdict.give_up:
@@ -523,7 +527,17 @@ class EngineRunner:
                 break
             await self._pause(left)
         if self._wants_start():
-            self._ledger.restarted(cause)
+            self._ledger.restarted(cause, reason=reason, now=aio.now(), incident=incident)
+
+    async def _with_last_error(self, reason: str) -> str:
+        """A process that exited by itself: its reason ends with the last error line it printed
+        (engine/output.py), so a crash loop says what went wrong, not only "exited with code 1"."""
+        output, proc = self._output, self._proc
+        if output is None or proc is None or not proc.returned:
+            return reason
+        await output.settle(OUTPUT_SETTLE_S)
+        line = output.last_error_line
+        return f"{reason}: {line}" if line and line not in reason else reason
 
     def _wants_start(self) -> bool:
         return self._desired.run and not self._desired.final

@@ -19,6 +19,7 @@ from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.detectors import Finding
 from llmsupervisor.detectors.load import ServedLoad
+from llmsupervisor.engine.ledger import RestartRecord
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +87,7 @@ class EngineStatus:
     last_round_s: float = 0.0
     incidents_total: int = 0  # hang/stall evidence kept (engine/evidence.py)
     last_incident: str | None = None
+    last_restart: RestartRecord | None = None  # cause, reason, when, incident (`describe`)
     task_failed: str | None = None  # set by the fleet when the runner's task died of a bug
     load: EngineLoad | None = None  # while observed (READY and the states after it)
 
