@@ -70,7 +70,12 @@ class VllmHttp:
     async def models(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
         return await health.check_models(
-            self._client, spec.base_url, spec.model_id, timeout_s=timeout_s, headers=self._headers
+            self._client,
+            spec.base_url,
+            spec.model_id,
+            timeout_s=timeout_s,
+            headers=self._headers,
+            own=self.own_addresses,
         )
 
     async def canary(self, *, timeout_s: float) -> HttpCheck:

@@ -106,6 +106,13 @@ _CANARY_PATHS_RE: Final = "|".join(re.escape(p) for p in CANARY_PATHS)
 _CANARY_ACCESS_RE: Final = re.compile(
     rf'(?P<ip>[^\s"]+):(?P<port>\d+) - "POST (?:{_CANARY_PATHS_RE}) HTTP/[\d.]+" 2\d\d\b'
 )
+# vLLM's stats line ("Engine 000: Avg prompt throughput: ... Running: 0 reqs, Waiting: 0 reqs")
+# every 10 s drops to DEBUG when the engine is idle (vllm-notes §3.1), but the canary's tokens
+# keep it from being idle: measured on the real engine, six lines a minute of nothing but the
+# canary. With nothing running or waiting it is logged once per STATS_IDLE_EVERY_S; a busy
+# engine's (a request running or waiting) every time. The same numbers are in /metrics.
+_IDLE_STATS_RE: Final = re.compile(r"Engine \d+: Avg prompt throughput: .*Running: 0 reqs, Waiting: 0 reqs")
+STATS_IDLE_EVERY_S: Final = 300.0
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
 # The final line of an uncaught exception ("RuntimeError: ...", "torch.OutOfMemoryError: ...").
 _EXCEPTION_LINE_RE: Final = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
@@ -156,6 +163,7 @@ class OutputForwarder:
         self._drop_probe_access = drop_probe_access
         self._own = own  # the canary's local addresses (probes/health.py)
         self._planned_stop = False
+        self._idle_stats_at_s: float | None = None  # when an idle stats line was last let through
         # What a crash-looping engine said last: its newest ERROR line or exception line, for
         # the failure's reason ("exited with code 1: ValueError: ...").
         self.last_error_line: str | None = None
@@ -189,7 +197,13 @@ class OutputForwarder:
     def _is_probe_line(self, line: str) -> bool:
         if is_probe_access_line(line):
             return True
-        return self._own is not None and is_own_canary_line(line, self._own, time.monotonic())
+        now = time.monotonic()
+        if "Avg prompt throughput" in line and _IDLE_STATS_RE.search(line):
+            if self._idle_stats_at_s is not None and now - self._idle_stats_at_s < STATS_IDLE_EVERY_S:
+                return True
+            self._idle_stats_at_s = now
+            return False
+        return self._own is not None and is_own_canary_line(line, self._own, now)
 
     async def _forward(self, fd: int, default_level: int) -> None:
         loop = asyncio.get_running_loop()

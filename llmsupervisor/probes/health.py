@@ -194,12 +194,23 @@ async def check_health(probe: ProbeHttp, *, timeout_s: float, headers: Headers =
 
 
 async def check_models(
-    client: httpx.AsyncClient, base_url: str, model_id: str, *, timeout_s: float, headers: Headers = None
+    client: httpx.AsyncClient,
+    base_url: str,
+    model_id: str,
+    *,
+    timeout_s: float,
+    headers: Headers = None,
+    own: OwnAddresses | None = None,
 ) -> HttpCheck:
+    """``GET /v1/models``. ``own``: as the canary's; the readiness canary that follows reuses the
+    connection this one opened, and its access line may be read before its answer is."""
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(f"{base_url}/v1/models", timeout=timeout_s, headers=headers)
+            resp = await client.get(
+                f"{base_url}/v1/models", timeout=timeout_s, headers=headers, extensions=_noting(own)
+            )
+        _note_answer(own, resp)
         if resp.status_code != 200:
             return _failed("http", f"HTTP {resp.status_code}", started, resp.status_code)
         ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]

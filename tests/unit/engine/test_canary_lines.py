@@ -132,3 +132,26 @@ def test_the_forwarder_drops_the_canary_lines_and_keeps_the_users(caplog: pytest
         dropped = asyncio.run(go())
     assert dropped == 2
     assert [r.getMessage() for r in caplog.records] == [written[1]]
+
+
+def test_the_stats_line_of_an_engine_with_nothing_running_is_thinned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Measured on the real engine: the canary's tokens keep vLLM's 10 s stats line at INFO, six
+    lines a minute of nothing. Idle ones go out once per STATS_IDLE_EVERY_S; busy ones always."""
+    stats = "(APIServer pid=7) INFO 11-26 [loggers.py:335] Engine 000: Avg prompt throughput: 1.2 tokens/s, "
+    idle = stats + "Avg generation throughput: 0.3 tokens/s, Running: 0 reqs, Waiting: 0 reqs, KV 0.0%"
+    busy = stats + "Avg generation throughput: 9.0 tokens/s, Running: 2 reqs, Waiting: 0 reqs, KV 0.1%"
+
+    async def go() -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        forwarder = OutputForwarder("a", 1, (out_r, err_r), lambda: None, own=OwnAddresses())
+        os.write(out_w, "".join(line + "\n" for line in (idle, idle, busy, busy, idle)).encode())
+        os.close(out_w)
+        os.close(err_w)
+        await forwarder.close()
+
+    with caplog.at_level(logging.INFO, logger="llmsupervisor.engine.output"):
+        asyncio.run(go())
+    assert [r.getMessage() for r in caplog.records] == [idle, busy, busy]
