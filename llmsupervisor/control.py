@@ -7,7 +7,10 @@ line back, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``.
 ``{"command": "events", "engine": NAME?, "after": SEQ?, "since_s": SECONDS?, "wait_s": S?}``
 answers ``{"events": [...], "last_seq": N}`` from the daemon's ring (daemon/events.py); with
 ``wait_s`` it waits (at most 30 s) for a first new event, so that `events --follow` is a long
-poll: one request after another, each with the last seq it got. The server only
+poll: one request after another, each with the last seq it got.
+``{"command": "logs", "engine": NAME, "previous": BOOL?, "lines": N?, "after": SEQ?, "wait_s": S?}``
+answers ``{"lines": [...], "last_seq": N, "process": {...}, "journal": CMD?}`` from the engine's
+output ring (daemon/output_ring.py), the same long poll for `logs --follow`. The server only
 parses and hands the request to a callback, which puts it on the daemon's one request queue
 (daemon/requests.py) and awaits the loop's answer. The server adds ``peer_uid`` to the request:
 the uid of the process on the other end (SO_PEERCRED, from the kernel; None where it cannot be
@@ -47,7 +50,7 @@ from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor.control")
 
-COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload", "events")
+COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload", "events", "logs")
 ENGINE_COMMANDS: Final = frozenset({"restart", "drain", "stop", "start"})
 REQUEST_LIMIT_BYTES: Final = 64 * 1024
 IDLE_TIMEOUT_S: Final = 5.0
@@ -242,6 +245,13 @@ def _validated(request: Any) -> dict[str, Any]:
         raise ControlError(f"unknown command {command!r}; one of {', '.join(COMMANDS)}")
     if command in ENGINE_COMMANDS and not isinstance(request.get("engine"), str):
         raise ControlError(f"{command} needs an engine name")
+    if command == "logs":
+        if not isinstance(request.get("engine"), str):
+            raise ControlError("logs needs an engine name")
+        for key in ("lines", "after", "wait_s"):
+            value = request.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ControlError(f"logs: {key} must be a number")
     if command == "events":
         if request.get("engine") is not None and not isinstance(request["engine"], str):
             raise ControlError("events: engine must be a name")

@@ -4,7 +4,10 @@ Under systemd (``JOURNAL_STREAM`` matches stderr's device and inode) each record
 journald's native socket as one entry with fields: ``PRIORITY``, ``SYSLOG_IDENTIFIER``, and for
 records about an engine ``ENGINE=`` and ``GPU=``, so ``journalctl -u llm-supervisor ENGINE=gpu0``
 tells one engine's story, its forwarded vLLM lines included (identifier ``vllm-NAME``, the
-priority from vLLM's own level word, ``ENGINE_PID=`` the engine process). If that socket is
+priority from vLLM's own level word, ``ENGINE_PID=`` the engine process). What an engine prints
+while the daemon stops it on purpose is shutdown output (engine/output.py): priority 6 (info)
+whatever its level word, with ``SHUTDOWN=1`` and ``ENGINE_LEVEL=`` its own level (JSON:
+``shutdown``; text: ``(stopping)`` after the engine's tag). If that socket is
 missing or a send fails, the record falls back to stderr with a ``<N>`` prefix on every line, so
 ``journalctl -p warning`` still works and traceback lines keep their priority (docs/host-notes.md §6).
 Records about an engine carry ``engine`` in ``extra`` and are tagged ``[name]`` in text form.
@@ -76,6 +79,8 @@ class EngineFormatter(logging.Formatter):
         text = super().format(record)
         lines = text.splitlines() or [""]
         tag = f"[{engine}] " if engine else ""
+        if tag and getattr(record, "engine_shutdown", False):
+            tag += "(stopping) "
         if self.journal:
             prefix = f"<{_priority(record.levelno)}>"
             return "\n".join(f"{prefix}{tag}{line}" for line in lines)
@@ -117,6 +122,8 @@ class JsonFormatter(logging.Formatter):
         engine_pid = getattr(record, "engine_pid", None)
         if engine_pid:
             entry["engine_pid"] = engine_pid
+        if getattr(record, "engine_shutdown", False):
+            entry["shutdown"] = True
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         # ensure_ascii keeps every line 7-bit clean whatever an engine printed.
@@ -185,6 +192,9 @@ class JournalHandler(logging.Handler):
                 fields["GPU"] = self.gpus_of[engine]
         if engine_pid:
             fields["ENGINE_PID"] = str(engine_pid)
+        if getattr(record, "engine_shutdown", False):
+            fields["SHUTDOWN"] = "1"
+            fields["ENGINE_LEVEL"] = str(getattr(record, "engine_level", ""))
         return fields
 
     def emit(self, record: logging.LogRecord) -> None:

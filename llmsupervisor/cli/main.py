@@ -1,5 +1,6 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
-(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``) that talk to a
+(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``, ``logs``,
+``describe``) that talk to a
 running daemon over its control socket (cli/control.py; what they print: cli/render.py; the
 reference with exit codes: docs/cli.md). No supervision logic here."""
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from llmsupervisor import __version__, control, logs
 from llmsupervisor.cli import control as cli_control
-from llmsupervisor.cli import fleet, render
+from llmsupervisor.cli import engine_view, fleet, render
 from llmsupervisor.cli.client import EX_INTERRUPTED, Client
 from llmsupervisor.cli.client import EX_UNAVAILABLE as EX_UNAVAILABLE  # the daemon is not reachable
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
@@ -131,6 +132,26 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--since", metavar="AGE", help="only events of the last AGE (30s, 10m, 2h, 1d)")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     _common(events, top=False)
+    logs_parser = sub.add_parser(
+        "logs", help="an engine's recent output, kept by the daemon (under systemd: all of it in the journal)"
+    )
+    logs_parser.add_argument("engine", metavar="NAME")
+    logs_parser.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C"
+    )
+    logs_parser.add_argument(
+        "--previous", "-p", action="store_true", help="the previous incarnation's (the one that exited)"
+    )
+    logs_parser.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
+    logs_parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    _common(logs_parser, top=False)
+    describe_parser = sub.add_parser(
+        "describe",
+        help="one engine up close: process, placement, state, last restart and why, events, output",
+    )
+    describe_parser.add_argument("engine", metavar="NAME")
+    describe_parser.add_argument("--json", action="store_true", help="machine-readable")
+    _common(describe_parser, top=False)
     doctor = sub.add_parser(
         "doctor", help="check this machine before the first start: one line per check, exit 1 on any FAIL"
     )
@@ -197,6 +218,19 @@ def control_command(args: argparse.Namespace) -> int:
         return cli_control.events(
             client, args.engine, since_s=since_s, follow=args.follow, as_json=args.json, out=out, err=err
         )
+    if args.command == "logs":
+        return engine_view.logs(
+            client,
+            args.engine,
+            previous=args.previous,
+            lines=args.lines,
+            follow=args.follow,
+            as_json=args.json,
+            out=out,
+            err=err,
+        )
+    if args.command == "describe":
+        return engine_view.describe(client, args.engine, as_json=args.json, out=out, err=err)
     if args.command == "reload":
         return cli_control.reload(
             client, wait_for=args.wait, timeout_s=args.timeout, as_json=args.json, out=out, err=err
@@ -308,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(schema_text())
         return 0
-    if args.command in control.COMMANDS:
+    if args.command in (*control.COMMANDS, "describe"):
         try:
             return control_command(args)
         except KeyboardInterrupt:

@@ -59,8 +59,16 @@ def short_exit(text: str) -> str:
 
 
 def last_exit(engine: Mapping[str, Any]) -> str:
-    """The last exit nobody asked for: ``crashed (SIGKILL) 2m ago``, or ``-``."""
+    """The last exit nobody asked for, ``crashed (SIGKILL) 2m ago``; or, where a restart came
+    after it (or there was no exit: a hang kill, an operator's restart), that restart and its
+    cause, ``restarted (hang) 1m ago``; else ``-``."""
     text = engine.get("last_exit")
+    restart = engine.get("last_restart")
+    if isinstance(restart, Mapping) and restart.get("cause") not in ("crash", "start_failed"):
+        restart_age, exit_age = restart.get("age_s"), engine.get("last_exit_age_s")
+        if not text or (restart_age is not None and exit_age is not None and restart_age < exit_age):
+            when = f" {duration(restart_age)} ago" if restart_age is not None else ""
+            return f"restarted ({restart.get('cause')}){when}"
     if not text:
         return "-"
     age = engine.get("last_exit_age_s")

@@ -3,7 +3,8 @@
 Signal handlers and the control socket only queue a request (daemon/requests.py); the loop takes
 them (``requests``, woken by ``arrived``) and calls ``handle`` for each on its own turn, so a
 reload goes one way whether it comes from SIGHUP or from `llm-supervisor reload`. ``status`` and
-``events`` only read (the published statuses, the event ring) and are answered at once. An
+``events`` and ``logs`` only read (the published statuses, the event and output rings) and are
+answered at once. An
 engine command becomes engine commands for the fleet and the operator's hold, and its reply says
 what was accepted and what it will do; a reload runs as a task of its own, answered when done.
 """
@@ -22,6 +23,7 @@ from llmsupervisor import control
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.holds import Holds, operator_name
+from llmsupervisor.daemon.output_ring import OutputRing, engine_process
 from llmsupervisor.daemon.requests import (
     AnyRequest,
     EngineRequest,
@@ -42,6 +44,8 @@ class Intake:
         fleet: Fleet,
         holds: Holds,
         events: EventRing,
+        output: OutputRing,
+        journal: bool,
         status: Callable[[], dict[str, Any]],
         stopping: Callable[[], bool],
         reload: Callable[[], Awaitable[dict[str, Any]]],
@@ -49,6 +53,8 @@ class Intake:
         self._fleet = fleet
         self._holds = holds
         self._events = events
+        self._output = output
+        self._journal = journal  # logging to the journal: `logs` names the journalctl command
         self._status = status
         self._stopping = stopping
         self._reload = reload
@@ -79,6 +85,8 @@ class Intake:
             return self._status()  # read-only: answered from the published statuses
         if command == "events":  # read-only too
             return await self._select_events(req)
+        if command == "logs":  # and so is this
+            return await self._logs(req)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
             events_seq = self._events.last_seq  # `reload --wait` follows what happens from here
@@ -100,6 +108,36 @@ class Intake:
             wait_s=float(req.get("wait_s") or 0.0),
         )
         return {"events": [e.as_json() for e in found], "last_seq": self._events.last_seq}
+
+    async def _logs(self, req: dict[str, Any]) -> dict[str, Any]:
+        name = req["engine"]
+        status = self._fleet.status(name)
+        if status is None:
+            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self._fleet.runners)}")
+        previous, after = bool(req.get("previous")), int(req.get("after") or 0)
+        lines = req.get("lines")
+        if previous or not req.get("wait_s"):
+            found = self._output.select(name, previous=previous, last=None if lines is None else int(lines))
+            found = [line for line in found if line.seq > after]
+        else:
+            found = await self._output.wait_select(name, after_seq=after, wait_s=float(req["wait_s"]))
+        return {
+            "engine": name,
+            "lines": [line.as_json() for line in found],
+            "last_seq": self._output.last_seq,
+            "process": await self._engine_process(status.pid),
+            # Under systemd the journal holds the same lines, and more of them.
+            "journal": f"journalctl -u llm-supervisor ENGINE={name}" if self._journal else None,
+        }
+
+    async def _engine_process(self, pid: int | None) -> dict[str, Any] | None:
+        if pid is None:
+            return None
+        try:
+            async with asyncio.timeout(2.0):
+                return await asyncio.to_thread(engine_process, pid)
+        except TimeoutError:
+            return {"pid": pid, "command": None, "rss_bytes": None}
 
     def handle(self, request: AnyRequest) -> None:
         """Act on one queued request, on the loop's turn (never for SHUTDOWN: the loop ends on it)."""

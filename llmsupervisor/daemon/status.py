@@ -214,7 +214,17 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
         "served": _served_json(s.served),
         "incidents": s.incidents_total,
         "last_incident": s.last_incident,
+        "last_restart": _restart_json(snap, s),
     }
+
+
+def _restart_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any] | None:
+    """Why the engine last restarted: `describe` and the table's answer to "why did it restart?"."""
+    last = s.last_restart
+    if last is None:
+        return None
+    age_s = round(snap.now_s - last.at_s, 1) if last.at_s is not None else None
+    return {"cause": last.cause, "reason": last.reason, "incident": last.incident, "age_s": age_s}
 
 
 def _served_json(served: ServedLoad | None) -> dict[str, Any] | None:
@@ -256,6 +266,11 @@ def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str
     return "; ".join(parts)
 
 
+def _aged(engine: Mapping[str, Any]) -> Any:
+    last = engine.get("last_restart")
+    return {**last, "age_s": None} if isinstance(last, dict) else last
+
+
 class StatusFile:
     """``STATE_DIR/status.json``, rewritten when something in it changed (the ages aside), or
     every STATUS_REFRESH_S for the ages: not a disk write on every tick.
@@ -279,7 +294,7 @@ class StatusFile:
             {
                 **status,
                 "engines": {
-                    n: {**e, "for_s": None, "last_exit_age_s": None, "served": None}
+                    n: {**e, "for_s": None, "last_exit_age_s": None, "served": None, "last_restart": _aged(e)}
                     for n, e in status["engines"].items()
                 },
             },

@@ -46,6 +46,7 @@ from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.holds import Holds, desired_for
 from llmsupervisor.daemon.intake import Intake
+from llmsupervisor.daemon.output_ring import OutputRing
 from llmsupervisor.daemon.placement import describe, place_config, refuse_mig, topology
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
@@ -154,10 +155,14 @@ class Supervisor:
         self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
         self.events = EventRing()
+        # Each engine's recent output (this incarnation's and the last one's): `logs`, `describe`.
+        self.output = OutputRing()
         self.intake = Intake(
             fleet=self.fleet,
             holds=self.holds,
             events=self.events,
+            output=self.output,
+            journal=logs.resolve_format() == "journal",
             status=self.status,
             stopping=lambda: self._stopping,
             reload=self.reload,
@@ -220,10 +225,12 @@ class Supervisor:
     async def run(self) -> int:
         self.intake.install_signals()
         logging.getLogger("llmsupervisor").addHandler(self.events)
+        logging.getLogger("llmsupervisor.engine.output").addHandler(self.output)
         try:
             return await self._run()
         finally:
             logging.getLogger("llmsupervisor").removeHandler(self.events)
+            logging.getLogger("llmsupervisor.engine.output").removeHandler(self.output)
 
     async def _run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True)

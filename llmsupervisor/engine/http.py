@@ -18,7 +18,7 @@ import httpx
 
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.probes import ProbeFailure, health
-from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.health import HttpCheck, OwnAddresses
 from llmsupervisor.probes.probe_http import ProbeHttp
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, fetch_metrics
 
@@ -35,6 +35,10 @@ class PrefixReset(enum.Enum):
 
 
 class EngineHttp(Protocol):
+    # The local addresses the canary sent from, for the output forwarder to drop their access
+    # lines (engine/output.py); None where there are none (a scripted server).
+    own_addresses: OwnAddresses | None
+
     async def health(self, *, timeout_s: float) -> HttpCheck: ...
 
     async def models(self, *, timeout_s: float) -> HttpCheck: ...
@@ -58,6 +62,7 @@ class VllmHttp:
         # logged: the log filter masks it, and httpx logs no headers).
         self._headers = health.auth_headers(spec.bearer_key)
         self._canary_kind = spec.canary_kind
+        self.own_addresses: OwnAddresses | None = OwnAddresses()
 
     async def health(self, *, timeout_s: float) -> HttpCheck:
         return await health.check_health(self._probe, timeout_s=timeout_s, headers=self._headers)
@@ -65,7 +70,12 @@ class VllmHttp:
     async def models(self, *, timeout_s: float) -> HttpCheck:
         spec = self._spec
         return await health.check_models(
-            self._client, spec.base_url, spec.model_id, timeout_s=timeout_s, headers=self._headers
+            self._client,
+            spec.base_url,
+            spec.model_id,
+            timeout_s=timeout_s,
+            headers=self._headers,
+            own=self.own_addresses,
         )
 
     async def canary(self, *, timeout_s: float) -> HttpCheck:
@@ -78,6 +88,7 @@ class VllmHttp:
             timeout_s=timeout_s,
             kind=self._canary_kind,
             headers=self._headers,
+            own=self.own_addresses,
         )
 
     async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:

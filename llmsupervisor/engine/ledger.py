@@ -15,7 +15,8 @@ through the methods below:
     failed(reason)         a failure against the budget -> Verdict (backoff_s, or give_up)
     reset_budget(why)      a clean slate: an operator's start of a FATAL engine (which ends
                            ``gave_up``), or READY for stable_after_s
-    restarted(cause)       a restart by cause (the restarts metric)
+    restarted(cause)       a restart by cause (the restarts metric), and the last one's
+                           cause, reason, time and incident file (`describe`)
     incident(path)         hang/stall evidence kept (engine/evidence.py)
     runner_died(exc)       the runner's task died of a bug (daemon/fleet.py): a failure, and
                            the state it leaves walks EDGES like any other change
@@ -48,6 +49,17 @@ _WARN_STATES = frozenset({S.BACKOFF, S.FATAL})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRecord:
+    """The last restart: why (a cause of the policy's RESTART_CAUSES and the reason in words),
+    when (loop clock) and the hang/stall evidence kept for it, if any."""
+
+    cause: str
+    reason: str | None = None
+    at_s: float | None = None
+    incident: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class History:
     """The counters and budget, as one immutable value: only the ledger replaces it."""
 
@@ -61,6 +73,7 @@ class History:
     incarnations: int = 0
     incidents_total: int = 0  # hang/stall evidence files written (engine/evidence.py)
     last_incident: str | None = None  # the newest one's path
+    last_restart: RestartRecord | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,6 +161,7 @@ class Ledger:
             "last_failure": h.last_failure,
             "incidents_total": h.incidents_total,
             "last_incident": h.last_incident,
+            "last_restart": h.last_restart,  # redacted where it leaves the daemon (redact.py)
         }
 
     # ---- writing: the only place ----
@@ -189,10 +203,15 @@ class Ledger:
         if self._history.failures.times_s and should_reset(ready_since_s, now, policy):
             self.reset_budget(f"ready for {now - (ready_since_s or 0.0):.0f} s")
 
-    def restarted(self, cause: str) -> None:
+    def restarted(
+        self, cause: str, *, reason: str | None = None, now: float | None = None, incident: str | None = None
+    ) -> None:
         h = self._history
         by_reason = {**h.restarts_by_reason, cause: h.restarts_by_reason.get(cause, 0) + 1}
-        self._history = replace(h, restarts_total=h.restarts_total + 1, restarts_by_reason=by_reason)
+        last = RestartRecord(cause=cause, reason=reason, at_s=now, incident=incident)
+        self._history = replace(
+            h, restarts_total=h.restarts_total + 1, restarts_by_reason=by_reason, last_restart=last
+        )
 
     def incident(self, path: str) -> None:
         h = self._history

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -120,6 +121,35 @@ def _http_error(failure: ProbeFailure) -> HttpCheck:
 
 class GroupSampler(Protocol):
     async def sample(self, pgid: int, *, timeout_s: float) -> host.ProcSample | ProbeFailure: ...
+
+
+async def round_unless_interrupted(
+    observer: Observer,
+    proc: EngineProcess,
+    woken: asyncio.Event,
+    *,
+    on_wake: Callable[[], None],
+    interrupted: Callable[[], bool],
+) -> Observation | None:
+    """One observation round, abandoned (None) as soon as the engine exits or ``interrupted()``
+    says a stop or restart arrived (``on_wake`` takes the runner's inbox when ``woken``): a hung
+    engine's canary would otherwise hold the restart for its whole deadline
+    (live_canary_timeout_s), which the recovery benchmark measured."""
+    observing = asyncio.ensure_future(observer.round(proc))
+    try:
+        while not observing.done():
+            await aio.wait_any(asyncio.shield(observing), woken.wait(), proc.wait(), timeout_s=None)
+            if not observing.done():
+                woken.clear()
+                on_wake()
+            if proc.returned or interrupted():
+                return None
+        return observing.result()
+    finally:
+        if not observing.done():
+            observing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await observing
 
 
 class Observer:

@@ -3,8 +3,17 @@
 vLLM prefixes its lines with a level word (after an optional ``(EngineCore pid=12)``); the line
 is logged at that level, and continuation lines (tracebacks) keep the level of the line that
 began them. Access lines for the supervisor's own probes are dropped (``log_probe_requests``
-keeps them). Out-of-memory lines are reported (``OutputSeen(oom=True)``): the policy starts the
-next spawn a batch step down when a start ran out of memory.
+keeps them): the GETs by path, the canary's POST by the client address the daemon sent it from
+(probes/health.py ``OwnAddresses``), so a user's completion is always kept. Out-of-memory lines
+are reported (``OutputSeen(oom=True)``): the policy starts the next spawn a batch step down when
+a start ran out of memory.
+
+A stop the daemon ordered (``planned_stop``: an operator's stop or restart, a planned or config
+restart, the daemon's shutdown) makes vLLM print errors that are none: ``AsyncLLM output_handler
+failed ... EngineDeadError`` at ERROR on a clean drain (docs/vllm-notes.md §6) and a screen of
+nanobind "leaked instance" warnings. From that order on, the incarnation's lines are shutdown
+output: marked ``engine_shutdown`` and logged at INFO at most (journal ``SHUTDOWN=1``, logs.py), so that
+`journalctl -p warning` lists only what needs a look. A crash's output keeps its level.
 
 vLLM's start-up milestones (docs/vllm-notes.md §5) are reported as a start phase
 (``START_PHASES``), so that `llm-supervisor status` and `restart --wait` can show how far a
@@ -21,9 +30,12 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+
+from llmsupervisor.probes.health import OwnAddresses
 
 engine_output_log = logging.getLogger("llmsupervisor.engine.output")
 
@@ -90,13 +102,43 @@ _LEVELS: Final = {
 PROBE_PATHS: Final = ("/health", "/metrics", "/v1/models")
 _PROBE_PATHS_RE: Final = "|".join(re.escape(p) for p in PROBE_PATHS)
 _PROBE_ACCESS_RE: Final = re.compile(rf'"(?:GET|HEAD) (?:{_PROBE_PATHS_RE})/?(?:\?[^ "]*)? HTTP/[\d.]+"')
+# The canary's requests (probes/health.py): at steady state, 11-15 lines a minute per idle engine
+# and all of the journal. Only an answered one (2xx) from one of the canary's own connections is
+# dropped; a failed canary's line stays, as does every user's request to the same path.
+CANARY_PATHS: Final = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+_CANARY_PATHS_RE: Final = "|".join(re.escape(p) for p in CANARY_PATHS)
+_CANARY_ACCESS_RE: Final = re.compile(
+    rf'(?P<ip>[^\s"]+):(?P<port>\d+) - "POST (?:{_CANARY_PATHS_RE}) HTTP/[\d.]+" 2\d\d\b'
+)
+# vLLM's stats line ("Engine 000: Avg prompt throughput: ... Running: 0 reqs, Waiting: 0 reqs")
+# every 10 s drops to DEBUG when the engine is idle (vllm-notes §3.1), but the canary's tokens
+# keep it from being idle: measured on the real engine, six lines a minute of nothing but the
+# canary. With nothing running or waiting it is logged once per STATS_IDLE_EVERY_S; a busy
+# engine's (a request running or waiting) every time. The same numbers are in /metrics.
+_IDLE_STATS_RE: Final = re.compile(r"Engine \d+: Avg prompt throughput: .*Running: 0 reqs, Waiting: 0 reqs")
+STATS_IDLE_EVERY_S: Final = 300.0
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
+# The final line of an uncaught exception ("RuntimeError: ...", "torch.OutOfMemoryError: ...").
+_EXCEPTION_LINE_RE: Final = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
+ERROR_LINE_LIMIT: Final = 300  # characters of the last error line kept for a failure's reason
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
 
 
 def is_probe_access_line(line: str) -> bool:
     """A uvicorn access line for one of the supervisor's probe paths (``GET /health``, ...)."""
     return '"' in line and _PROBE_ACCESS_RE.search(line) is not None
+
+
+def is_own_canary_line(line: str, own: OwnAddresses, now: float) -> bool:
+    """A uvicorn access line for an answered canary sent from one of the daemon's own
+    connections (``127.0.0.1:40312 - "POST /v1/completions HTTP/1.1" 200 OK``)."""
+    if '"POST ' not in line:
+        return False
+    match = _CANARY_ACCESS_RE.search(line)
+    if match is None:
+        return False
+    ip = match.group("ip").strip("[]")
+    return own.holds(ip, int(match.group("port")), now)
 
 
 def engine_log_level(line: str, previous: int) -> int:
@@ -123,17 +165,43 @@ class OutputForwarder:
         report: Callable[[OutputSeen], None],
         *,
         drop_probe_access: bool = True,
+        own: OwnAddresses | None = None,
     ) -> None:
         self._engine = engine
         self._pid = pid
         self._report = report
         self._drop_probe_access = drop_probe_access
+        self._own = own  # the canary's local addresses (probes/health.py)
+        self._planned_stop = False
+        self._idle_stats_at_s: float | None = None  # when an idle stats line was last let through
+        # What a crash-looping engine said last: its newest ERROR line or exception line, for
+        # the failure's reason ("exited with code 1: ValueError: ...").
+        self.last_error_line: str | None = None
         self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
         self._tasks = [
             asyncio.create_task(self._forward(stdout_fd, logging.INFO), name=f"stdout:{engine}"),
             asyncio.create_task(self._forward(stderr_fd, logging.WARNING), name=f"stderr:{engine}"),
         ]
+
+    def planned_stop(self) -> None:
+        """The daemon is stopping this incarnation on purpose: what it prints from now on is
+        shutdown output, not a problem."""
+        self._planned_stop = True
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until both pipes are read to their end: a process that
+        exited may have left its last lines in them."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout_s)
+
+    async def with_last_error(self, reason: str, *, settle_s: float) -> str:
+        """``reason`` (a process that exited by itself) ending with the last error line it printed,
+        once its pipes are read (at most ``settle_s``): so a crash loop says what went wrong, not
+        only "exited with code 1"."""
+        await self.settle(settle_s)
+        line = self.last_error_line
+        return f"{reason}: {line}" if line and line not in reason else reason
 
     async def close(self) -> None:
         """Let the pipes drain (bounded), then stop reading."""
@@ -143,6 +211,17 @@ class OutputForwarder:
         for task in pending:
             task.cancel()
         self._tasks = []
+
+    def _is_probe_line(self, line: str) -> bool:
+        if is_probe_access_line(line):
+            return True
+        now = time.monotonic()
+        if "Avg prompt throughput" in line and _IDLE_STATS_RE.search(line):
+            if self._idle_stats_at_s is not None and now - self._idle_stats_at_s < STATS_IDLE_EVERY_S:
+                return True
+            self._idle_stats_at_s = now
+            return False
+        return self._own is not None and is_own_canary_line(line, self._own, now)
 
     async def _forward(self, fd: int, default_level: int) -> None:
         loop = asyncio.get_running_loop()
@@ -163,13 +242,23 @@ class OutputForwarder:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 if not line:
                     continue
-                if self._drop_probe_access and is_probe_access_line(line):
+                if self._drop_probe_access and self._is_probe_line(line):
                     self.dropped_probe_lines += 1
                     continue
                 level = engine_log_level(
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
                 )
-                engine_output_log.log(level, "%s", line, extra=extra)
+                if (
+                    not self._planned_stop
+                    and not line[:1].isspace()
+                    and (level >= logging.ERROR or _EXCEPTION_LINE_RE.match(line))
+                ):
+                    self.last_error_line = line[:ERROR_LINE_LIMIT]
+                if self._planned_stop:
+                    shutdown = {**extra, "engine_shutdown": True, "engine_level": logging.getLevelName(level)}
+                    engine_output_log.log(min(level, logging.INFO), "%s", line, extra=shutdown)
+                else:
+                    engine_output_log.log(level, "%s", line, extra=extra)
                 oom, phase = OOM_RE.search(line) is not None, start_phase(line)
                 if oom or phase is not None:
                     self._report(OutputSeen(oom=oom, phase=phase))

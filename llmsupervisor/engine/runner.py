@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import logging
 import random
@@ -37,7 +36,6 @@ from dataclasses import replace
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.observe import Observation
 from llmsupervisor.core.state import SERVING, EngineState, rotation_target
 from llmsupervisor.engine.commands import (
     Command,
@@ -54,7 +52,7 @@ from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import launch
 from llmsupervisor.engine.ledger import Ledger, rotation_reason, start_reason
-from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer
+from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer, round_unless_interrupted
 from llmsupervisor.engine.output import OutputForwarder, OutputSeen
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.engine.readiness import Readiness, await_ready
@@ -75,6 +73,7 @@ log = logging.getLogger("llmsupervisor.engine")
 
 S = EngineState
 POLICY_TURN_S = 1.0  # how long a BACKOFF after an out-of-memory start waits for the policy
+OUTPUT_SETTLE_S = 0.5  # after an exit, how long its last lines may take to arrive
 
 
 class Outcome(enum.Enum):
@@ -263,7 +262,7 @@ class EngineRunner:
                     self._desired = restart_taken(self._desired)
                     if outcome is Outcome.RESTART:
                         await self._stop(why, drain_first=planned.drain)
-                        self._ledger.restarted(planned.cause)
+                        self._ledger.restarted(planned.cause, reason=why, now=aio.now())
                         continue
                     if planned.drain:
                         await self._drain(why)
@@ -292,7 +291,12 @@ class EngineRunner:
             self._start = StartProgress(phase="spawned")
             fds, drop = (proc.stdout_fd, proc.stderr_fd), not spec.log_probe_requests
             self._output = OutputForwarder(
-                self.name, proc.pid, fds, self._reports.append, drop_probe_access=drop
+                self.name,
+                proc.pid,
+                fds,
+                self._reports.append,
+                drop_probe_access=drop,
+                own=self._http.own_addresses,
             )
             self._publish()
         if launched.failure:
@@ -356,7 +360,10 @@ class EngineRunner:
                 continue
             due_at_s = next_round_s
             self._ledger.settled(inc.ready_since_s, now=aio.now(), policy=spec.restart_policy)
-            obs = await self._observe_unless_interrupted(proc)
+            assert self._observer is not None
+            obs = await round_unless_interrupted(  # None: it exited, or a stop or restart came
+                self._observer, proc, self._wake, on_wake=self._take_inbox, interrupted=self._interrupted
+            )
             next_round_s = aio.now() + self._tick_s
             if obs is None:
                 continue  # a stop or restart came in: act on it now, not after a slow canary
@@ -368,27 +375,6 @@ class EngineRunner:
             if obs.health is not None and obs.health.engine_dead:
                 # vLLM's own watchdog would exit ~5 s later; restart now (docs/vllm-notes.md §6).
                 return Outcome.DEAD, "/health 503: engine core is dead"
-
-    async def _observe_unless_interrupted(self, proc: EngineProcess) -> Observation | None:
-        """One observation round, abandoned (None) as soon as the engine exits or a stop or
-        restart arrives: a hung engine's canary would otherwise hold the restart for its whole
-        deadline (live_canary_timeout_s), which the recovery benchmark measured."""
-        assert self._observer is not None
-        observing = asyncio.ensure_future(self._observer.round(proc))
-        try:
-            while not observing.done():
-                await aio.wait_any(asyncio.shield(observing), self._wake.wait(), proc.wait(), timeout_s=None)
-                if not observing.done():
-                    self._wake.clear()
-                    self._take_inbox()
-                if proc.returned or self._desired.interrupts:
-                    return None
-            return observing.result()
-        finally:
-            if not observing.done():
-                observing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await observing
 
     def _follow_rotation(self) -> None:
         """READY, SHEDDING or DRAINING as the operator's hold and the policy's shedding say,
@@ -411,6 +397,8 @@ class EngineRunner:
         if drain_first:
             await self._drain(why)
         self._to(S.STOPPING, why)
+        if self._output is not None:
+            self._output.planned_stop()  # vLLM's errors while it stops are no problem (output.py)
         await self._terminate(quick=not drain_first)
         self._to(S.STOPPED, f"{why}: stopped")
 
@@ -441,6 +429,10 @@ class EngineRunner:
         """Clean up, then restart (at once the first time within the failure window, with a
         growing backoff on repeats), or give up (FATAL)."""
         policy = self._spec.restart_policy
+        if self._output is not None and self._proc is not None and self._proc.returned:
+            # Exited by itself: the reason ends with the last error line it printed (output.py).
+            reason = await self._output.with_last_error(reason, settle_s=OUTPUT_SETTLE_S)
+        incident: str | None = None
         verdict = self._ledger.failed(reason, now=aio.now(), policy=policy, draw=self._rng.random)
         if self._proc is not None:
             if not self._procs.group_gone(self._proc):
@@ -451,7 +443,8 @@ class EngineRunner:
                     # the hang itself, and recovery waits for them at most EVIDENCE_TIMEOUT_S.
                     path = await take_evidence(self.name, self._proc, self._procs, cause=cause, reason=reason)
                     if path is not None:
-                        self._ledger.incident(str(path))
+                        incident = str(path)
+                        self._ledger.incident(incident)
                         self._publish()
             await self._terminate(quick=True)
         self._acting = False
@@ -473,9 +466,12 @@ class EngineRunner:
                 break
             await self._pause(left)
         if self._desired.wants_run:
-            self._ledger.restarted(cause)
+            self._ledger.restarted(cause, reason=reason, now=aio.now(), incident=incident)
 
     # ---- helpers ----
+
+    def _interrupted(self) -> bool:
+        return self._desired.interrupts
 
     def _apply_spec(self) -> None:
         """A new spec (from a reload) takes effect only while no process runs."""

@@ -23,7 +23,7 @@ from llmsupervisor.core.state import SERVING, EngineState
 from llmsupervisor.detectors import Finding
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.commands import Desired
-from llmsupervisor.engine.ledger import Ledger
+from llmsupervisor.engine.ledger import Ledger, RestartRecord
 from llmsupervisor.engine.output import OutputSeen, later_phase
 
 
@@ -103,6 +103,7 @@ class EngineStatus:
     last_round_s: float = 0.0
     incidents_total: int = 0  # hang/stall evidence kept (engine/evidence.py)
     last_incident: str | None = None
+    last_restart: RestartRecord | None = None  # cause, reason, when, incident (`describe`)
     task_failed: str | None = None  # set by the fleet when the runner's task died of a bug
     load: EngineLoad | None = None  # while observed (READY and the states after it)
 

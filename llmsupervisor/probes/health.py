@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
@@ -97,6 +97,66 @@ def _usage(usage: Any) -> tuple[int, int]:
 
 Headers = Mapping[str, str] | None
 
+# How long a local address the canary used stays "ours" after its last use. uvicorn closes an
+# idle kept-alive connection after 5 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and writes a
+# request's access line before its answer: the line is read within moments of the request.
+OWN_ADDRESS_TTL_S: Final = 30.0
+
+
+class OwnAddresses:
+    """The local ``(ip, port)`` addresses of the canary's connections to one engine, so that the
+    engine's access line for a canary can be told from a user's request to the same path: uvicorn
+    names the client ``IP:PORT`` (engine/output.py drops those lines). The canary notes an
+    address when it connects (before the request is sent: the access line may be read before
+    the answer is) and again with each answer on a kept-alive connection; an address not used
+    for ``OWN_ADDRESS_TTL_S`` is forgotten, so a user's later connection that happens to get
+    the same port is not mistaken for ours. Times are the caller's clock (``now``)."""
+
+    def __init__(self, ttl_s: float = OWN_ADDRESS_TTL_S) -> None:
+        self._ttl_s = ttl_s
+        self._last_used_s: dict[tuple[str, int], float] = {}
+
+    def note(self, address: object, now: float) -> None:
+        if (
+            isinstance(address, tuple)
+            and len(address) >= 2
+            and isinstance(address[0], str)
+            and isinstance(address[1], int)
+        ):
+            self._last_used_s[(address[0], address[1])] = now
+            if len(self._last_used_s) > 64:  # bounded whatever happens
+                self._forget_old(now)
+
+    def holds(self, ip: str, port: int, now: float) -> bool:
+        used_s = self._last_used_s.get((ip, port))
+        return used_s is not None and now - used_s <= self._ttl_s
+
+    def _forget_old(self, now: float) -> None:
+        for address, used_s in list(self._last_used_s.items()):
+            if now - used_s > self._ttl_s:
+                del self._last_used_s[address]
+
+
+def _noting(own: OwnAddresses | None) -> dict[str, Any]:
+    """httpx request extensions that note the connection's local address in ``own`` when
+    httpcore opens it (its ``trace`` hook: the event carries the new network stream)."""
+    if own is None:
+        return {}
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            stream = info.get("return_value")
+            if stream is not None:
+                own.note(stream.get_extra_info("client_addr"), time.monotonic())
+
+    return {"trace": trace}
+
+
+def _note_answer(own: OwnAddresses | None, resp: httpx.Response) -> None:
+    stream = resp.extensions.get("network_stream")
+    if own is not None and stream is not None:
+        own.note(stream.get_extra_info("client_addr"), time.monotonic())
+
 
 def auth_headers(api_key: str | None) -> dict[str, str] | None:
     """What every request to an engine with an API key carries."""
@@ -134,12 +194,23 @@ async def check_health(probe: ProbeHttp, *, timeout_s: float, headers: Headers =
 
 
 async def check_models(
-    client: httpx.AsyncClient, base_url: str, model_id: str, *, timeout_s: float, headers: Headers = None
+    client: httpx.AsyncClient,
+    base_url: str,
+    model_id: str,
+    *,
+    timeout_s: float,
+    headers: Headers = None,
+    own: OwnAddresses | None = None,
 ) -> HttpCheck:
+    """``GET /v1/models``. ``own``: as the canary's; the readiness canary that follows reuses the
+    connection this one opened, and its access line may be read before its answer is."""
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.get(f"{base_url}/v1/models", timeout=timeout_s, headers=headers)
+            resp = await client.get(
+                f"{base_url}/v1/models", timeout=timeout_s, headers=headers, extensions=_noting(own)
+            )
+        _note_answer(own, resp)
         if resp.status_code != 200:
             return _failed("http", f"HTTP {resp.status_code}", started, resp.status_code)
         ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
@@ -170,17 +241,21 @@ async def canary(
     timeout_s: float,
     kind: str = "completion",
     headers: Headers = None,
+    own: OwnAddresses | None = None,
 ) -> HttpCheck:
     """One request that runs the model: a one-token completion (``completion``) or chat reply
     (``chat``), or one embedding (``embedding``). Each exercises tokenizer, scheduler and model;
-    ``none`` sends nothing and passes."""
+    ``none`` sends nothing and passes. ``own`` collects the local addresses it sent from."""
     started = time.monotonic()
     if kind == "none":
         return _passed("no canary (canary: none)", started)
     path, body, field_name = _canary_request(kind, model_id, prompt)
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.post(f"{base_url}{path}", json=body, timeout=timeout_s, headers=headers)
+            resp = await client.post(
+                f"{base_url}{path}", json=body, timeout=timeout_s, headers=headers, extensions=_noting(own)
+            )
+        _note_answer(own, resp)
         if resp.status_code != 200:
             return _failed("http", f"HTTP {resp.status_code}: {resp.text[:200]}", started, resp.status_code)
         answer = resp.json()
@@ -193,4 +268,12 @@ async def canary(
     return _passed("embedded" if kind == "embedding" else "completed", started, answer.get("usage"))
 
 
-__all__ = ["HttpCheck", "auth_headers", "canary", "check_health", "check_models"]
+__all__ = [
+    "OWN_ADDRESS_TTL_S",
+    "HttpCheck",
+    "OwnAddresses",
+    "auth_headers",
+    "canary",
+    "check_health",
+    "check_models",
+]

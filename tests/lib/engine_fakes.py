@@ -22,7 +22,7 @@ from llmsupervisor.engine.evidence import StackDump
 from llmsupervisor.engine.http import PrefixReset
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.health import HttpCheck, OwnAddresses
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 from llmsupervisor.process import ExitStatus
@@ -174,6 +174,7 @@ class ScriptedHttp:
 
     spec: EngineSpec
     script: ServerScript
+    own_addresses: OwnAddresses | None = None
 
     async def health(self, *, timeout_s: float) -> HttpCheck:
         return await self.script.answer("health", self.spec, timeout_s)

@@ -69,6 +69,24 @@ def test_engine_fields_and_priorities(journal: tuple[Path, socket.socket]) -> No
     assert all(k == k.upper() and not k.startswith("_") for k in own)
 
 
+def test_shutdown_output_is_info_and_tagged_in_every_format(journal: tuple[Path, socket.socket]) -> None:
+    """An engine's line during a stop the daemon ordered (engine/output.py): priority 6 with
+    SHUTDOWN=1 and its own level kept, ``shutdown`` in JSON, ``(stopping)`` in text."""
+    path, sock = journal
+    line = "ERROR 11-23 [async_llm.py:906] AsyncLLM output_handler failed. EngineDeadError"
+    extra = {"engine": "gpu1", "engine_pid": 42, "engine_shutdown": True, "engine_level": "ERROR"}
+    handler = logs.JournalHandler(path)
+    try:
+        handler.emit(record(line, logging.INFO, **extra))
+    finally:
+        handler.close()
+    fields = parse(sock.recv(65536))
+    assert fields["PRIORITY"] == "6" and fields["SHUTDOWN"] == "1" and fields["ENGINE_LEVEL"] == "ERROR"
+    assert '"shutdown": true' in logs.JsonFormatter().format(record(line, logging.INFO, **extra))
+    text = logs.EngineFormatter(journal=True).format(record(line, logging.INFO, **extra))
+    assert text == f"<6>[gpu1] (stopping) {line}"
+
+
 def test_falls_back_to_prefixed_stderr_when_journald_is_gone(tmp_path: Path) -> None:
     lines: list[str] = []
 

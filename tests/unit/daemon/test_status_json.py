@@ -26,7 +26,7 @@ ENGINE_KEYS = {
     "last_exit_age_s", "requests_running", "enabled", "wants_run", "start_timeout_s", "drain_timeout_s",
     "last_failure", "batch_step", "batch_steps", "actions", "gpu_temperature_c", "gpu_power_w",
     "gpu_memory_used_bytes", "gpu_memory_total_bytes", "requests_waiting", "kv_usage_ratio", "ttft_p95_s",
-    "held_by_operator", "canary_requests", "served", "incidents", "last_incident",
+    "held_by_operator", "canary_requests", "served", "incidents", "last_incident", "last_restart",
 }  # fmt: skip
 SERVED_KEYS = {
     "span_s", "requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s", "canary_requests",

@@ -7,6 +7,7 @@ as the daemon does. Minutes of engine time pass in milliseconds (tests/lib/virtu
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import Iterable
 from dataclasses import replace
@@ -552,6 +553,70 @@ def test_the_down_clock_runs_only_while_the_engine_is_meant_to_serve_and_does_no
         crashed = await h.published(lambda s: s.state is not S.READY)
         assert crashed.down_since_s is not None
         assert (await h.state(S.READY)).down_since_s is None
+        await h.close()
+
+    run(scenario)
+
+
+def test_what_an_engine_prints_while_the_daemon_stops_it_is_shutdown_output(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM logs EngineDeadError at ERROR on a clean drain: during a planned restart that is
+    INFO, marked as shutdown output (issue 26, point 2); a crash's last words keep their level."""
+    dead = "ERROR 11-23 [async_llm.py:906] AsyncLLM output_handler failed. EngineDeadError"
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        h.send(Restart(cause="operator", reason="asked"))
+        await h.state(S.STOPPING)
+        h.procs.spawned[0].say(dead)
+        h.procs.spawned[0].say("nanobind: leaked 3 instances!", stderr=True)
+        await h.until(ready_as(2))
+        h.procs.spawned[1].say("ERROR 11-23 [core.py:1] EngineCore failed: boom")
+        await asyncio.sleep(0.1)
+        h.procs.spawned[1].exit(code=1)
+        await h.until(ready_as(3))
+        await h.close()
+
+    with caplog.at_level(logging.INFO, logger="llmsupervisor.engine.output"):
+        run(scenario)
+    forwarded = [r for r in caplog.records if r.name == "llmsupervisor.engine.output"]
+    stopping = [(r.levelno, r.getMessage()) for r in forwarded if getattr(r, "engine_shutdown", False)]
+    assert (logging.INFO, dead) in stopping
+    assert (logging.INFO, "nanobind: leaked 3 instances!") in stopping
+    crash = [r for r in forwarded if "boom" in r.getMessage()]
+    assert [r.levelno for r in crash] == [logging.ERROR]
+    assert not getattr(crash[0], "engine_shutdown", False)
+    assert all(r.levelno <= logging.INFO for r in forwarded if getattr(r, "engine_shutdown", False))
+
+
+def test_a_crash_loop_says_what_the_engine_printed_and_a_restart_keeps_its_cause(tmp_path: Path) -> None:
+    """ "exited with code 1" alone did not say why (issue 26, point 3): the reason ends with the
+    engine's last error line; the status carries the last restart's cause and reason."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(max_failures=5))
+        await h.state(S.READY)
+        proc = h.procs.live[-1]
+        proc.say("ERROR 11-23 [core.py:1] EngineCore failed to start.")
+        proc.say("Traceback (most recent call last):", stderr=True)
+        proc.say('  File "x.py", line 1, in <module>', stderr=True)
+        proc.say("ValueError: head_dim 16 is not supported", stderr=True)
+        proc.say("INFO 11-23 bye")
+        await asyncio.sleep(0.1)
+        proc.exit(code=1)
+        status = await h.until(ready_as(2))
+        assert status.last_failure is not None
+        assert status.last_failure.endswith(
+            "exited with code 1 unexpectedly: ValueError: head_dim 16 is not supported"
+        )
+        assert status.last_restart is not None and status.last_restart.cause == "crash"
+        assert status.last_restart.reason == status.last_failure
+        h.send(Restart(cause="operator", reason="asked"))
+        status = await h.until(ready_as(3))
+        assert status.last_restart is not None
+        assert (status.last_restart.cause, status.last_restart.reason) == ("operator", "asked")
         await h.close()
 
     run(scenario)
