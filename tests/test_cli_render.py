@@ -99,7 +99,8 @@ def test_status_exit_code() -> None:
     assert cli_render.status_exit_code(snap, ["a"]) == (0, [])
     assert cli_render.status_exit_code(snap, ["c"]) == (0, [])
     assert cli_render.status_exit_code(snap, ["a", "b"]) == (1, ["b is FATAL"])
-    assert cli_render.status_exit_code(snap, ["nope"]) == (1, ["no engine named 'nope'"])
+    nope = "no engine named 'nope'; engines: a, b, c, off"
+    assert cli_render.status_exit_code(snap, ["nope"]) == (1, [nope])
     assert cli_render.status_exit_code(snap) == (1, ["b is FATAL"])  # a disabled engine is not down
     assert cli_render.status_exit_code(snapshot(a=engine(), off=engine(state="stopped", enabled=False))) == (
         0,

@@ -55,9 +55,20 @@ def watch(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
     rounds: int | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Redraw the status in place until Ctrl-C (exit 0). A daemon that goes away is shown, and
-    the view keeps trying: a daemon restart should not end the operator's watch."""
+    the view keeps trying: a daemon restart should not end the operator's watch. A name that is
+    no engine ends it at once (exit 1): a typo would only ever show an empty table."""
+    if names:
+        try:
+            unknown = render.unknown_engines(client.call({"command": "status"})["engines"], names)
+        except (Unreachable, Refused):
+            unknown = []  # the view says so, and keeps trying
+        for problem in unknown:
+            print(f"llm-supervisor: {problem}", file=err or sys.stderr)
+        if unknown:
+            return EX_FAILED
     tty = out.isatty()
     done = 0
     try:

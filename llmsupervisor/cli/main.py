@@ -186,7 +186,7 @@ def control_command(args: argparse.Namespace) -> int:
     out, err = cli_control.stream()
     if args.command == "status":
         if args.watch:
-            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out)
+            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out, err=err)
         return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
     if args.command == "events":
         try:

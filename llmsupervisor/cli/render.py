@@ -152,11 +152,19 @@ def format_status(status: Mapping[str, Any], names: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
+def unknown_engines(known: Iterable[str], names: Iterable[str]) -> list[str]:
+    """One line per name that is not an engine, with the engines there are (a typo is told as
+    one, never answered with an empty table or a wait that cannot end)."""
+    known = list(known)
+    listed = ", ".join(known) or "none"
+    return [f"no engine named {n!r}; engines: {listed}" for n in names if n not in known]
+
+
 def status_exit_code(status: Mapping[str, Any], names: Sequence[str] = ()) -> tuple[int, list[str]]:
     """0, or 1 with why: a named engine (or, without names, any enabled one) is FATAL or down,
     or a named engine does not exist."""
     engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
-    problems = [f"no engine named {n!r}" for n in names if n not in engines]
+    problems = unknown_engines(engines, names)
     checked = (
         [n for n in names if n in engines]
         if names

@@ -198,6 +198,11 @@ class Supervisor:
 
     async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
         since_s = req.get("since_s")
+        name = req.get("engine")
+        # A typo must not print nothing (or, with --follow, wait forever): a name is one the
+        # fleet runs now or one the ring still has events of (an engine a reload removed).
+        if name is not None and name not in self.fleet.runners and not self.events.select(engine=name):
+            raise control.ControlError(self._no_engine(name))
         found = await self.events.wait_select(
             engine=req.get("engine"),
             after_seq=int(req.get("after") or 0),
@@ -222,7 +227,7 @@ class Supervisor:
     def _engine_command(self, command: str, name: str) -> dict[str, Any]:
         status = self.fleet.status(name)
         if status is None:
-            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}")
+            raise control.ControlError(self._no_engine(name))
         if self._stopping:
             raise control.ControlError("the daemon is shutting down")
         log.info("operator: %s", command, extra={"engine": name, "event": "operator"})
@@ -239,6 +244,9 @@ class Supervisor:
             "state_changes": status.state_changes_total,
             "events_seq": self.events.last_seq,
         }
+
+    def _no_engine(self, name: str) -> str:
+        return f"no engine named {name!r}; engines: {', '.join(self.fleet.runners)}"
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
