@@ -219,6 +219,8 @@ def _validated(request: Any) -> dict[str, Any]:
         raise ControlError(f"unknown command {command!r}; one of {', '.join(COMMANDS)}")
     if command in ENGINE_COMMANDS and not isinstance(request.get("engine"), str):
         raise ControlError(f"{command} needs an engine name")
+    if command == "reload" and not isinstance(request.get("dry_run", False), bool):
+        raise ControlError("reload: dry_run must be true or false")
     if command == "events":
         if request.get("engine") is not None and not isinstance(request["engine"], str):
             raise ControlError("events: engine must be a name")

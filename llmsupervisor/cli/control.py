@@ -163,21 +163,38 @@ def engine_command(
 
 
 def reload(
-    client: Client, *, wait_for: bool, timeout_s: float | None, as_json: bool, out: TextIO, err: TextIO
+    client: Client,
+    *,
+    wait_for: bool,
+    timeout_s: float | None,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    dry_run: bool = False,
 ) -> int:
+    payload: dict[str, Any] = {"command": "reload", **({"dry_run": True} if dry_run else {})}
     try:
-        reply = client.call({"command": "reload"}, timeout_s=60.0)
+        reply = client.call(payload, timeout_s=60.0)
     except Unreachable as exc:
         return unreachable(client, exc, err)
     except Refused as exc:
         print(f"llm-supervisor: {exc}", file=err)
         return EX_FAILED
-    if isinstance(reply, dict) and not reply.get("reloaded"):
+    if dry_run and isinstance(reply, dict) and not reply.get("dry_run"):
+        # A daemon from before --dry-run took it for a reload: say so rather than pretend.
+        print("llm-supervisor: this daemon does not know --dry-run; it reloaded", file=err)
+    elif isinstance(reply, dict) and not reply.get("reloaded") and (reply.get("problems") or not dry_run):
         for problem in reply.get("problems", []):
             print(problem, file=err)
-        print("llm-supervisor: reload rejected; the daemon keeps its previous config", file=err)
+        if dry_run:
+            print("llm-supervisor: a reload would be rejected; the daemon keeps its config", file=err)
+        else:
+            print("llm-supervisor: reload rejected; the daemon keeps its previous config", file=err)
         return EX_CONFIG
-    print(json.dumps(reply, indent=2) if as_json else render.reload_line(reply), file=out, flush=True)
+    text = "\n".join(render.reload_lines(reply, dry_run=bool(reply.get("dry_run"))))
+    print(json.dumps(reply, indent=2) if as_json else text, file=out, flush=True)
+    if reply.get("dry_run"):
+        return EX_OK
     names = [*reply.get("added", []), *reply.get("changed", [])]
     if not wait_for or not names:
         return EX_OK

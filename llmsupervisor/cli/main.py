@@ -124,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
         "reload", help="re-read the config; restart only engines whose spec changed"
     )
     _waits(reload_parser, "every added or changed engine is READY")
+    reload_parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say per engine what changed and what a reload would do (restart, stop, start); apply nothing",
+    )
     _common(reload_parser, top=False)
     events = sub.add_parser("events", help="recent transitions, findings and actions (the daemon keeps 1000)")
     events.add_argument("engine", nargs="?", metavar="NAME", help="only this engine")
@@ -198,8 +203,17 @@ def control_command(args: argparse.Namespace) -> int:
             client, args.engine, since_s=since_s, follow=args.follow, as_json=args.json, out=out, err=err
         )
     if args.command == "reload":
+        if args.dry_run and args.wait:
+            print("llm-supervisor: --dry-run applies nothing: there is nothing to --wait for", file=err)
+            return 2
         return cli_control.reload(
-            client, wait_for=args.wait, timeout_s=args.timeout, as_json=args.json, out=out, err=err
+            client,
+            wait_for=args.wait,
+            timeout_s=args.timeout,
+            as_json=args.json,
+            out=out,
+            err=err,
+            dry_run=args.dry_run,
         )
     return cli_control.engine_command(
         client,

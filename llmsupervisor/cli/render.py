@@ -194,6 +194,47 @@ def reload_line(reply: Mapping[str, Any]) -> str:
     return "reload accepted; " + ("; ".join(parts) if parts else "nothing changed")
 
 
+RELOAD_VERBS: Final = {
+    "restart": "restarting",
+    "stop": "stopping",
+    "start": "starting",
+    "next start": "new spec at next start for",
+}
+
+
+def reload_lines(reply: Mapping[str, Any], *, dry_run: bool = False) -> list[str]:
+    """A reload's (or ``--dry-run``'s) answer: what happens, then per engine why: the fields that
+    changed and what follows (the daemon's table, config/reload_diff.py), unchanged ones last.
+
+    ``reload accepted; restarting gpu1 (rolled within max_unavailable=1); stopping gpu2``
+    ``  gpu1: restart (model reload): model: llama-8b -> llama-70b``"""
+    rows: list[Mapping[str, Any]] = reply.get("engines") or []
+    if "lines" not in reply:  # a daemon from before the table
+        return [reload_line(reply)]
+    head = "dry run, nothing applied; a reload would be: " if dry_run else "reload accepted; "
+    parts = []
+    for action, verb in RELOAD_VERBS.items():
+        names = [str(r["engine"]) for r in rows if r.get("action") == action]
+        if names:
+            rolled = f" (rolled within max_unavailable={reply.get('max_unavailable', 1)})"
+            parts.append(f"{verb} {', '.join(names)}" + (rolled if action == "restart" else ""))
+    later = [s["field"] for s in reply.get("settings") or [] if s.get("when") != "now"]
+    if later:
+        parts.append(f"{', '.join(later)} at the next daemon start")
+    lines = [head + ("; ".join(parts) if parts else "nothing changes")]
+    described: list[str] = reply["lines"]
+    unchanged = []
+    for index, line in enumerate(described):
+        row = rows[index] if index < len(rows) else None
+        if row is not None and row.get("action") == "nothing" and not row.get("changes"):
+            unchanged.append(str(row["engine"]))
+        else:
+            lines.append(f"  {line}")
+    if unchanged:
+        lines.append(f"  unchanged: {', '.join(unchanged)}")
+    return lines
+
+
 def progress_line(name: str, engine: Mapping[str, Any], *, waited_s: float) -> str:
     """``gpu1 STARTING 1m10s / 15m: loading weights``: the state, how long it has been in it
     against its budget (start_timeout_s while starting, drain_timeout_s while draining), and

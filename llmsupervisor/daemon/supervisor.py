@@ -189,7 +189,7 @@ class Supervisor:
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
             events_seq = self.events.last_seq  # `reload --wait` follows what happens from here
-            self.submit(ReloadRequest(reply))
+            self.submit(ReloadRequest(reply, dry_run=bool(req.get("dry_run"))))
             result = await reply
             return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
         else:
@@ -217,7 +217,7 @@ class Supervisor:
             if self._stopping:
                 refuse(request.reply, "the daemon is shutting down")
                 return
-            self._spawn(self._reload(request.reply), "reload")
+            self._spawn(self._reload(request.reply, dry_run=request.dry_run), "reload")
         elif isinstance(request, EngineRequest):
             try:
                 request.reply.set_result(self._engine_command(request.command, request.engine))
@@ -483,9 +483,9 @@ class Supervisor:
 
     # ---- reload ----
 
-    async def _reload(self, reply: asyncio.Future[Any] | None) -> None:
+    async def _reload(self, reply: asyncio.Future[Any] | None, *, dry_run: bool = False) -> None:
         try:
-            result = await self.reload()
+            result = await self.reload(dry_run=dry_run)
         except Exception as exc:  # a bug in the reload must not go unanswered
             log.exception("reload failed")
             if reply is not None and not reply.done():
@@ -494,12 +494,13 @@ class Supervisor:
         if reply is not None and not reply.done():
             reply.set_result(result)
 
-    async def reload(self) -> dict[str, Any]:
+    async def reload(self, *, dry_run: bool = False) -> dict[str, Any]:
         """Validate the whole new config first; on any problem keep the old one untouched.
         Otherwise apply the plan; the policy rolls the changed engines that run (within
         max_unavailable), from the next reconcile on, which this wakes at once. READY=1 follows
-        here, without waiting for the roll (systemd would wait in "reloading" for minutes)."""
-        new, reply = await self.reloader.reload(self.config)
+        here, without waiting for the roll (systemd would wait in "reloading" for minutes).
+        ``dry_run``: the same reply, nothing applied."""
+        new, reply = await self.reloader.reload(self.config, dry_run=dry_run)
         if new is not None:
             removed = {e.name for e in self.config.engines} - {e.name for e in new.engines}
             self.config = new

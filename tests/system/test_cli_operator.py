@@ -9,6 +9,7 @@ import sys
 
 import httpx
 import pytest
+import yaml
 
 from tests.conftest import Daemon, fake_engine, free_port
 
@@ -46,4 +47,39 @@ def test_a_name_that_is_no_engine_is_an_error_everywhere(daemon_factory) -> None
     assert r.json() == {"error": known, "status": 404, "engines": ["a", "b"]}
     r = httpx.get(d.http_url + "/nope", timeout=5)
     assert r.status_code == 404 and r.json()["error"] == "no such endpoint: /nope"
+    assert d.stop() == 0
+
+
+def test_reload_dry_run_says_why_and_applies_nothing(daemon_factory) -> None:
+    d = daemon_factory({"engines": [fake_engine(n, free_port()) for n in ("a", "b", "c")]})
+    d.start()
+    before = {n: d.wait_state(n, "ready")["pid"] for n in ("a", "b", "c")}
+    new = yaml.safe_load(d.config_path.read_text())
+    old_port, new_port = new["engines"][0]["port"], free_port()
+    new["engines"][0]["port"] = new_port
+    new["engines"][1]["enabled"] = False
+    new["engines"][2]["env"] = {"HF_TOKEN": "hf_not_for_the_screen"}
+    d.config_path.write_text(yaml.safe_dump(new, sort_keys=False))
+
+    dry = cli(d, "reload", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    lines = dry.stdout.splitlines()
+    assert lines[0] == (
+        "dry run, nothing applied; a reload would be: restarting a, c (rolled within max_unavailable=1);"
+        " stopping b"
+    )
+    assert f"  a: restart: port: {old_port} -> {new_port}" in lines
+    assert "  b: stop (disabled): enabled: true -> false" in lines
+    assert "  c: restart: env.HF_TOKEN: - -> ***" in lines
+    assert "hf_not_for_the_screen" not in dry.stdout + d.log()
+    assert {n: d.engine(n)["pid"] for n in before} == before  # nothing applied
+    assert d.engine("b")["state"] == "ready"
+
+    real = cli(d, "reload")
+    assert real.returncode == 0, real.stdout + real.stderr
+    assert real.stdout.splitlines()[1:] == lines[1:]  # the same table as the dry run
+    assert real.stdout.splitlines()[0].startswith("reload accepted; restarting a, c")
+    d.wait_state("b", "stopped")
+    d.wait_state("a", "ready", port=new_port)
+    assert f"reload: a: restart: port: {old_port} -> {new_port}" in d.log()
     assert d.stop() == 0
