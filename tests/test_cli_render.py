@@ -279,7 +279,7 @@ def test_config_and_socket_after_the_subcommand(tmp_path: Any) -> None:
     args = cli._parser().parse_args(["status", "a", "--config", "/x.yaml", "--socket", "/s.sock"])
     assert (str(args.config), str(args.socket), args.names) == ("/x.yaml", "/s.sock", ["a"])
     args = cli._parser().parse_args(["--config", "/y.yaml", "restart", "gpu0", "--wait", "--timeout", "60"])
-    assert (str(args.config), args.engine, args.wait, args.timeout) == ("/y.yaml", "gpu0", True, 60.0)
+    assert (str(args.config), args.engines, args.wait, args.timeout) == ("/y.yaml", ["gpu0"], True, 60.0)
     args = cli._parser().parse_args(["events", "gpu0", "--follow", "--since", "10m"])
     assert (args.engine, args.follow, args.since) == ("gpu0", True, "10m")
 

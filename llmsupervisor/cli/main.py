@@ -1,5 +1,5 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
-(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``) that talk to a
+(``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``, ``wait``) that talk to a
 running daemon over its control socket (cli/control.py; what they print: cli/render.py; the
 reference with exit codes: docs/cli.md). No supervision logic here."""
 
@@ -117,9 +117,35 @@ def _parser() -> argparse.ArgumentParser:
     targets = {"restart": "READY again", "drain": "drained", "stop": "STOPPED", "start": "READY"}
     for name, text in ENGINE_COMMANDS:
         engine_parser = sub.add_parser(name, help=text)
-        engine_parser.add_argument("engine")
+        engine_parser.add_argument(
+            "engines",
+            nargs="*",
+            metavar="NAME",
+            help="one or more engines"
+            + (" (several: one at a time, each READY before the next)" if name == "restart" else ""),
+        )
+        engine_parser.add_argument(
+            "--all",
+            action="store_true",
+            help="every enabled engine" + (" that is not stopped" if name == "restart" else ""),
+        )
         _waits(engine_parser, f"the engine is {targets[name]}")
         _common(engine_parser, top=False)
+    wait_parser = sub.add_parser(
+        "wait", help="wait, doing nothing, until engines are ready or stopped (as kubectl wait)"
+    )
+    wait_parser.add_argument("engines", nargs="+", metavar="NAME")
+    wait_parser.add_argument(
+        "--for",
+        dest="target",
+        choices=("ready", "stopped"),
+        required=True,
+        help="ready: READY or SHEDDING; stopped: STOPPED or FATAL, no process",
+    )
+    wait_parser.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 1); default: no limit"
+    )
+    _common(wait_parser, top=False)
     reload_parser = sub.add_parser(
         "reload", help="re-read the config; restart only engines whose spec changed"
     )
@@ -215,10 +241,18 @@ def control_command(args: argparse.Namespace) -> int:
             err=err,
             dry_run=args.dry_run,
         )
-    return cli_control.engine_command(
+    if args.command == "wait":
+        return cli_control.wait_for_state(
+            client, args.engines, args.target, timeout_s=args.timeout, out=out, err=err
+        )
+    if bool(args.engines) == bool(args.all):
+        print(f"llm-supervisor: {args.command}: name one or more engines, or --all", file=err)
+        return 2
+    return cli_control.engine_commands(
         client,
         args.command,
-        args.engine,
+        args.engines,
+        every=args.all,
         wait_for=args.wait,
         timeout_s=args.timeout,
         as_json=args.json,
@@ -319,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(schema_text())
         return 0
-    if args.command in control.COMMANDS:
+    if args.command in control.COMMANDS or args.command == "wait":
         try:
             return control_command(args)
         except KeyboardInterrupt:

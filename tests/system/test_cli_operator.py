@@ -37,6 +37,8 @@ def test_a_name_that_is_no_engine_is_an_error_everywhere(daemon_factory) -> None
         ("status", "nosuch"),
         ("status", "--watch", "nosuch"),
         ("restart", "nosuch"),
+        ("stop", "a", "nosuch"),  # nothing is done when one name is wrong
+        ("wait", "nosuch", "--for", "ready"),
     ):
         out = cli(d, *args, timeout_s=30)
         assert out.returncode == 1, (args, out)
@@ -82,4 +84,31 @@ def test_reload_dry_run_says_why_and_applies_nothing(daemon_factory) -> None:
     d.wait_state("b", "stopped")
     d.wait_state("a", "ready", port=new_port)
     assert f"reload: a: restart: port: {old_port} -> {new_port}" in d.log()
+    assert d.stop() == 0
+
+
+def test_several_engines_per_command_and_wait(daemon_factory) -> None:
+    d = daemon_factory({"engines": [fake_engine("a", free_port()), fake_engine("b", free_port())]})
+    d.start()
+    before = {n: d.wait_state(n, "ready")["pid"] for n in ("a", "b")}
+    out = cli(d, "restart", "a", "b", "--timeout", "60")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("restarting a, b one at a time, each READY before the next")
+    # b is sent only once a is READY again: a's result line comes before b's accepted line.
+    assert lines.index("a: READY (restart done)") < next(
+        i for i, x in enumerate(lines) if x.startswith("b: restart")
+    )
+    assert lines[-1] == "b: READY (restart done)"
+    assert all(d.engine(n)["pid"] != before[n] for n in before)
+
+    assert cli(d, "stop", "--all").returncode == 0
+    out = cli(d, "wait", "a", "b", "--for", "stopped", "--timeout", "30")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-2:] == ["a: STOPPED", "b: STOPPED"]
+    out = cli(d, "wait", "a", "--for", "ready", "--timeout", "2")  # waits, does not start it
+    assert out.returncode == 1 and "not ready after" in out.stderr
+    assert d.engine("a")["state"] == "stopped"
+    assert cli(d, "start", "a", "b").returncode == 0
+    assert cli(d, "wait", "a", "b", "--for", "ready", "--timeout", "60").returncode == 0
     assert d.stop() == 0
