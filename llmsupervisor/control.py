@@ -252,6 +252,8 @@ def _validated(request: Any) -> dict[str, Any]:
             value = request.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise ControlError(f"logs: {key} must be a number")
+    if command == "reload" and not isinstance(request.get("dry_run", False), bool):
+        raise ControlError("reload: dry_run must be true or false")
     if command == "events":
         if request.get("engine") is not None and not isinstance(request["engine"], str):
             raise ControlError("events: engine must be a name")

@@ -51,6 +51,7 @@ from llmsupervisor import process
 from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.config.launcher import vllm_cli_problem
 from llmsupervisor.core.placement import AUTO, omp_threads_bind, overlaps
+from llmsupervisor.daemon import lock
 from llmsupervisor.daemon.placement import place_config, topology
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.cpus import format_cpu_list
@@ -400,6 +401,8 @@ def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> DoctorCheck
     holders = process.port_holders(port)
     described = []
     ours = bool(holders)
+    # The running daemon is the state dir's lock holder (one daemon per state dir).
+    daemon_pid = lock.holder(state_dir.resolve()) if state_dir is not None else None
     for pid in holders:
         if pid is None:
             described.append("a process this user cannot see")
@@ -408,7 +411,7 @@ def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> DoctorCheck
         cmd = process.describe_pid(pid)
         described.append(f"pid {pid} ({cmd})")
         engine_of_ours = state_dir is not None and process.is_ours(pid, state_dir.resolve())[0]
-        if not engine_of_ours and "llmsupervisor" not in cmd:
+        if pid != daemon_pid and not engine_of_ours:
             ours = False
     who = ", ".join(described) or "an unknown process"
     if ours:

@@ -11,6 +11,9 @@ loop, so a slow or hostile client must cost one bounded task and nothing else.
                  │                                              │           │ not GET/HEAD: 405
                  └──────────────────────────────────────────────┴───────────┴──► write (≤ 5 s), close
 
+Every error, the server's own (400, 404, 405, 408, 431, 500, 503) and the endpoints' (``error()``),
+is a JSON object ``{"error": DETAIL, "status": N}``.
+
 A handler that raises (or runs past ``handler_timeout_s``) gives 500 (503) and is logged; the
 exception never reaches the event loop. Past ``max_connections`` open connections a new one
 pushes out one that lingers after an error response, else the oldest whose request head has not
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -264,7 +268,7 @@ class HttpApi:
                     call = _bind(prefix_handler, rest)
                     break
         if call is None:
-            return _error(HTTPStatus.NOT_FOUND, "not found")
+            return _error(HTTPStatus.NOT_FOUND, f"no such endpoint: {request.path}")
         if request.method not in ALLOWED_METHODS:
             return _error(HTTPStatus.METHOD_NOT_ALLOWED, f"{request.method} not allowed")
         try:
@@ -318,8 +322,15 @@ def _bind(handler: PrefixHandler, rest: str) -> Handler:
     return lambda: handler(rest)
 
 
+def error(status: int, detail: str, **extra: object) -> Response:
+    """An error as JSON, the same shape from every endpoint and from the server itself (a
+    client that parses one error parses them all): ``{"error": DETAIL, "status": N, ...}``."""
+    body = {"error": detail, "status": status, **extra}
+    return Response(status=status, body=json.dumps(body).encode() + b"\n", content_type="application/json")
+
+
 def _error(status: HTTPStatus, detail: str) -> Response:
-    return text(f"{status.value} {status.phrase}: {detail}\n", status=status.value)
+    return error(status.value, detail)
 
 
 def _parse(head: bytes) -> _Request:
@@ -355,4 +366,4 @@ def _parse(head: bytes) -> _Request:
     return _Request(method=method, path=path)
 
 
-__all__ = ["Handler", "HttpApi", "PrefixHandler", "Response", "parse_listen", "text"]
+__all__ = ["Handler", "HttpApi", "PrefixHandler", "Response", "error", "parse_listen", "text"]

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from llmsupervisor.cli import render
 from llmsupervisor.cli.client import (
     EX_CONFIG,
     EX_FAILED,
+    EX_INTERRUPTED,
     EX_OK,
     EX_UNAVAILABLE,
     Client,
@@ -22,7 +23,7 @@ from llmsupervisor.cli.client import (
     Unreachable,
     unreachable,
 )
-from llmsupervisor.cli.wait import Baseline, Waiting, wait
+from llmsupervisor.cli.wait import WAIT_POLL_S, Baseline, Progress, Waiting, wait
 
 # ---- status ----
 
@@ -55,9 +56,20 @@ def watch(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
     rounds: int | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Redraw the status in place until Ctrl-C (exit 0). A daemon that goes away is shown, and
-    the view keeps trying: a daemon restart should not end the operator's watch."""
+    the view keeps trying: a daemon restart should not end the operator's watch. A name that is
+    no engine ends it at once (exit 1): a typo would only ever show an empty table."""
+    if names:
+        try:
+            unknown = render.unknown_engines(client.call({"command": "status"})["engines"], names)
+        except (Unreachable, Refused):
+            unknown = []  # the view says so, and keeps trying
+        for problem in unknown:
+            print(f"llm-supervisor: {problem}", file=err or sys.stderr)
+        if unknown:
+            return EX_FAILED
     tty = out.isatty()
     done = 0
     try:
@@ -151,22 +163,234 @@ def engine_command(
     return wait(client, waiting, timeout_s=timeout_s, out=err if as_json else out, err=err)
 
 
-def reload(
-    client: Client, *, wait_for: bool, timeout_s: float | None, as_json: bool, out: TextIO, err: TextIO
+def engine_commands(
+    client: Client,
+    command: str,
+    names: Sequence[str],
+    *,
+    every: bool,
+    wait_for: bool,
+    timeout_s: float | None,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
+    """`restart|drain|stop|start NAME...` or `--all`. Every name is checked before anything is
+    sent: a typo in the third name must not leave the first two done.
+
+    A restart of several is rolled from here, one engine at a time, each READY before the next
+    is sent (so at most one is out of rotation for it); the daemon's own roll under
+    ``max_unavailable`` is the reload's (core/policy.py). The others are sent at once: a drain or
+    a stop of several takes them out because the operator asked, a start adds capacity."""
     try:
-        reply = client.call({"command": "reload"}, timeout_s=60.0)
+        engines: dict[str, Any] = client.call({"command": "status"})["engines"]
     except Unreachable as exc:
         return unreachable(client, exc, err)
     except Refused as exc:
         print(f"llm-supervisor: {exc}", file=err)
         return EX_FAILED
-    if isinstance(reply, dict) and not reply.get("reloaded"):
+    if every:
+        names = [n for n, e in engines.items() if e.get("enabled", True)]
+        if command == "restart":  # --all restarts what runs; an engine an operator stopped stays so
+            skipped = [n for n in names if not engines[n].get("wants_run", True)]
+            names = [n for n in names if n not in skipped]
+            if skipped:
+                print(
+                    f"llm-supervisor: not restarting {', '.join(skipped)}: stopped by an operator", file=err
+                )
+        if not names:
+            print(f"llm-supervisor: {command} --all: no engine to {command}", file=err)
+            return EX_OK
+    unknown = render.unknown_engines(engines, names)
+    for problem in unknown:
+        print(f"llm-supervisor: {problem}", file=err)
+    if unknown:
+        return EX_FAILED
+    names = list(dict.fromkeys(names))  # a name given twice is one engine
+    if len(names) == 1:
+        return engine_command(
+            client,
+            command,
+            names[0],
+            wait_for=wait_for,
+            timeout_s=timeout_s,
+            as_json=as_json,
+            out=out,
+            err=err,
+        )
+    if command == "restart":
+        return _rolled_restart(
+            client, names, timeout_s=timeout_s, as_json=as_json, out=out, err=err, clock=clock
+        )
+    bases: dict[str, Baseline] = {}
+    events_seq: int | None = None
+    code = EX_OK
+    for name in names:
+        try:
+            reply = client.call({"command": command, "engine": name})
+        except Unreachable as exc:
+            return unreachable(client, exc, err)
+        except Refused as exc:
+            print(f"llm-supervisor: {name}: {exc}", file=err)
+            code = EX_FAILED
+            continue
+        print(json.dumps(reply) if as_json else render.accepted_line(reply), file=out, flush=True)
+        bases[name] = Baseline(command, reply.get("incarnation"), int(reply.get("state_changes") or 0))
+        seq = int(reply.get("events_seq") or 0)
+        events_seq = seq if events_seq is None else min(events_seq, seq)
+    if not wait_for or not bases:
+        return code
+    waited = wait(
+        client, Waiting(bases, events_seq or 0), timeout_s=timeout_s, out=err if as_json else out, err=err
+    )
+    return waited if waited != EX_OK else code
+
+
+def _rolled_restart(
+    client: Client,
+    names: Sequence[str],
+    *,
+    timeout_s: float | None,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    clock: Callable[[], float],
+) -> int:
+    progress = err if as_json else out
+    print(
+        f"restarting {', '.join(names)} one at a time, each READY before the next"
+        " (Ctrl-C stops the roll; the engines not reached keep running)",
+        file=progress,
+        flush=True,
+    )
+    deadline = clock() + timeout_s if timeout_s is not None else None
+    for index, name in enumerate(names):
+        left_s = max(0.0, deadline - clock()) if deadline is not None else None
+        code = engine_command(
+            client, "restart", name, wait_for=True, timeout_s=left_s, as_json=as_json, out=out, err=err
+        )
+        if code != EX_OK:
+            rest = names[index + 1 :]
+            if rest:
+                print(f"llm-supervisor: roll stopped at {name}; not restarted: {', '.join(rest)}", file=err)
+            return code
+    return EX_OK
+
+
+def wait_for_state(
+    client: Client,
+    names: Sequence[str],
+    target: str,
+    *,
+    timeout_s: float | None,
+    out: TextIO,
+    err: TextIO,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """`wait NAME... --for ready|stopped`: wait, doing nothing, until every engine named is there
+    (as `kubectl wait`). ``ready``: READY or SHEDDING (serving); ``stopped``: STOPPED or FATAL
+    with no process. Exit 0 reached, 1 on ``--timeout`` or when an engine waited for to be ready
+    is FATAL (it will not get there by itself), 69 the daemon went away."""
+    started = clock()
+    progress = Progress(out, clock=clock)
+    checked = False
+    try:
+        while True:
+            engines = client.call({"command": "status"})["engines"]
+            if not checked:
+                unknown = render.unknown_engines(engines, names)
+                for problem in unknown:
+                    print(f"llm-supervisor: {problem}", file=err)
+                if unknown:
+                    return EX_FAILED
+                checked = True
+            pending = [n for n in names if not _there(engines.get(n, {}), target)]
+            waited_s = clock() - started
+            if not pending:
+                progress.end()
+                for name in names:
+                    print(f"{name}: {str(engines[name].get('state', '?')).upper()}", file=out)
+                return EX_OK
+            gone = [n for n in pending if n not in engines]
+            fatal = [n for n in pending if target == "ready" and engines.get(n, {}).get("state") == "fatal"]
+            if gone or fatal:
+                progress.end()
+                for name in gone:
+                    print(f"{name}: the engine is gone (removed by a reload)", file=err)
+                for name in fatal:
+                    print(
+                        f"{name}: FATAL, it will not be ready by itself: {engines[name].get('reason')}",
+                        file=err,
+                    )
+                return EX_FAILED
+            name = pending[0]
+            line = render.progress_line(name, engines[name], waited_s=waited_s)
+            if len(names) > 1:
+                line += f" [{len(names) - len(pending)}/{len(names)} engines {target}]"
+            progress.show(line, (name, engines[name].get("state"), engines[name].get("phase")))
+            if timeout_s is not None and waited_s >= timeout_s:
+                progress.end()
+                still = ", ".join(f"{n} {str(engines[n].get('state', '?')).upper()}" for n in pending)
+                print(f"llm-supervisor: not {target} after {render.duration(waited_s)}: {still}", file=err)
+                return EX_FAILED
+            sleep(WAIT_POLL_S)
+    except KeyboardInterrupt:
+        progress.end()
+        return EX_INTERRUPTED
+    except Unreachable as exc:
+        progress.end()
+        if not checked:
+            return unreachable(client, exc, err)
+        print(f"llm-supervisor: lost the daemon while waiting: {exc}", file=err)
+        return EX_UNAVAILABLE
+    except Refused as exc:
+        progress.end()
+        print(f"llm-supervisor: {exc}", file=err)
+        return EX_FAILED
+
+
+def _there(engine: Mapping[str, Any], target: str) -> bool:
+    state = engine.get("state")
+    if target == "ready":
+        return state in ("ready", "shedding")
+    return state in ("stopped", "fatal") and engine.get("pid") is None
+
+
+def reload(
+    client: Client,
+    *,
+    wait_for: bool,
+    timeout_s: float | None,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    dry_run: bool = False,
+) -> int:
+    payload: dict[str, Any] = {"command": "reload", **({"dry_run": True} if dry_run else {})}
+    try:
+        reply = client.call(payload, timeout_s=60.0)
+    except Unreachable as exc:
+        return unreachable(client, exc, err)
+    except Refused as exc:
+        print(f"llm-supervisor: {exc}", file=err)
+        return EX_FAILED
+    if dry_run and isinstance(reply, dict) and not reply.get("dry_run"):
+        # A daemon from before --dry-run took it for a reload: say so rather than pretend.
+        print("llm-supervisor: this daemon does not know --dry-run; it reloaded", file=err)
+    elif isinstance(reply, dict) and not reply.get("reloaded") and (reply.get("problems") or not dry_run):
         for problem in reply.get("problems", []):
             print(problem, file=err)
-        print("llm-supervisor: reload rejected; the daemon keeps its previous config", file=err)
+        if dry_run:
+            print("llm-supervisor: a reload would be rejected; the daemon keeps its config", file=err)
+        else:
+            print("llm-supervisor: reload rejected; the daemon keeps its previous config", file=err)
         return EX_CONFIG
-    print(json.dumps(reply, indent=2) if as_json else render.reload_line(reply), file=out, flush=True)
+    text = "\n".join(render.reload_lines(reply, dry_run=bool(reply.get("dry_run"))))
+    print(json.dumps(reply, indent=2) if as_json else text, file=out, flush=True)
+    if reply.get("dry_run"):
+        return EX_OK
     names = [*reply.get("added", []), *reply.get("changed", [])]
     if not wait_for or not names:
         return EX_OK

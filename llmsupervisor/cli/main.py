@@ -1,6 +1,6 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
 (``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``, ``logs``,
-``describe``) that talk to a
+``describe``, ``wait``) that talk to a
 running daemon over its control socket (cli/control.py; what they print: cli/render.py; the
 reference with exit codes: docs/cli.md). No supervision logic here."""
 
@@ -118,13 +118,44 @@ def _parser() -> argparse.ArgumentParser:
     targets = {"restart": "READY again", "drain": "drained", "stop": "STOPPED", "start": "READY"}
     for name, text in ENGINE_COMMANDS:
         engine_parser = sub.add_parser(name, help=text)
-        engine_parser.add_argument("engine")
+        engine_parser.add_argument(
+            "engines",
+            nargs="*",
+            metavar="NAME",
+            help="one or more engines"
+            + (" (several: one at a time, each READY before the next)" if name == "restart" else ""),
+        )
+        engine_parser.add_argument(
+            "--all",
+            action="store_true",
+            help="every enabled engine" + (" that is not stopped" if name == "restart" else ""),
+        )
         _waits(engine_parser, f"the engine is {targets[name]}")
         _common(engine_parser, top=False)
+    wait_parser = sub.add_parser(
+        "wait", help="wait, doing nothing, until engines are ready or stopped (as kubectl wait)"
+    )
+    wait_parser.add_argument("engines", nargs="+", metavar="NAME")
+    wait_parser.add_argument(
+        "--for",
+        dest="target",
+        choices=("ready", "stopped"),
+        required=True,
+        help="ready: READY or SHEDDING; stopped: STOPPED or FATAL, no process",
+    )
+    wait_parser.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 1); default: no limit"
+    )
+    _common(wait_parser, top=False)
     reload_parser = sub.add_parser(
         "reload", help="re-read the config; restart only engines whose spec changed"
     )
     _waits(reload_parser, "every added or changed engine is READY")
+    reload_parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say per engine what changed and what a reload would do (restart, stop, start); apply nothing",
+    )
     _common(reload_parser, top=False)
     events = sub.add_parser("events", help="recent transitions, findings and actions (the daemon keeps 1000)")
     events.add_argument("engine", nargs="?", metavar="NAME", help="only this engine")
@@ -207,7 +238,7 @@ def control_command(args: argparse.Namespace) -> int:
     out, err = cli_control.stream()
     if args.command == "status":
         if args.watch:
-            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out)
+            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out, err=err)
         return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
     if args.command == "events":
         try:
@@ -232,13 +263,30 @@ def control_command(args: argparse.Namespace) -> int:
     if args.command == "describe":
         return engine_view.describe(client, args.engine, as_json=args.json, out=out, err=err)
     if args.command == "reload":
+        if args.dry_run and args.wait:
+            print("llm-supervisor: --dry-run applies nothing: there is nothing to --wait for", file=err)
+            return 2
         return cli_control.reload(
-            client, wait_for=args.wait, timeout_s=args.timeout, as_json=args.json, out=out, err=err
+            client,
+            wait_for=args.wait,
+            timeout_s=args.timeout,
+            as_json=args.json,
+            out=out,
+            err=err,
+            dry_run=args.dry_run,
         )
-    return cli_control.engine_command(
+    if args.command == "wait":
+        return cli_control.wait_for_state(
+            client, args.engines, args.target, timeout_s=args.timeout, out=out, err=err
+        )
+    if bool(args.engines) == bool(args.all):
+        print(f"llm-supervisor: {args.command}: name one or more engines, or --all", file=err)
+        return 2
+    return cli_control.engine_commands(
         client,
         args.command,
-        args.engine,
+        args.engines,
+        every=args.all,
         wait_for=args.wait,
         timeout_s=args.timeout,
         as_json=args.json,
@@ -342,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(schema_text())
         return 0
-    if args.command in (*control.COMMANDS, "describe"):
+    if args.command in (*control.COMMANDS, "describe", "wait"):
         try:
             return control_command(args)
         except KeyboardInterrupt:

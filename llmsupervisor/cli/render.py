@@ -172,11 +172,19 @@ def format_status(status: Mapping[str, Any], names: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
+def unknown_engines(known: Iterable[str], names: Iterable[str]) -> list[str]:
+    """One line per name that is not an engine, with the engines there are (a typo is told as
+    one, never answered with an empty table or a wait that cannot end)."""
+    known = list(known)
+    listed = ", ".join(known) or "none"
+    return [f"no engine named {n!r}; engines: {listed}" for n in names if n not in known]
+
+
 def status_exit_code(status: Mapping[str, Any], names: Sequence[str] = ()) -> tuple[int, list[str]]:
     """0, or 1 with why: a named engine (or, without names, any enabled one) is FATAL or down,
     or a named engine does not exist."""
     engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
-    problems = [f"no engine named {n!r}" for n in names if n not in engines]
+    problems = unknown_engines(engines, names)
     checked = (
         [n for n in names if n in engines]
         if names
@@ -204,6 +212,47 @@ def reload_line(reply: Mapping[str, Any]) -> str:
     for setting in reply.get("next_start_only") or []:
         parts.append(f"{setting} takes effect at the next daemon start")
     return "reload accepted; " + ("; ".join(parts) if parts else "nothing changed")
+
+
+RELOAD_VERBS: Final = {
+    "restart": "restarting",
+    "stop": "stopping",
+    "start": "starting",
+    "next start": "new spec at next start for",
+}
+
+
+def reload_lines(reply: Mapping[str, Any], *, dry_run: bool = False) -> list[str]:
+    """A reload's (or ``--dry-run``'s) answer: what happens, then per engine why: the fields that
+    changed and what follows (the daemon's table, config/reload_diff.py), unchanged ones last.
+
+    ``reload accepted; restarting gpu1 (rolled within max_unavailable=1); stopping gpu2``
+    ``  gpu1: restart (model reload): model: llama-8b -> llama-70b``"""
+    rows: list[Mapping[str, Any]] = reply.get("engines") or []
+    if "lines" not in reply:  # a daemon from before the table
+        return [reload_line(reply)]
+    head = "dry run, nothing applied; a reload would be: " if dry_run else "reload accepted; "
+    parts = []
+    for action, verb in RELOAD_VERBS.items():
+        names = [str(r["engine"]) for r in rows if r.get("action") == action]
+        if names:
+            rolled = f" (rolled within max_unavailable={reply.get('max_unavailable', 1)})"
+            parts.append(f"{verb} {', '.join(names)}" + (rolled if action == "restart" else ""))
+    later = [s["field"] for s in reply.get("settings") or [] if s.get("when") != "now"]
+    if later:
+        parts.append(f"{', '.join(later)} at the next daemon start")
+    lines = [head + ("; ".join(parts) if parts else "nothing changes")]
+    described: list[str] = reply["lines"]
+    unchanged = []
+    for index, line in enumerate(described):
+        row = rows[index] if index < len(rows) else None
+        if row is not None and row.get("action") == "nothing" and not row.get("changes"):
+            unchanged.append(str(row["engine"]))
+        else:
+            lines.append(f"  {line}")
+    if unchanged:
+        lines.append(f"  unchanged: {', '.join(unchanged)}")
+    return lines
 
 
 def progress_line(name: str, engine: Mapping[str, Any], *, waited_s: float) -> str:

@@ -33,7 +33,6 @@ def _engine(
     check_paths: bool,
     hub_env: Mapping[str, str] | None = None,
 ) -> EngineSpec | None:
-    before = len(out.problems)
     checked = _check_section(raw, path, ENGINE_FIELDS, out, what="one engine")
     if checked is None:
         return None
@@ -97,16 +96,25 @@ def _engine(
         )
         if check_paths and key_file:
             merged["api_key"] = _read_api_key(merged["api_key_file"], path + ("api_key_file",), out)
-    if len(out.problems) > before:
-        return None
-    spec = EngineSpec(**merged)
+    # Built whenever its fields allow, problems or not, so that the checks below and those between
+    # engines (CPU overlap, placement) still run on it: every problem at once (a missing command
+    # hid a CPU overlap until it was fixed, issue 26). Any problem rejects the whole config
+    # (load_config), so a spec with problems never runs.
+    try:
+        spec = EngineSpec(**merged)
+    except (TypeError, ValueError):
+        return None  # a required field is missing or unusable: that problem is reported
     for secret in (spec.api_key, spec.bearer_key):
         if secret:
             register_secret(secret)
     cmd_path = path + (("command",) if "command" in checked else ("venv",) if "venv" in checked else ())
     if check_paths:
-        _check_executable(spec.command[0], cmd_path, out)
-        _check_model(spec.model, file, path + ("model",), out)
+        # Not where the field has a problem of its own already: its fix decides what to run.
+        said = {p.field for p in out.problems}
+        if _field_name(cmd_path) not in said and _field_name(path + ("command",)) not in said:
+            _check_executable(spec.command[0], cmd_path, out)
+        if _field_name(path + ("model",)) not in said:
+            _check_model(spec.model, file, path + ("model",), out)
         if hub_env is not None:
             problem = hub_offline_problem(spec, hub_env)
             if problem is not None:
@@ -140,7 +148,7 @@ def _engine(
         top = spec.args.get(flag)
         if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
             out.add(path + ("ladder", 0, flag), f"steps go down: {value} is above the engine's own {top}")
-    return spec if len(out.problems) == before else None
+    return spec
 
 
 API_KEY_FILE_LIMIT: Final = 4096

@@ -31,7 +31,7 @@ from typing import Any
 from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
 from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.engine.status import EngineStatus
-from llmsupervisor.http_api import HttpApi, Response
+from llmsupervisor.http_api import HttpApi, Response, error
 from llmsupervisor.redact import redact_json
 
 
@@ -98,9 +98,13 @@ def http_api(
         """``/engines/NAME/ready``: 200 only when NAME should receive traffic (for HAProxy,
         nginx or Kubernetes); 503 with the reason otherwise."""
         name, _, leaf = rest.partition("/")
-        status = next((s for s in statuses() if s.name == name), None)
-        if leaf != "ready" or status is None:
-            return _json(404, {"error": f"no such endpoint: /engines/{rest}"})
+        now = statuses()
+        status = next((s for s in now if s.name == name), None)
+        if leaf != "ready":
+            return error(404, f"no such endpoint: /engines/{rest}; /engines/NAME/ready is")
+        if status is None:
+            names = [s.name for s in now]
+            return error(404, f"no engine named {name!r}; engines: {', '.join(names)}", engines=names)
         body = {"engine": name, "state": status.state.value, "reason": status.state_reason}
         blocked = engine_blocked(status.spec.gpus, node_conditions())
         if blocked is not None:

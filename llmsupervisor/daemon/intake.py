@@ -17,7 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from llmsupervisor import control
 from llmsupervisor.daemon.events import EventRing
@@ -37,6 +37,12 @@ from llmsupervisor.daemon.requests import (
 log = logging.getLogger("llmsupervisor")
 
 
+class Reload(Protocol):
+    """The daemon's reload (Supervisor.reload): with ``dry_run``, what it would do, applied nowhere."""
+
+    def __call__(self, *, dry_run: bool = False) -> Awaitable[dict[str, Any]]: ...
+
+
 class Intake:
     def __init__(
         self,
@@ -48,7 +54,7 @@ class Intake:
         journal: bool,
         status: Callable[[], dict[str, Any]],
         stopping: Callable[[], bool],
-        reload: Callable[[], Awaitable[dict[str, Any]]],
+        reload: Reload,
     ) -> None:
         self._fleet = fleet
         self._holds = holds
@@ -90,7 +96,7 @@ class Intake:
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
             events_seq = self._events.last_seq  # `reload --wait` follows what happens from here
-            self.submit(ReloadRequest(reply))
+            self.submit(ReloadRequest(reply, dry_run=bool(req.get("dry_run"))))
             result = await reply
             return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
         name = req["engine"]
@@ -101,6 +107,11 @@ class Intake:
 
     async def _select_events(self, req: dict[str, Any]) -> dict[str, Any]:
         since_s = req.get("since_s")
+        name = req.get("engine")
+        # A typo must not print nothing (or, with --follow, wait forever): a name is one the
+        # fleet runs now or one the ring still has events of (an engine a reload removed).
+        if name is not None and name not in self._fleet.runners and not self._events.select(engine=name):
+            raise control.ControlError(self._no_engine(name))
         found = await self._events.wait_select(
             engine=req.get("engine"),
             after_seq=int(req.get("after") or 0),
@@ -113,7 +124,7 @@ class Intake:
         name = req["engine"]
         status = self._fleet.status(name)
         if status is None:
-            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self._fleet.runners)}")
+            raise control.ControlError(self._no_engine(name))
         previous, after = bool(req.get("previous")), int(req.get("after") or 0)
         lines = req.get("lines")
         if previous or not req.get("wait_s"):
@@ -145,7 +156,9 @@ class Intake:
             if self._stopping():
                 refuse(request.reply, "the daemon is shutting down")
                 return
-            task = asyncio.create_task(self._answer_reload(request.reply), name="reload")
+            task = asyncio.create_task(
+                self._answer_reload(request.reply, dry_run=request.dry_run), name="reload"
+            )
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         elif isinstance(request, EngineRequest):
@@ -154,9 +167,9 @@ class Intake:
             except control.ControlError as exc:
                 request.reply.set_exception(exc)
 
-    async def _answer_reload(self, reply: asyncio.Future[Any] | None) -> None:
+    async def _answer_reload(self, reply: asyncio.Future[Any] | None, *, dry_run: bool = False) -> None:
         try:
-            result = await self._reload()
+            result = await self._reload(dry_run=dry_run)
         except Exception as exc:  # a bug in the reload must not go unanswered
             log.exception("reload failed")
             if reply is not None and not reply.done():
@@ -164,6 +177,9 @@ class Intake:
             return
         if reply is not None and not reply.done():
             reply.set_result(result)
+
+    def _no_engine(self, name: str) -> str:
+        return f"no engine named {name!r}; engines: {', '.join(self._fleet.runners)}"
 
     def cancel_reloads(self) -> None:
         """At shutdown: a reload still running is not finished."""
@@ -173,7 +189,7 @@ class Intake:
     def engine_command(self, command: str, name: str, by: str = "operator") -> dict[str, Any]:
         status = self._fleet.status(name)
         if status is None:
-            raise control.ControlError(f"no engine named {name!r}; engines: {', '.join(self._fleet.runners)}")
+            raise control.ControlError(self._no_engine(name))
         if self._stopping():
             raise control.ControlError("the daemon is shutting down")
         log.info("operator: %s (by %s)", command, by, extra={"engine": name, "event": "operator"})

@@ -87,6 +87,28 @@ def _read_pid(fd: int) -> int | None:
     return None
 
 
+def holder(state_dir: Path, *, proc: Path = Path("/proc")) -> int | None:
+    """The pid of the daemon that holds ``state_dir``'s lock now, or None (no daemon, or one this
+    user cannot see). Read from the kernel's lock table (``/proc/locks``), never by taking the
+    lock: a probe that held it for a moment could make a daemon starting just then exit 75.
+
+    This is how `doctor` tells the running daemon's own ports from a stranger's, by the state
+    dir and not by a process name (the console script is ``llm-supervisor``, the module
+    ``llmsupervisor``: a name test missed one of them, issue 26)."""
+    try:
+        st = lock_path(state_dir).stat()
+        table = (proc / "locks").read_text()
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 13412 fe:00:2485311 0 EOF"; "1: -> FLOCK ..." is a waiter.
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+            return int(fields[4])
+    return None
+
+
 def acquire(state_dir: Path) -> StateDirLock:
     """Take the state dir's lock without waiting and write this process's pid into it.
 
@@ -116,4 +138,4 @@ def acquire(state_dir: Path) -> StateDirLock:
     return StateDirLock(path, fd)
 
 
-__all__ = ["LOCK_NAME", "AlreadyRunning", "StateDirLock", "acquire", "lock_path"]
+__all__ = ["LOCK_NAME", "AlreadyRunning", "StateDirLock", "acquire", "holder", "lock_path"]

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmsupervisor.config import SupervisorConfig, load_config
+from llmsupervisor.config.reload_diff import NOTHING, describe, engine_changes, setting_changes
 from llmsupervisor.config.reload_plan import ReloadPlan, plan_reload
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import Fleet
@@ -43,7 +44,9 @@ def apply_now(plan: ReloadPlan, fleet: Fleet) -> None:
 
 def rolling(config: SupervisorConfig, fleet: Fleet) -> list[str]:
     """The engines the policy will restart onto ``config``: meant to run, and running another
-    spec. Besides this reload's changes, those a halted roll never reached."""
+    spec. Besides this reload's changes, those a halted roll never reached. The same before the
+    plan is applied (a dry run): added engines are not in the fleet yet, removed and disabled
+    ones are not meant to run on ``config``."""
     specs = {s.name: s for s in config.engines}
     return [
         s.name
@@ -54,6 +57,27 @@ def rolling(config: SupervisorConfig, fleet: Fleet) -> list[str]:
         and s.state is not EngineState.FATAL
         and s.spec != specs[s.name]
     ]
+
+
+def _reply(
+    current: SupervisorConfig, new: SupervisorConfig, plan: ReloadPlan, to_roll: list[str]
+) -> dict[str, Any]:
+    """What a reload did (or, dry, would do): the names by kind, as before, and per engine the
+    fields that changed and what happens (config/reload_diff.py), as data and as lines."""
+    engines = engine_changes(current, new, plan, to_roll)
+    settings = setting_changes(current, new)
+    return {
+        "added": [s.name for s in plan.added],
+        "removed": list(plan.removed),
+        "changed": list(plan.changed),
+        "rolling": to_roll,  # restarted by the policy, within max_unavailable
+        "max_unavailable": new.supervisor.max_unavailable,
+        "next_start_only": list(plan.next_start_only),
+        "engines": [e.as_json() for e in engines],
+        "settings": [s.as_json() for s in settings],
+        "lines": [describe(e) for e in engines]
+        + [f"{s.change} ({'now' if s.live else 'at the next daemon start'})" for s in settings],
+    }
 
 
 class Reloader:
@@ -80,9 +104,16 @@ class Reloader:
         self.totals: dict[str, int] = {"ok": 0, "invalid": 0}
         self.problem: str | None = None
 
-    async def reload(self, current: SupervisorConfig) -> tuple[SupervisorConfig | None, dict[str, Any]]:
-        """(the new config, or None when nothing changed hands; the reply for the operator)."""
+    async def reload(
+        self, current: SupervisorConfig, *, dry_run: bool = False
+    ) -> tuple[SupervisorConfig | None, dict[str, Any]]:
+        """(the new config, or None when nothing changed hands; the reply for the operator).
+
+        ``dry_run``: read, validate, place and plan the same way, and answer what would happen,
+        applying nothing (no RELOADING=1 either: systemd is told of reloads only)."""
         async with self._lock:
+            if dry_run:
+                return None, await self._preview(current)
             self._notifier.reloading()
             try:
                 return await self._reload_locked(current)
@@ -92,30 +123,51 @@ class Reloader:
                 self._notifier.ready(self._summary())
                 raise
 
-    async def _reload_locked(
-        self, current: SupervisorConfig
-    ) -> tuple[SupervisorConfig | None, dict[str, Any]]:
+    async def _read(self, current: SupervisorConfig) -> SupervisorConfig | list[str]:
+        """The new config, placed like the running one, or its problems."""
         try:
             new = await asyncio.to_thread(load_config, current.path)
         except ConfigError as exc:  # every bad file, loader bugs included (load_config)
+            return [str(p) for p in exc.problems]
+        if self._place is not None:  # placed like the running config, or every auto engine differs
+            new = await self._place(new)
+        return new
+
+    def _plan(self, current: SupervisorConfig, new: SupervisorConfig) -> ReloadPlan:
+        running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in self._fleet.statuses()}
+        return plan_reload(current, new, running)
+
+    async def _preview(self, current: SupervisorConfig) -> dict[str, Any]:
+        new = await self._read(current)
+        if isinstance(new, list):
+            return {"reloaded": False, "dry_run": True, "problems": new}
+        plan = self._plan(current, new)
+        return {
+            "reloaded": False,
+            "dry_run": True,
+            **_reply(current, new, plan, rolling(new, self._fleet)),
+        }
+
+    async def _reload_locked(
+        self, current: SupervisorConfig
+    ) -> tuple[SupervisorConfig | None, dict[str, Any]]:
+        new = await self._read(current)
+        if isinstance(new, list):
             self.totals["invalid"] += 1
-            for problem in exc.problems:
+            for problem in new:
                 log.error("reload: %s", problem)
             log.error(
                 "reload rejected: %d problem(s); still running the previous config",
-                len(exc.problems),
+                len(new),
                 extra={"event": "reload"},
             )
-            self.problem = f"reload failed ({len(exc.problems)} problems), old config kept"
+            self.problem = f"reload failed ({len(new)} problems), old config kept"
             self._notifier.ready(self._summary())
-            return None, {"reloaded": False, "problems": [str(p) for p in exc.problems]}
-        if self._place is not None:  # placed like the running config, or every auto engine differs
-            new = await self._place(new)
+            return None, {"reloaded": False, "problems": new}
         if self._stopping():  # a shutdown began while the file was read: change nothing
             return None, {"reloaded": False, "problems": ["the daemon is shutting down"]}
         fleet = self._fleet
-        running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in fleet.statuses()}
-        plan = plan_reload(current, new, running)
+        plan = self._plan(current, new)
         for setting in plan.next_start_only:
             log.warning("reload: %s changed; it takes effect at the next daemon start", setting)
         apply_now(plan, fleet)
@@ -136,11 +188,8 @@ class Reloader:
             ", ".join(to_roll) or "-",
             extra={"event": "reload"},
         )
-        return new, {
-            "reloaded": True,
-            "added": [s.name for s in plan.added],
-            "removed": list(plan.removed),
-            "changed": changed,
-            "rolling": to_roll,  # restarted by the policy, within max_unavailable
-            "next_start_only": list(plan.next_start_only),
-        }
+        reply = _reply(current, new, plan, to_roll)
+        for engine, line in zip(reply["engines"], reply["lines"], strict=False):
+            if engine["action"] != NOTHING:  # why each engine restarts, in the journal and `events`
+                log.info("reload: %s", line, extra={"engine": engine["engine"], "event": "reload"})
+        return new, {"reloaded": True, **reply}

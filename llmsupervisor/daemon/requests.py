@@ -37,6 +37,7 @@ class EngineRequest:
 @dataclass(frozen=True, slots=True)
 class ReloadRequest:
     reply: asyncio.Future[Any] | None = field(default=None, compare=False)  # None: from SIGHUP
+    dry_run: bool = False  # `reload --dry-run`: say what would happen, apply nothing
 
 
 AnyRequest = Request | EngineRequest | ReloadRequest

@@ -408,12 +408,13 @@ class Supervisor:
 
     # ---- reload ----
 
-    async def reload(self) -> dict[str, Any]:
+    async def reload(self, *, dry_run: bool = False) -> dict[str, Any]:
         """Validate the whole new config first; on any problem keep the old one untouched.
         Otherwise apply the plan; the policy rolls the changed engines that run (within
         max_unavailable), from the next reconcile on, which this wakes at once. READY=1 follows
-        here, without waiting for the roll (systemd would wait in "reloading" for minutes)."""
-        new, reply = await self.reloader.reload(self.config)
+        here, without waiting for the roll (systemd would wait in "reloading" for minutes).
+        ``dry_run``: the same reply, nothing applied."""
+        new, reply = await self.reloader.reload(self.config, dry_run=dry_run)
         if new is not None:
             removed = {e.name for e in self.config.engines} - {e.name for e in new.engines}
             self.config = new

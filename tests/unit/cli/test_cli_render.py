@@ -99,7 +99,8 @@ def test_status_exit_code() -> None:
     assert cli_render.status_exit_code(snap, ["a"]) == (0, [])
     assert cli_render.status_exit_code(snap, ["c"]) == (0, [])
     assert cli_render.status_exit_code(snap, ["a", "b"]) == (1, ["b is FATAL"])
-    assert cli_render.status_exit_code(snap, ["nope"]) == (1, ["no engine named 'nope'"])
+    nope = "no engine named 'nope'; engines: a, b, c, off"
+    assert cli_render.status_exit_code(snap, ["nope"]) == (1, [nope])
     assert cli_render.status_exit_code(snap) == (1, ["b is FATAL"])  # a disabled engine is not down
     assert cli_render.status_exit_code(snapshot(a=engine(), off=engine(state="stopped", enabled=False))) == (
         0,
@@ -278,7 +279,7 @@ def test_config_and_socket_after_the_subcommand(tmp_path: Any) -> None:
     args = cli._parser().parse_args(["status", "a", "--config", "/x.yaml", "--socket", "/s.sock"])
     assert (str(args.config), str(args.socket), args.names) == ("/x.yaml", "/s.sock", ["a"])
     args = cli._parser().parse_args(["--config", "/y.yaml", "restart", "gpu0", "--wait", "--timeout", "60"])
-    assert (str(args.config), args.engine, args.wait, args.timeout) == ("/y.yaml", "gpu0", True, 60.0)
+    assert (str(args.config), args.engines, args.wait, args.timeout) == ("/y.yaml", ["gpu0"], True, 60.0)
     args = cli._parser().parse_args(["events", "gpu0", "--follow", "--since", "10m"])
     assert (args.engine, args.follow, args.since) == ("gpu0", True, "10m")
 

@@ -20,6 +20,7 @@ import yaml
 
 from llmsupervisor import doctor
 from llmsupervisor.config import EngineSpec, load_config
+from llmsupervisor.daemon import lock
 from llmsupervisor.doctor import DoctorCheck, Identity, Level
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.fake_gpu import FakeGpu
@@ -248,6 +249,21 @@ def test_port_held_by_an_engine_of_the_running_supervisor_is_a_warning(tmp_path:
         stop(proc)
     assert result.level is Level.WARN, result
     assert "in use by the running supervisor" in result.detail
+
+
+def test_port_held_by_the_daemon_holding_the_state_dir_lock_is_a_warning(tmp_path: Path) -> None:
+    # The daemon is known by its state dir's lock, not by a name in its command line: this
+    # process's command line is pytest's, and before it was judged a stranger (issue 26).
+    state = tmp_path / "state"
+    with lock.acquire(state), socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = doctor.check_port("127.0.0.1", port, name="p", who=me(), state_dir=state)
+        other = doctor.check_port("127.0.0.1", port, name="p", who=me(), state_dir=tmp_path / "other")
+    assert result.level is Level.WARN, result
+    assert f"in use by the running supervisor: pid {os.getpid()}" in result.detail
+    assert other.level is Level.FAIL, other  # another state dir's daemon is not ours
 
 
 def test_privileged_port_for_the_service_user() -> None:

@@ -1145,6 +1145,8 @@ def test_actions_fields_problems(tmp_path: Path) -> None:
     assert found == [
         f"{path}:3: defaults.detectors.sustain_s.kv_presure: unknown finding kind "
         "(did you mean 'kv_pressure'?)",
+        # Every problem at once: the ladder's is not held back by the restart window's (issue 26).
+        f"{path}:10: engines[0].ladder[0].max-num-seqs: steps go down: 128 is above the engine's own 64",
         f"{path}:11: engines[0].restart_window: must be a local time window like '02:00-05:00', "
         "got '23:00-25:00'",
         f"{path}:17: engines[1].ladder[1].max-num-seqs: steps go down: 48 is above the previous step's 32",

@@ -200,3 +200,26 @@ def test_check_config_does_not_take_the_lock(tmp_path: Path, capsys: pytest.Capt
         assert cli.main(["check-config", str(path)]) == 0
         assert cli.main(["--config", str(path), "check-config"]) == 0
     assert f"{path}: OK, 1 engine(s): a" in capsys.readouterr().out
+
+
+def test_holder_is_read_from_the_kernel_lock_table(tmp_path: Path) -> None:
+    assert lock.holder(tmp_path) is None  # no lock file yet
+    with lock.acquire(tmp_path):
+        assert lock.holder(tmp_path) == os.getpid()
+        assert lock.holder(tmp_path / "elsewhere") is None
+    assert lock.holder(tmp_path) is None  # released: the file is still there, nobody holds it
+
+
+def test_holder_skips_waiters_and_other_files(tmp_path: Path) -> None:
+    (tmp_path / "daemon.lock").write_text("")
+    st = (tmp_path / "daemon.lock").stat()
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "locks").write_text(
+        f"1: FLOCK  ADVISORY  WRITE 11 00:00:{st.st_ino + 1} 0 EOF\n"
+        f"2: POSIX  ADVISORY  WRITE 12 {inode} 0 EOF\n"
+        f"3: -> FLOCK  ADVISORY  WRITE 13 {inode} 0 EOF\n"
+        f"3: FLOCK  ADVISORY  WRITE 14 {inode} 0 EOF\n"
+    )
+    assert lock.holder(tmp_path, proc=proc) == 14
