@@ -1,11 +1,13 @@
-"""Placing the configured engines on CPUs (core/placement.py) with what this host reports: the
-daemon's CPUs and, through NVML, each GPU's NUMA-node CPUs. Done at start and at every reload,
-before the new config is compared with the running one, so an unchanged file moves nothing."""
+"""Placing the configured engines with what this host reports: GPUs named by UUID resolved to
+NVML indices (and engines on a MIG-enabled or unknown GPU not started), then CPUs
+(core/placement.py) from the daemon's CPUs and, through NVML, each GPU's NUMA-node CPUs. Done at
+start and at every reload, before the new config is compared with the running one, so an
+unchanged file moves nothing."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from llmsupervisor.config import SupervisorConfig
@@ -29,6 +31,44 @@ def place_config(config: SupervisorConfig, host: Topology) -> SupervisorConfig:
         replace(s, placement=placed.get(s.name, ())) if s.cpus == AUTO else s for s in config.engines
     )
     return replace(config, engines=engines)
+
+
+def resolve_gpus(
+    config: SupervisorConfig, index_of: Mapping[str, int], mig_enabled: Iterable[int]
+) -> SupervisorConfig:
+    """The config with GPU UUIDs resolved to NVML indices (``index_of``: UUID -> index, as NVML
+    opened them). An enabled engine is not started (``enabled`` off, the reason logged) when NVML
+    does not list one of its UUIDs, when another engine already has that GPU under its index, or
+    when one of its GPUs has MIG on: CUDA numbers the MIG devices, not the GPU, so the engine
+    would run elsewhere than monitored (docs/gpu.md)."""
+    mig = set(mig_enabled)
+    claimed = {g: s.name for s in config.engines if s.enabled and not s.gpu_uuids for g in s.gpus}
+    engines = []
+    for spec in config.engines:
+        problem = None
+        if spec.enabled and spec.gpu_uuids:
+            resolved = spec.with_gpus(index_of)
+            if isinstance(resolved, list):
+                listed = ", ".join(sorted(index_of)) or "no GPU"
+                problem = f"NVML does not list GPU(s) {', '.join(resolved)} (it lists {listed})"
+            else:
+                spec = resolved
+                taken = {g: claimed[g] for g in spec.gpus if claimed.get(g, spec.name) != spec.name}
+                problem = (
+                    "; ".join(
+                        f"GPU {spec.gpu_uuids[spec.gpus.index(g)]} is GPU {g} of engine {n}"
+                        for g, n in taken.items()
+                    )
+                    or None
+                )
+                claimed.update({g: spec.name for g in spec.gpus})
+        if problem is None and spec.enabled and (with_mig := sorted(g for g in spec.gpus if g in mig)):
+            problem = f"GPU(s) {with_mig} have MIG enabled; disable MIG or move the engine"
+        if problem is not None:
+            log.error("engine %s not started: %s (docs/gpu.md)", spec.name, problem)
+            spec = replace(spec, enabled=False)
+        engines.append(spec)
+    return replace(config, engines=tuple(engines))
 
 
 def describe(config: SupervisorConfig) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import signal
 import time
@@ -47,7 +46,7 @@ from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.holds import Holds, desired_for, operator_name
-from llmsupervisor.daemon.placement import describe, place_config, topology
+from llmsupervisor.daemon.placement import describe, place_config, resolve_gpus, topology
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
 from llmsupervisor.daemon.requests import (
@@ -291,29 +290,17 @@ class Supervisor:
         return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem)
 
     async def place(self, config: SupervisorConfig) -> SupervisorConfig:
-        """``cpus: auto`` engines get their share of this host's CPUs (daemon/placement.py)."""
+        """GPUs named by UUID get their NVML indices, engines on a MIG or unknown GPU are not
+        started (daemon/placement.resolve_gpus); ``cpus: auto`` engines get their share of this
+        host's CPUs (daemon/placement.py)."""
+        monitor = self.gpu_monitor
+        index_of = {uuid: index for index, uuid in monitor.gpus_by_index().items()}
+        config = resolve_gpus(config, index_of, monitor.mig_enabled(monitor.latest))
         if not any(s.cpus == AUTO for s in config.engines):
             return config
         placed = place_config(config, topology(await self.gpu_monitor.gpu_cpus()))
         log.info("CPU placement: %s", describe(placed))
         return placed
-
-    def _refuse_mig(self, config: SupervisorConfig) -> SupervisorConfig:
-        """Engines on a GPU with MIG enabled are not started: CUDA numbers the MIG devices, not
-        the GPU, so CUDA_VISIBLE_DEVICES=<NVML index> would run them elsewhere than monitored."""
-        engines = []
-        for spec in config.engines:
-            with_mig = self.gpu_monitor.mig_enabled(spec.gpus) if spec.enabled else []
-            if with_mig:
-                log.error(
-                    "engine %s not started: GPU(s) %s have MIG enabled; disable MIG or move the engine"
-                    " (docs/gpu.md)",
-                    spec.name,
-                    with_mig,
-                )
-                spec = dataclasses.replace(spec, enabled=False)
-            engines.append(spec)
-        return dataclasses.replace(config, engines=tuple(engines))
 
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
@@ -343,8 +330,8 @@ class Supervisor:
         self.guard.start()
         server = control.ControlServer(self.control_path, self._on_control)
         await self.gpu_monitor.start()
-        self.config = self._refuse_mig(self.config)
         self.config = await self.place(self.config)
+        self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in self.config.engines})
         self.holds.load(spec.name for spec in self.config.engines)
         for spec in self.config.engines:
             self.fleet.add(spec, desired=desired_for(spec, self.holds.get(spec.name)))
