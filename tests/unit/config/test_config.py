@@ -762,6 +762,35 @@ def test_check_config_accepts_a_minimal_config(tmp_path: Path, capsys: pytest.Ca
     assert out == f"{path}: OK, 1 engine(s): qwen\n"
 
 
+def test_check_config_is_static_and_never_asks_nvml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MIG mode, a UUID's presence and a GPU's health are facts of the host, changed without
+    # touching the file: doctor and the daemon's start judge them (docs/gpu.md). check-config
+    # gives the same answer on every machine (CI, a laptop, the reload's validation).
+    import llmsupervisor.probes.nvml as nvml
+
+    def no_nvml(*args: object, **kwargs: object) -> None:
+        raise AssertionError("check-config opened NVML")
+
+    monkeypatch.setattr(nvml.NvmlReader, "__init__", no_nvml)
+    model = local_model(tmp_path)
+    path = write(
+        tmp_path,
+        f"""
+        engines:
+          - name: qwen
+            model: {model}
+            gpus: [GPU-00000000-1111-2222-3333-444444444444]
+            port: 8000
+            command: [{sys.executable}]
+        """,
+    )
+    code, err, out = check_config(path, capsys)
+    assert out.endswith("OK, 1 engine(s): qwen\n")
+    assert (code, err) == (0, [])
+
+
 def test_minimal_engine_gets_the_defaults(tmp_path: Path) -> None:
     model = local_model(tmp_path)
     path = write(
