@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import signal
 import time
@@ -34,11 +35,12 @@ from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
 from llmsupervisor.config import EngineSpec, SupervisorConfig
+from llmsupervisor.core.node_condition import engine_blocked
 from llmsupervisor.core.placement import AUTO
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
+from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks, blocked_reason
 from llmsupervisor.daemon.agent import AgentServers
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
@@ -67,7 +69,9 @@ from llmsupervisor.daemon.status import (
     status_json,
     summary,
 )
+from llmsupervisor.engine.commands import Desired
 from llmsupervisor.engine.http import EngineHttp
+from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.engine.observer import GroupSampler
 from llmsupervisor.engine.processes import HostProcesses, Processes
 from llmsupervisor.http_api import parse_listen
@@ -334,7 +338,17 @@ class Supervisor:
         self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in self.config.engines})
         self.holds.load(spec.name for spec in self.config.engines)
         for spec in self.config.engines:
-            self.fleet.add(spec, desired=desired_for(spec, self.holds.get(spec.name)))
+            desired = desired_for(spec, self.holds.get(spec.name))
+            blocked = engine_blocked(spec.gpus, self.marks.conditions) if spec.enabled else None
+            if blocked is not None:
+                # A condition from earlier in this boot: the GPU was not reset (or nobody said so),
+                # so the engine is not started into READY on it (docs/gpu.md).
+                why = blocked_reason(blocked)
+                log.error("engine %s not started: %s", spec.name, why)
+                desired = dataclasses.replace(desired or Desired(run=True), run=False)
+                self.fleet.add(spec, desired=desired, ledger=Ledger(spec.name, now=aio.now(), reason=why))
+                continue
+            self.fleet.add(spec, desired=desired)
         self._write_status()
         log.info("supervising %d engine(s): %s", len(self.fleet.runners), ", ".join(self.fleet.runners))
         try:
