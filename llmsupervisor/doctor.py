@@ -43,7 +43,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -512,7 +512,16 @@ def unit_environment(unit_paths: Sequence[Path], home: str) -> dict[str, str]:
 
 
 def _gpu_engines(config: SupervisorConfig | None) -> list[str]:
-    return [] if config is None else [e.name for e in config.engines if e.enabled and e.gpus]
+    return [] if config is None else [e.name for e in config.engines if e.enabled and e.gpu_count]
+
+
+def _resolved(config: SupervisorConfig, index_of: dict[str, int]) -> SupervisorConfig:
+    """The config with GPU UUIDs resolved as the daemon would (unknown ones left unresolved)."""
+    engines = []
+    for spec in config.engines:
+        resolved = spec.with_gpus(index_of)
+        engines.append(resolved if isinstance(resolved, EngineSpec) else spec)
+    return replace(config, engines=tuple(engines))
 
 
 def check_nvml(
@@ -521,10 +530,12 @@ def check_nvml(
     *,
     timeout_s: float = NVML_TIMEOUT_S,
     gpu_cpus: dict[int, frozenset[int]] | None = None,
+    gpu_index_of: dict[str, int] | None = None,
 ) -> list[DoctorCheck]:
-    """NVML answers and lists GPUs, and every GPU an engine names exists. A missing driver is a
-    FAIL only when an enabled engine has gpus configured. Each GPU's CPU affinity goes into
-    ``gpu_cpus`` (for the placement check)."""
+    """NVML answers and lists GPUs, and every GPU an engine names (by index or UUID) exists
+    without MIG. A missing driver is a FAIL only when an enabled engine has gpus configured.
+    Each GPU's CPU affinity goes into ``gpu_cpus`` and its UUID -> index into ``gpu_index_of``
+    (for the placement check)."""
     needing = _gpu_engines(config)
     missing_level = Level.FAIL if needing else Level.WARN
     why = (
@@ -567,7 +578,22 @@ def check_nvml(
     results = [DoctorCheck("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
     present = {s.index for s in result}
     mig = {s.index for s in result if s.mig_enabled}
+    index_of = {s.uuid: s.index for s in result}
+    if gpu_index_of is not None:
+        gpu_index_of.update(index_of)
     for spec in config.engines if config is not None else ():
+        resolved = spec.with_gpus(index_of)
+        if isinstance(resolved, list):
+            results.append(
+                DoctorCheck(
+                    f"engine {spec.name} gpus",
+                    Level.FAIL,
+                    f"GPU(s) {', '.join(resolved)} not present (NVML lists {', '.join(sorted(index_of))});"
+                    " the daemon will not start the engine",
+                )
+            )
+            continue
+        spec = resolved
         with_mig = [g for g in spec.gpus if g in mig]
         if with_mig and spec.enabled:
             results.append(
@@ -733,9 +759,10 @@ def run_checks(
             )
         results.append(check_state_dir(state_dir, who, under_unit=under_unit))
     gpu_cpus: dict[int, frozenset[int]] = {}
-    results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus)
+    index_of: dict[str, int] = {}
+    results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus, gpu_index_of=index_of)
     if config is not None:
-        results += check_placement(config, gpu_cpus)
+        results += check_placement(_resolved(config, index_of), gpu_cpus)
     results.append(check_gpu_devices(dev_dir, who, needed=bool(_gpu_engines(config))))
     return results
 

@@ -126,7 +126,7 @@ def engine_environment(
     *,
     base: Mapping[str, str],
     engine: str,
-    gpus: Iterable[int],
+    gpus: Iterable[int | str],
     state_dir: Path,
     cache_dir: Path,
     extra: Mapping[str, str],
@@ -135,7 +135,8 @@ def engine_environment(
     env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
     # The GPUs the engine is monitored and marked on: an engine's ``env:`` cannot move it.
     pinned = {
-        # NVML numbers GPUs in PCI bus order; CUDA would otherwise use FASTEST_FIRST.
+        # NVML numbers GPUs in PCI bus order; CUDA would otherwise use FASTEST_FIRST. GPUs named
+        # by UUID (config `gpus`) go as UUIDs, which CUDA takes whatever its order.
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
     }

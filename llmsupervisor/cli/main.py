@@ -183,6 +183,13 @@ def _parser() -> argparse.ArgumentParser:
     describe_parser.add_argument("engine", metavar="NAME")
     describe_parser.add_argument("--json", action="store_true", help="machine-readable")
     _common(describe_parser, top=False)
+    gpu = sub.add_parser("gpu", help="GPU node conditions (docs/gpu.md)")
+    gpu_sub = gpu.add_subparsers(dest="gpu_command", required=True)
+    clear = gpu_sub.add_parser(
+        "clear", help="drop a GPU's gpu_unrecoverable condition after a GPU reset (the daemon stopped)"
+    )
+    clear.add_argument("uuids", nargs="+", metavar="UUID", help="the GPU UUID (status names it)")
+    _common(clear, top=False, socket=False)
     doctor = sub.add_parser(
         "doctor", help="check this machine before the first start: one line per check, exit 1 on any FAIL"
     )
@@ -385,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         return doctor(args.config)
     if args.command == "check-config":
         return check_config(args.path or args.config)
+    if args.command == "gpu":
+        from llmsupervisor.cli.gpu import gpu_clear
+
+        return gpu_clear(args.config, args.uuids)
     if args.command == "schema":
         from llmsupervisor.config.schema import schema_text
 

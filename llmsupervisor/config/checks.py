@@ -71,6 +71,9 @@ def _engine(
         # Like model paths: relative to the config file, not to the daemon's working directory.
         merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
     merged.setdefault("gpus", ())
+    if any(isinstance(g, str) for g in merged["gpus"]):
+        # Named by UUID: resolved to NVML indices at start (EngineSpec.with_gpus).
+        merged["gpu_uuids"], merged["gpus"] = merged["gpus"], ()
     if isinstance(merged.get("cpus"), tuple):
         merged["placement"] = merged["cpus"]
         if check_paths:
@@ -349,24 +352,24 @@ def _parallel_size(value: Any) -> int | None:
 
 
 def _check_parallelism(spec: EngineSpec, path: Path_, out: _Collector) -> None:
-    if not spec.gpus:
+    if not spec.gpu_count:
         return
     tp = spec.args.get(
-        "tensor-parallel-size", len(spec.gpus) if "pipeline-parallel-size" not in spec.args else 1
+        "tensor-parallel-size", spec.gpu_count if "pipeline-parallel-size" not in spec.args else 1
     )
     pp = spec.args.get("pipeline-parallel-size", 1)
     tp_n, pp_n = _parallel_size(tp), _parallel_size(pp)
     if tp_n is None or pp_n is None or tp_n < 1 or pp_n < 1:
         out.add(path + ("args",), "tensor-parallel-size and pipeline-parallel-size must be positive integers")
         return
-    if tp_n * pp_n != len(spec.gpus):
+    if tp_n * pp_n != spec.gpu_count:
         where = path + (
             ("args", "tensor-parallel-size") if "tensor-parallel-size" in spec.args else ("gpus",)
         )
         out.add(
             where,
             f"tensor-parallel-size {tp_n} x pipeline-parallel-size {pp_n} = {tp_n * pp_n} GPUs, "
-            f"but the engine has {len(spec.gpus)} GPU(s) {list(spec.gpus)}",
+            f"but the engine has {spec.gpu_count} GPU(s) {list(spec.cuda_devices)}",
         )
 
 
@@ -375,7 +378,7 @@ def _cross_checks(engines_raw: list[Any], engines: list[EngineSpec], out: _Colle
     engine with an unrelated problem still takes part."""
     seen_names: dict[str, int] = {}
     seen_ports: dict[int, int] = {}
-    seen_gpus: dict[int, int] = {}
+    seen_gpus: dict[int | str, int] = {}
     for i, raw in enumerate(engines_raw):
         if not isinstance(raw, dict):
             continue
@@ -399,12 +402,14 @@ def _cross_checks(engines_raw: list[Any], engines: list[EngineSpec], out: _Colle
                 else:
                     seen_ports[port] = i
         gpus = raw.get("gpus")
-        gpu_list = [gpus] if isinstance(gpus, int) else gpus if isinstance(gpus, list) else []
+        gpu_list = [gpus] if isinstance(gpus, int | str) else gpus if isinstance(gpus, list) else []
         for gpu in gpu_list:
-            if isinstance(gpu, int) and not isinstance(gpu, bool):
-                if gpu in seen_gpus and seen_gpus[gpu] != i:
+            # One board named by index here and by UUID there is found at start, through NVML.
+            claim = gpu.lower() if isinstance(gpu, str) else gpu
+            if isinstance(claim, int | str) and not isinstance(claim, bool):
+                if claim in seen_gpus and seen_gpus[claim] != i:
                     out.add(
-                        ("engines", i, "gpus"), f"GPU {gpu} is already claimed by engines[{seen_gpus[gpu]}]"
+                        ("engines", i, "gpus"), f"GPU {gpu} is already claimed by engines[{seen_gpus[claim]}]"
                     )
                 else:
-                    seen_gpus[gpu] = i
+                    seen_gpus[claim] = i

@@ -41,8 +41,10 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     ),
     "gpus": Field(
         _gpus,
-        "GPU indices in PCI bus order (as nvidia-smi shows them), or one index; no GPU in two "
-        "engines; none: no GPU (the vLLM CPU build)",
+        "GPU indices in PCI bus order (as nvidia-smi shows them), or GPU UUIDs (GPU-..., as "
+        "nvidia-smi -L shows them; resolved through NVML at start, and the engine's "
+        "CUDA_VISIBLE_DEVICES names the UUIDs), or one of either; no GPU in two engines; none: no "
+        "GPU (the vLLM CPU build)",
     ),
     "cpus": Field(
         _cpus,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,8 +63,11 @@ class EngineSpec:
 
     name: str
     model: str
+    # NVML indices. An engine whose config names its GPUs by UUID has them in ``gpu_uuids``, and
+    # ``gpus`` stays () until the daemon (or doctor) resolves them through NVML (``with_gpus``).
     gpus: tuple[int, ...]
     port: int
+    gpu_uuids: tuple[str, ...] = ()
     # CPU placement (core/placement.py): the configured list, "auto", or () for none; and the
     # CPUs the engine is bound to (the list itself, or auto's share once the daemon placed it).
     cpus: tuple[int, ...] | str = ()
@@ -158,15 +161,42 @@ class EngineSpec:
         return str(value) if value not in (None, False, True, "") else None
 
     @property
+    def gpu_count(self) -> int:
+        """How many GPUs the engine is configured on, resolved or not."""
+        return len(self.gpu_uuids) or len(self.gpus)
+
+    @property
+    def unresolved_gpus(self) -> bool:
+        """Named by UUID and not yet resolved to NVML indices: not to be started."""
+        return len(self.gpus) != self.gpu_count
+
+    @property
+    def cuda_devices(self) -> tuple[int | str, ...]:
+        """CUDA_VISIBLE_DEVICES: the UUIDs where the config names them (CUDA accepts them, and
+        they hold whatever order CUDA numbers the GPUs in), else the NVML indices."""
+        return self.gpu_uuids or self.gpus
+
+    def with_gpus(self, index_of: Mapping[str, int]) -> EngineSpec | list[str]:
+        """This spec with its UUIDs resolved to NVML indices (``index_of``: UUID -> index, as
+        NVML opened them), or the UUIDs NVML does not list."""
+        if not self.gpu_uuids:
+            return self
+        by_lower = {uuid.lower(): index for uuid, index in index_of.items()}
+        missing = [u for u in self.gpu_uuids if u.lower() not in by_lower]
+        if missing:
+            return missing
+        return replace(self, gpus=tuple(by_lower[u.lower()] for u in self.gpu_uuids))
+
+    @property
     def ranks(self) -> int:
         """vLLM worker processes of the engine (tensor x pipeline parallel)."""
         args = self.args
         try:
-            tp = int(args.get("tensor-parallel-size", len(self.gpus) or 1))
+            tp = int(args.get("tensor-parallel-size", self.gpu_count or 1))
             pp = int(args.get("pipeline-parallel-size", 1))
         except (TypeError, ValueError):
             return 1
-        if self.gpus and "tensor-parallel-size" not in args and "pipeline-parallel-size" in args:
+        if self.gpu_count and "tensor-parallel-size" not in args and "pipeline-parallel-size" in args:
             tp = 1
         return max(1, tp * pp)
 
@@ -227,9 +257,10 @@ class EngineSpec:
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
         args = self.args_at(step)
-        if len(self.gpus) > 1 and "tensor-parallel-size" not in args and "pipeline-parallel-size" not in args:
+        many = self.gpu_count > 1
+        if many and "tensor-parallel-size" not in args and "pipeline-parallel-size" not in args:
             # One engine over several GPUs means tensor parallelism over all of them.
-            args["tensor-parallel-size"] = len(self.gpus)
+            args["tensor-parallel-size"] = self.gpu_count
         return argv + render_args(args)
 
 

@@ -75,32 +75,60 @@ _listen: Final = Kind(_check_listen, {"type": "string", "pattern": "^.+:[0-9]{1,
 # is refused here and by the schema instead of reaching CUDA_VISIBLE_DEVICES.
 MAX_GPU_INDEX: Final = 1023
 _gpu_index: Final = _number(lo=0, hi=MAX_GPU_INDEX, integer=True)  # the schema; the check below
+# A GPU's UUID as NVML (nvmlDeviceGetUUID) and `nvidia-smi -L` print it. Resolved to the NVML
+# index at start, through NVML; CUDA_VISIBLE_DEVICES then carries the UUID itself, so the engine
+# runs on that board whatever order CUDA numbers the GPUs in (docs/gpu.md).
+GPU_UUID: Final = re.compile(r"GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+_gpu_uuid_schema: Final = {"type": "string", "pattern": f"^{GPU_UUID.pattern}$"}
+_gpu_item_schema: Final = {"anyOf": [_gpu_index.schema, _gpu_uuid_schema]}
 
 
 def _check_gpus(value: Any, path: Path_, out: _Collector) -> Any:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    """A list of NVML indices, or of GPU UUIDs (hex lower-cased, as NVML prints them); one engine
+    names its GPUs one way, so that CUDA_VISIBLE_DEVICES is all indices or all UUIDs."""
+    one_index = isinstance(value, int | float) and not isinstance(value, bool)
+    if one_index or (isinstance(value, str) and (GPU_UUID.fullmatch(value) or value.startswith("MIG-"))):
         value = [value]
     if not isinstance(value, list):
-        out.add(path, f"must be a list of GPU indices, got {_type_name(value)} {value!r}")
+        out.add(path, f"must be a list of GPU indices or UUIDs, got {_type_name(value)} {value!r}")
         return _MISSING
-    result: list[int] = []
+    result: list[int | str] = []
     for i, item in enumerate(value):
-        integral = isinstance(item, int) or (isinstance(item, float) and item.is_integer())
-        if isinstance(item, bool) or not integral or not 0 <= item <= MAX_GPU_INDEX:
-            message = f"must be a GPU index (an integer 0 to {MAX_GPU_INDEX}), got {_short(item)}"
-            out.add(path + (i,), message)
+        if isinstance(item, str):
+            if item.startswith("MIG-"):
+                out.add(path + (i,), f"{item[:48]!r} is a MIG device: MIG is not supported (docs/gpu.md)")
+                return _MISSING
+            if not GPU_UUID.fullmatch(item):
+                message = "must be a GPU index or a UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+                out.add(path + (i,), f"{message} (nvidia-smi -L), got {_short(item)}")
+                return _MISSING
+            gpu: int | str = "GPU-" + item[4:].lower()  # as NVML prints it
+        else:
+            integral = isinstance(item, int) or (isinstance(item, float) and item.is_integer())
+            if isinstance(item, bool) or not integral or not 0 <= item <= MAX_GPU_INDEX:
+                message = f"must be a GPU index (an integer 0 to {MAX_GPU_INDEX}) or UUID, got {_short(item)}"
+                out.add(path + (i,), message)
+                return _MISSING
+            gpu = int(item)
+        if gpu in result:
+            out.add(path + (i,), f"GPU {gpu} is listed twice")
             return _MISSING
-        index = int(item)
-        if index in result:
-            out.add(path + (i,), f"GPU {index} is listed twice")
+        if result and isinstance(gpu, str) != isinstance(result[0], str):
+            out.add(path + (i,), "name all of an engine's GPUs by index, or all by UUID")
             return _MISSING
-        result.append(index)
+        result.append(gpu)
     return tuple(result)
 
 
 _gpus: Final = Kind(
     _check_gpus,
-    {"anyOf": [_gpu_index.schema, {"type": "array", "items": _gpu_index.schema, "uniqueItems": True}]},
+    {
+        "anyOf": [
+            _gpu_index.schema,
+            _gpu_uuid_schema,
+            {"type": "array", "items": _gpu_item_schema, "uniqueItems": True},
+        ]
+    },
 )
 
 

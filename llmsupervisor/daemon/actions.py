@@ -188,6 +188,32 @@ class GpuMarks:
             log.warning("cannot save GPU marks: %s", exc)
         return new
 
+    def clear(self, uuid: str) -> bool:
+        """Drop the GPU's node condition (an operator reset the GPU without a reboot); its marks
+        stay and keep counting within the window. False: no condition held on it."""
+        entry = self._by_uuid.get(uuid)
+        held = entry.pop("unrecoverable", None) if entry is not None else None
+        if held is None:
+            return False
+        write_json_atomic(self.path, {"version": MARKS_VERSION, "gpus": self._by_uuid})
+        return True
+
+    def held_uuids(self) -> dict[str, str]:
+        """The conditions of this boot in the file, by UUID (its reason): for an operator,
+        without NVML to say which index each board has now."""
+        out = {}
+        for uuid, entry in self._by_uuid.items():
+            held = entry.get("unrecoverable")
+            if isinstance(held, dict) and held.get("boot_id") == self.boot:
+                out[uuid] = str(held.get("reason", ""))
+        return out
+
+
+def blocked_reason(condition: NodeCondition) -> str:
+    """Why an engine on a GPU with a condition stays STOPPED at a daemon start, and what clears it."""
+    how = f"llm-supervisor gpu clear {condition.uuid}" if condition.uuid else "a reboot"
+    return f"{condition.describe()}; not started on a GPU that needs a reset: after the reset, {how}"
+
 
 def commands_for(action: Action, spec: EngineSpec | None = None) -> list[Command]:
     """What an action asks of its engine, in order. ``spec``: a config restart's new spec (the

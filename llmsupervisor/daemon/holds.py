@@ -36,7 +36,7 @@ import logging
 import pwd
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -101,6 +101,15 @@ def desired_for(spec: EngineSpec, hold: OperatorHold | None) -> Desired | None:
     if hold.kind == "stop":
         return Desired(run=False)
     return Desired(run=spec.enabled, held=True)
+
+
+def desired_at_start(spec: EngineSpec, hold: OperatorHold | None, *, blocked: bool) -> Desired | None:
+    """``desired_for``, and never a start when ``blocked``: a GPU condition from earlier in this
+    boot means the GPU was not reset (or nobody said so), so the engine stays STOPPED (docs/gpu.md)."""
+    desired = desired_for(spec, hold)
+    if not blocked:
+        return desired
+    return replace(desired or Desired(run=True), run=False)
 
 
 async def operator_name(uid: int | None) -> str:

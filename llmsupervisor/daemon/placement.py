@@ -1,17 +1,19 @@
-"""Placing the configured engines on CPUs (core/placement.py) with what this host reports: the
-daemon's CPUs and, through NVML, each GPU's NUMA-node CPUs. Done at start and at every reload,
-before the new config is compared with the running one, so an unchanged file moves nothing.
-At start, engines on a GPU with MIG enabled are not placed at all (``refuse_mig``)."""
+"""Placing the configured engines with what this host reports: GPUs named by UUID resolved to
+NVML indices (and engines on a MIG-enabled or unknown GPU not started), then CPUs
+(core/placement.py) from the daemon's CPUs and, through NVML, each GPU's NUMA-node CPUs. Done at
+start and at every reload, before the new config is compared with the running one, so an
+unchanged file moves nothing."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from llmsupervisor.config import SupervisorConfig
 from llmsupervisor.core.placement import AUTO, Topology, Wanted, plan
 from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
+from llmsupervisor.probes.gpus import GpuMonitor
 
 log = logging.getLogger("llmsupervisor")
 
@@ -32,26 +34,56 @@ def place_config(config: SupervisorConfig, host: Topology) -> SupervisorConfig:
     return replace(config, engines=engines)
 
 
-def describe(config: SupervisorConfig) -> str:
-    placed = [f"{s.name} on {format_cpu_list(s.placement)}" for s in config.engines if s.placement]
-    return ", ".join(placed) or "no engine placed"
-
-
-def refuse_mig(
-    config: SupervisorConfig, mig_enabled: Callable[[Iterable[int]], list[int]]
+def resolve_gpus(
+    config: SupervisorConfig, index_of: Mapping[str, int], mig_enabled: Iterable[int]
 ) -> SupervisorConfig:
-    """The config with engines on a GPU with MIG enabled disabled: CUDA numbers the MIG devices,
-    not the GPU, so CUDA_VISIBLE_DEVICES=<NVML index> would run them elsewhere than monitored."""
+    """The config with GPU UUIDs resolved to NVML indices (``index_of``: UUID -> index, as NVML
+    opened them). An enabled engine is not started (``enabled`` off, the reason logged) when NVML
+    does not list one of its UUIDs, when another engine already has that GPU under its index, or
+    when one of its GPUs has MIG on: CUDA numbers the MIG devices, not the GPU, so the engine
+    would run elsewhere than monitored (docs/gpu.md)."""
+    mig = set(mig_enabled)
+    claimed = {g: s.name for s in config.engines if s.enabled and not s.gpu_uuids for g in s.gpus}
     engines = []
     for spec in config.engines:
-        with_mig = mig_enabled(spec.gpus) if spec.enabled else []
-        if with_mig:
-            log.error(
-                "engine %s not started: GPU(s) %s have MIG enabled; disable MIG or move the engine"
-                " (docs/gpu.md)",
-                spec.name,
-                with_mig,
-            )
+        problem = None
+        if spec.enabled and spec.gpu_uuids:
+            resolved = spec.with_gpus(index_of)
+            if isinstance(resolved, list):
+                listed = ", ".join(sorted(index_of)) or "no GPU"
+                problem = f"NVML does not list GPU(s) {', '.join(resolved)} (it lists {listed})"
+            else:
+                spec = resolved
+                taken = {g: claimed[g] for g in spec.gpus if claimed.get(g, spec.name) != spec.name}
+                problem = (
+                    "; ".join(
+                        f"GPU {spec.gpu_uuids[spec.gpus.index(g)]} is GPU {g} of engine {n}"
+                        for g, n in taken.items()
+                    )
+                    or None
+                )
+                claimed.update({g: spec.name for g in spec.gpus})
+        if problem is None and spec.enabled and (with_mig := sorted(g for g in spec.gpus if g in mig)):
+            problem = f"GPU(s) {with_mig} have MIG enabled; disable MIG or move the engine"
+        if problem is not None:
+            log.error("engine %s not started: %s (docs/gpu.md)", spec.name, problem)
             spec = replace(spec, enabled=False)
         engines.append(spec)
     return replace(config, engines=tuple(engines))
+
+
+async def place_on_host(config: SupervisorConfig, monitor: GpuMonitor) -> SupervisorConfig:
+    """GPUs named by UUID get their NVML indices, engines on a MIG or unknown GPU are not started
+    (``resolve_gpus``); ``cpus: auto`` engines get their share of this host's CPUs."""
+    index_of = {uuid: index for index, uuid in monitor.gpus_by_index().items()}
+    config = resolve_gpus(config, index_of, monitor.mig_enabled(monitor.latest))
+    if not any(s.cpus == AUTO for s in config.engines):
+        return config
+    placed = place_config(config, topology(await monitor.gpu_cpus()))
+    log.info("CPU placement: %s", describe(placed))
+    return placed
+
+
+def describe(config: SupervisorConfig) -> str:
+    placed = [f"{s.name} on {format_cpu_list(s.placement)}" for s in config.engines if s.placement]
+    return ", ".join(placed) or "no engine placed"

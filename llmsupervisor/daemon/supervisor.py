@@ -18,9 +18,8 @@ tells every runner (retiring ones too) to stop for good, waits for them under
 
 Signal handlers and the control socket only put a request on the queue (daemon/intake.py), and
 only the loop acts on it: a reload goes one way whether it comes from SIGHUP or from
-`llm-supervisor reload`. A
-misbehaving engine cannot take the daemon down: each runner is its own task, and one that dies
-of a bug is replaced by the fleet (daemon/fleet.py).
+`llm-supervisor reload`. A misbehaving engine cannot take the daemon down: each runner is its own
+task, and one that dies of a bug is replaced by the fleet (daemon/fleet.py).
 """
 
 from __future__ import annotations
@@ -33,21 +32,21 @@ from typing import Any, Final
 
 from llmsupervisor import aio, control, logs, process
 from llmsupervisor.config import EngineSpec, SupervisorConfig
-from llmsupervisor.core.placement import AUTO
+from llmsupervisor.core.node_condition import engine_blocked
 from llmsupervisor.core.policy import FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks
+from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks, blocked_reason
 from llmsupervisor.daemon.agent import AgentServers
 from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
-from llmsupervisor.daemon.holds import Holds, desired_for
+from llmsupervisor.daemon.holds import Holds, desired_at_start
 from llmsupervisor.daemon.intake import Intake
 from llmsupervisor.daemon.output_ring import OutputRing
-from llmsupervisor.daemon.placement import describe, place_config, refuse_mig, topology
+from llmsupervisor.daemon.placement import place_on_host
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
 from llmsupervisor.daemon.requests import AnyRequest, EngineRequest, ReloadRequest, Request, refuse
@@ -61,6 +60,7 @@ from llmsupervisor.daemon.status import (
     summary,
 )
 from llmsupervisor.engine.http import EngineHttp
+from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.engine.observer import GroupSampler
 from llmsupervisor.engine.processes import HostProcesses, Processes
 from llmsupervisor.http_api import parse_listen
@@ -140,7 +140,7 @@ class Supervisor:
             self.notifier,
             summary=self.summary,
             stopping=lambda: self._stopping,
-            place=self.place,
+            place=lambda config: place_on_host(config, self.gpu_monitor),  # as at start
         )
         self.exporter = Exporter(
             self.snapshot, gpu_samples=lambda: gpu_metric_values(self.gpu_monitor.latest)
@@ -208,14 +208,6 @@ class Supervisor:
             problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
         return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem)
 
-    async def place(self, config: SupervisorConfig) -> SupervisorConfig:
-        """``cpus: auto`` engines get their share of this host's CPUs (daemon/placement.py)."""
-        if not any(s.cpus == AUTO for s in config.engines):
-            return config
-        placed = place_config(config, topology(await self.gpu_monitor.gpu_cpus()))
-        log.info("CPU placement: %s", describe(placed))
-        return placed
-
     def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
         status = self.fleet.status(name)
         return status.spec.gpus if status is not None else ()
@@ -246,11 +238,19 @@ class Supervisor:
         self.guard.start()
         server = control.ControlServer(self.control_path, self.intake.on_control)
         await self.gpu_monitor.start()
-        self.config = refuse_mig(self.config, self.gpu_monitor.mig_enabled)
-        self.config = await self.place(self.config)
+        self.config = await place_on_host(self.config, self.gpu_monitor)  # GPU UUIDs, MIG, CPUs
+        self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in self.config.engines})
         self.holds.load(spec.name for spec in self.config.engines)
         for spec in self.config.engines:
-            self.fleet.add(spec, desired=desired_for(spec, self.holds.get(spec.name)))
+            # A GPU condition from earlier in this boot keeps its engine stopped (docs/gpu.md).
+            blocked = engine_blocked(spec.gpus, self.marks.conditions) if spec.enabled else None
+            why = blocked_reason(blocked) if blocked is not None else None
+            if why is not None:
+                log.error("engine %s not started: %s", spec.name, why)
+            desired = desired_at_start(spec, self.holds.get(spec.name), blocked=why is not None)
+            self.fleet.add(
+                spec, desired=desired, ledger=Ledger(spec.name, now=aio.now(), reason=why) if why else None
+            )
         self._write_status()
         log.info("supervising %d engine(s): %s", len(self.fleet.runners), ", ".join(self.fleet.runners))
         try:

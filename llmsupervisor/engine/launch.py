@@ -70,7 +70,7 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     env = process.engine_environment(
         base=os.environ,
         engine=spec.name,
-        gpus=spec.gpus,
+        gpus=spec.cuda_devices,
         state_dir=procs.state_dir,
         cache_dir=cache_dir,
         extra=extra_env,

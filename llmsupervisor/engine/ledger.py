@@ -110,12 +110,14 @@ def rotation_reason(state: EngineState, target: EngineState, shed: str | None) -
 
 
 class Ledger:
-    def __init__(self, name: str, *, now: float, history: History | None = None) -> None:
+    def __init__(
+        self, name: str, *, now: float, history: History | None = None, reason: str = "not started"
+    ) -> None:
         self.name = name
         self._history = history or History()
         self._state = S.STOPPED
         self._since_s = now
-        self._reason = "not started"
+        self._reason = reason  # why it is STOPPED before its first start (a GPU condition, say)
         self._gave_up = False
 
     # ---- reading ----

@@ -245,3 +245,31 @@ def test_an_engine_on_a_mig_gpu_is_not_started(daemon_factory: Any, tmp_path: Pa
     assert "engine a not started: GPU(s) [0] have MIG enabled" in d.log()
     assert d.engine("a")["state"] != "ready"
     assert d.stop() == 0
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_an_engine_named_by_gpu_uuid_runs_on_that_board(daemon_factory: Any, tmp_path: Path) -> None:
+    uuid0 = "GPU-00000000-1111-2222-3333-444444444444"
+    uuid1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+    p1, p2 = free_port(), free_port()
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"gpus": [{"index": 0, "uuid": uuid0}, {"index": 1, "uuid": uuid1}]}))
+    unknown = "GPU-99999999-9999-9999-9999-999999999999"
+    d = daemon_factory(
+        {"engines": [fake_engine("a", p1, gpus=[uuid1.upper()]), fake_engine("b", p2, gpus=[unknown])]},
+        run_args=("--fake-gpu", str(gpu)),
+    )
+    d.start()
+    ready = d.wait_state("a", "ready")
+    # The monitored GPU is NVML's index 1; CUDA gets the UUID, whatever order CUDA numbers in.
+    assert ready["gpus"] == [1]
+    env = _environ(ready["pid"])
+    assert env["CUDA_VISIBLE_DEVICES"] == uuid1
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert f"engine b not started: NVML does not list GPU(s) {unknown}" in d.log()
+    assert d.engine("b")["state"] != "ready"
+    assert d.stop() == 0

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lib.daemon import FAST_DETECTORS, fake_engine, free_port, metric, write_gpu
+from tests.lib.daemon import FAST_DETECTORS, cli, fake_engine, free_port, metric, write_gpu
 
 
 @pytest.mark.system
@@ -78,3 +78,53 @@ def test_a_lost_gpu_sets_the_node_condition_at_once(daemon_factory: Any, tmp_pat
     assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="1") == 1
     assert metric(d.http_url, "llmsupervisor_node_condition", condition="gpu_unrecoverable", gpu="0") is None
     assert d.stop() == 0
+
+
+@pytest.mark.system
+def test_a_condition_from_earlier_in_the_boot_keeps_the_engine_stopped_until_cleared(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    port = free_port()
+    gpu = tmp_path / "gpu.json"
+    write_gpu(gpu)
+    engine = fake_engine("a", port, gpus=[0], detectors=FAST_DETECTORS)
+    d = daemon_factory({"engines": [engine]}, run_args=("--fake-gpu", str(gpu)))
+    d.start()
+    d.wait_state("a", "ready")
+    write_gpu(gpu, recovery_action=1, events=[{"id": 1, "gpu": 0, "xid": 48}])
+    d.wait_log("node condition gpu_unrecoverable on GPU 0", timeout_s=30)
+    d.wait_state("a", "stopped", timeout_s=30)
+    # While the daemon runs, clearing is refused: the GPU is reset with the daemon stopped.
+    refused = cli(d, "gpu", "clear", "GPU-fake-0000")
+    assert refused.returncode == 75 and "stop it, reset the GPU" in refused.stderr
+    assert d.stop() == 0
+
+    # A daemon restart on the same boot, the GPU not reset (its action still says GPU_RESET):
+    # the engine stays STOPPED, with the condition as its reason, and never reaches READY.
+    write_gpu(gpu, recovery_action=1)
+    d2 = daemon_factory({"engines": [engine]}, name="daemon2", run_args=("--fake-gpu", str(gpu)))
+    d2.start()
+    d2.wait_log("engine a not started: gpu_unrecoverable on GPU 0 (GPU-fake-0000)", timeout_s=30)
+    stopped = d2.wait_state("a", "stopped", timeout_s=30)
+    assert stopped["reason"].startswith("gpu_unrecoverable on GPU 0 (GPU-fake-0000)")
+    assert "llm-supervisor gpu clear GPU-fake-0000" in stopped["reason"]
+    assert stopped["pid"] is None and "a: STOPPED -> STARTING" not in d2.log()
+    assert httpx.get(d2.http_url + "/readyz", timeout=5).status_code == 503
+    assert d2.stop() == 0
+
+    # The operator resets the GPU (its action now NONE), clears the condition, starts the daemon.
+    write_gpu(gpu, recovery_action=0)
+    unknown = cli(d2, "gpu", "clear", "GPU-fake-0001")
+    assert unknown.returncode == 1 and "held: GPU-fake-0000" in unknown.stderr
+    cleared = cli(d2, "gpu", "clear", "GPU-fake-0000")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "GPU-fake-0000: condition cleared" in cleared.stdout
+    marks = json.loads((d2.state_dir / "gpu-faults.json").read_text())
+    assert "unrecoverable" not in marks["gpus"]["GPU-fake-0000"]
+    assert len(marks["gpus"]["GPU-fake-0000"]["marks"]) == 1  # the history stays
+    d3 = daemon_factory({"engines": [engine]}, name="daemon3", run_args=("--fake-gpu", str(gpu)))
+    d3.start()
+    d3.wait_state("a", "ready", timeout_s=30)
+    assert d3.status()["node_conditions"] == []
+    assert httpx.get(d3.http_url + "/readyz", timeout=5).status_code == 200
+    assert d3.stop() == 0

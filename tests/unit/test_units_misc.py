@@ -122,6 +122,11 @@ def test_gpus_replace_the_daemons_own_cuda_visible_devices() -> None:
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     # No GPUs (a CPU engine): no GPU is visible.
     assert make_env(gpus=())["CUDA_VISIBLE_DEVICES"] == ""
+    # GPUs named by UUID in the config go to CUDA as UUIDs (EngineSpec.cuda_devices).
+    uuids = ("GPU-00000000-1111-2222-3333-444444444444", "GPU-aaaaaaaa-1111-2222-3333-444444444444")
+    by_uuid = make_env(gpus=uuids)
+    assert by_uuid["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert by_uuid["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 def test_extra_env_is_applied_but_markers_win() -> None:

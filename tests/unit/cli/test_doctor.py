@@ -306,7 +306,7 @@ def test_state_dir_outside_the_units_writable_paths(tmp_path: Path) -> None:
 # ---- NVML -------------------------------------------------------------------------------------
 
 
-def config_with_gpus(tmp_path: Path, gpus: list[int]) -> Path:
+def config_with_gpus(tmp_path: Path, gpus: list[int | str]) -> Path:
     return write_config(tmp_path, [fake_engine("a", free_port(), gpus=gpus)])
 
 
@@ -354,6 +354,29 @@ def test_a_gpu_with_mig_enabled_is_refused(tmp_path: Path) -> None:
         load_config(config_with_gpus(tmp_path, [0])),
     )
     assert [r.level for r in fine] == [Level.OK]
+
+
+def test_a_gpu_named_by_uuid_must_exist(tmp_path: Path) -> None:
+    from llmsupervisor.probes.fake_nvml import FakeDevice, FakeNvml
+
+    u0, u1 = "GPU-00000000-1111-2222-3333-444444444444", "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+    unknown = "GPU-99999999-9999-9999-9999-999999999999"
+
+    def reader() -> NvmlReader:
+        return NvmlReader(FakeNvml([FakeDevice(u0), FakeDevice(u1, mig_mode=(1, 1))]))
+
+    index_of: dict[str, int] = {}
+    ok = doctor.check_nvml(reader(), load_config(config_with_gpus(tmp_path, [u0])), gpu_index_of=index_of)
+    assert [r.level for r in ok] == [Level.OK] and index_of == {u0: 0, u1: 1}
+    missing = doctor.check_nvml(reader(), load_config(config_with_gpus(tmp_path, [unknown])))
+    assert missing[1] == DoctorCheck(
+        "engine a gpus",
+        Level.FAIL,
+        f"GPU(s) {unknown} not present (NVML lists {u0}, {u1}); the daemon will not start the engine",
+    )
+    # Named by UUID, checked on the board it names: MIG on GPU 1.
+    mig = doctor.check_nvml(reader(), load_config(config_with_gpus(tmp_path, [u1.upper()])))
+    assert [r.level for r in mig] == [Level.OK, Level.FAIL] and "GPU(s) [1] have MIG" in mig[1].detail
 
 
 def test_nvml_unavailable_and_no_gpus(tmp_path: Path) -> None:

@@ -148,7 +148,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
         [
             "2: supervisor.tick_interval_s: must be a number, got string 'fast'",
             "6: engines[0].port: must be an integer, got string '8000'",
-            "7: engines[0].gpus: must be a list of GPU indices, got string '0,1'",
+            "7: engines[0].gpus: must be a list of GPU indices or UUIDs, got string '0,1'",
             "8: engines[0].start_timeout_s: must be a number, got boolean True",
             "9: engines[0].max_failures: must be an integer, got number 2.5",
             "10: engines[0].enabled: must be true or false, got integer 1",
@@ -173,7 +173,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
             gpus: [2, 2]
         """,
         [
-            "7: engines[0].gpus[1]: must be a GPU index (an integer 0 to 1023), got -1",
+            "7: engines[0].gpus[1]: must be a GPU index (an integer 0 to 1023) or UUID, got -1",
             "11: engines[1].gpus[1]: GPU 2 is listed twice",
         ],
     ),
@@ -248,6 +248,40 @@ CASES: dict[str, tuple[str, list[str]]] = {
             port: 8001
         """,
         ["8: engines[1].gpus: GPU 1 is already claimed by engines[0]"],
+    ),
+    "bad-gpu-uuids": (
+        """
+        engines:
+          - name: a
+            model: org/m
+            port: 8000
+            gpus: [GPU-0000, 5]
+          - name: b
+            model: org/m
+            port: 8001
+            gpus: [GPU-00000000-1111-2222-3333-444444444444, 7]
+          - name: c
+            model: org/m
+            port: 8002
+            gpus: MIG-00000000-1111-2222-3333-444444444444
+          - name: d
+            model: org/m
+            port: 8003
+            gpus: [GPU-aaaaaaaa-1111-2222-3333-444444444444]
+          - name: e
+            model: org/m
+            port: 8004
+            gpus: GPU-AAAAAAAA-1111-2222-3333-444444444444
+        """,
+        [
+            "5: engines[0].gpus[0]: must be a GPU index or a UUID like"
+            " GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (nvidia-smi -L), got 'GPU-0000'",
+            "9: engines[1].gpus[1]: name all of an engine's GPUs by index, or all by UUID",
+            "13: engines[2].gpus[0]: 'MIG-00000000-1111-2222-3333-444444444444' is a MIG device: MIG is not"
+            " supported (docs/gpu.md)",
+            "21: engines[4].gpus: GPU GPU-AAAAAAAA-1111-2222-3333-444444444444 is already claimed by"
+            " engines[3]",
+        ],
     ),
     "tensor-parallel-mismatch": (
         """
@@ -441,7 +475,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
         [
             "5: engines[1].name: duplicate engine name 'a' (also engines[0])",
             "7: engines[1].port: port 8000 is already used by engines[0]",
-            "8: engines[1].gpus: must be a list of GPU indices, got string 'nope'",
+            "8: engines[1].gpus: must be a list of GPU indices or UUIDs, got string 'nope'",
             "10: defaults.kill_timeout_s: must be > 0, got -3",
             "12: supervisor.log_level: must be one of debug, info, warning, error, got 'loud'",
         ],
@@ -728,6 +762,35 @@ def test_check_config_accepts_a_minimal_config(tmp_path: Path, capsys: pytest.Ca
     assert out == f"{path}: OK, 1 engine(s): qwen\n"
 
 
+def test_check_config_is_static_and_never_asks_nvml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MIG mode, a UUID's presence and a GPU's health are facts of the host, changed without
+    # touching the file: doctor and the daemon's start judge them (docs/gpu.md). check-config
+    # gives the same answer on every machine (CI, a laptop, the reload's validation).
+    import llmsupervisor.probes.nvml as nvml
+
+    def no_nvml(*args: object, **kwargs: object) -> None:
+        raise AssertionError("check-config opened NVML")
+
+    monkeypatch.setattr(nvml.NvmlReader, "__init__", no_nvml)
+    model = local_model(tmp_path)
+    path = write(
+        tmp_path,
+        f"""
+        engines:
+          - name: qwen
+            model: {model}
+            gpus: [GPU-00000000-1111-2222-3333-444444444444]
+            port: 8000
+            command: [{sys.executable}]
+        """,
+    )
+    code, err, out = check_config(path, capsys)
+    assert out.endswith("OK, 1 engine(s): qwen\n")
+    assert (code, err) == (0, [])
+
+
 def test_minimal_engine_gets_the_defaults(tmp_path: Path) -> None:
     model = local_model(tmp_path)
     path = write(
@@ -777,6 +840,30 @@ def test_two_gpus_imply_tensor_parallel_size(tmp_path: Path) -> None:
     argv = big.argv()
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert pipe.argv()[-4:] == ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"]
+
+
+def test_gpus_named_by_uuid_are_resolved_through_nvml(tmp_path: Path) -> None:
+    uuids = ["GPU-aaaaaaaa-1111-2222-3333-444444444444", "GPU-bbbbbbbb-1111-2222-3333-444444444444"]
+    path = write(
+        tmp_path,
+        f"""
+        engines:
+          - name: big
+            model: org/big
+            gpus: [{uuids[0].upper()}, {uuids[1]}]
+            port: 8000
+            command: [{sys.executable}]
+        """,
+    )
+    (big,) = load_config(path).engines
+    # Unresolved until the daemon asks NVML: no index, but two GPUs' worth of tensor parallelism.
+    assert big.gpus == () and big.gpu_uuids == (uuids[0], uuids[1]) and big.unresolved_gpus
+    assert big.argv()[-2:] == ["--tensor-parallel-size", "2"]
+    assert big.with_gpus({uuids[0]: 3}) == [uuids[1]]
+    resolved = big.with_gpus({uuids[1]: 0, uuids[0].upper(): 3})
+    assert isinstance(resolved, EngineSpec)
+    assert resolved.gpus == (3, 0) and not resolved.unresolved_gpus
+    assert resolved.cuda_devices == (uuids[0], uuids[1])
 
 
 def test_supervisor_section(tmp_path: Path) -> None:
@@ -1003,6 +1090,7 @@ def test_field_tables_cover_the_settings() -> None:
         "launcher_reason",
         "placement",
         "api_key",  # read from api_key_file
+        "gpu_uuids",  # where `gpus` names GPUs by UUID
     }
     assert set(SUPERVISOR_FIELDS) == {f.name for f in dataclasses.fields(SupervisorSettings)}
 

@@ -38,7 +38,8 @@ def numeric_slots() -> Iterator[tuple[str, tuple[str | int, ...], dict[str, Any]
     for key, schema in engine.items():
         if _numeric(schema):
             yield key, ("engines", 0, key), schema
-    yield "gpus[]", ("engines", 0, "gpus", 0), engine["gpus"]["anyOf"][1]["items"]
+    # gpus: an index or a UUID, or a list of them; the numeric one is the index.
+    yield "gpus[]", ("engines", 0, "gpus", 0), engine["gpus"]["anyOf"][2]["items"]["anyOf"][0]
     for pattern, schema in engine["ladder"]["items"]["patternProperties"].items():
         flag = pattern.split("(")[1].rstrip(")$").replace("[-_]", "-")
         yield f"ladder.{flag}", ("engines", 0, "ladder", 0, flag), schema

@@ -86,6 +86,19 @@ def test_marks_set_the_condition_on_the_second_unknown_fault_and_keep_it_for_thi
     assert rebooted.conditions == () and rebooted.counts == {0: 3}
 
 
+def test_an_operator_clears_a_condition_after_a_reset_and_the_marks_stay(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-faults.json"
+    marks = GpuMarks(path, gpus=on(UUIDS), boot="boot-1")
+    marks.mark((0,), "xid 48 on GPU 0", reason="gpu_fault", verdicts={0: "reset"})
+    # `gpu clear` reads the file without NVML: the conditions of this boot, by UUID.
+    offline = GpuMarks(path, boot="boot-1")
+    assert list(offline.held_uuids()) == ["GPU-aaaa"]
+    assert GpuMarks(path, boot="boot-2").held_uuids() == {}  # another boot's is history
+    assert offline.clear("GPU-aaaa") and not offline.clear("GPU-aaaa") and not offline.clear("GPU-zz")
+    after = GpuMarks(path, gpus=on(UUIDS), boot="boot-1")
+    assert after.conditions == () and after.counts == {0: 1}
+
+
 def test_a_reset_verdict_sets_the_condition_at_the_first_fault(tmp_path: Path) -> None:
     marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
     new = marks.mark((0,), "xid 48 on GPU 0", reason="gpu_fault", verdicts={0: "reset"})

@@ -19,7 +19,7 @@ from llmsupervisor.core.placement import (
     plan,
     split_evenly,
 )
-from llmsupervisor.daemon.placement import place_config
+from llmsupervisor.daemon.placement import place_config, resolve_gpus
 from llmsupervisor.errors import ConfigError
 from llmsupervisor.probes.cpus import allowed_cpus_of, format_cpu_list, host_cpus, parse_cpu_list
 
@@ -180,3 +180,35 @@ def test_doctor_shows_where_each_engine_runs(tmp_path: Path) -> None:
         str(b)
         == f"ok    engine b cpus: {rest} (auto: an even share of the CPUs; VLLM_CPU_OMP_THREADS_BIND={rest})"
     )
+
+
+def test_gpus_named_by_uuid_resolve_or_the_engine_is_not_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    u0, u1 = "GPU-00000000-1111-2222-3333-444444444444", "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+    unknown = "GPU-99999999-9999-9999-9999-999999999999"
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"""
+engines:
+  - {{name: by-index, model: org/m, port: 8000, gpus: [0]}}
+  - {{name: by-uuid, model: org/m, port: 8001, gpus: [{u1}]}}
+  - {{name: lost, model: org/m, port: 8002, gpus: [{unknown}]}}
+  - {{name: twice, model: org/m, port: 8003, gpus: [{u0}]}}
+"""
+    )
+    config = load_config(path, check_paths=False)
+    # NVML's order differs from the config's: the UUID finds its board wherever it is.
+    resolved = {s.name: s for s in resolve_gpus(config, {u0: 0, u1: 5}, mig_enabled=()).engines}
+    assert resolved["by-index"].gpus == (0,) and resolved["by-index"].enabled
+    assert resolved["by-uuid"].gpus == (5,) and resolved["by-uuid"].cuda_devices == (u1,)
+    assert resolved["by-uuid"].enabled
+    assert not resolved["lost"].enabled and resolved["lost"].unresolved_gpus
+    assert f"engine lost not started: NVML does not list GPU(s) {unknown}" in caplog.text
+    # GPU 0 is already by-index's: the same board under its UUID is not taken twice.
+    assert not resolved["twice"].enabled
+    assert f"engine twice not started: GPU {u0} is GPU 0 of engine by-index" in caplog.text
+    # MIG on the board by-uuid names (NVML index 5).
+    with_mig = {s.name: s for s in resolve_gpus(config, {u0: 0, u1: 5}, mig_enabled=[5]).engines}
+    assert not with_mig["by-uuid"].enabled
+    assert "engine by-uuid not started: GPU(s) [5] have MIG enabled" in caplog.text

@@ -195,3 +195,49 @@ def test_a_reload_and_a_due_schedule_never_take_two_engines_out(
     most_out, causes = run_virtual(scenario())
     assert most_out == 1
     assert causes[:3] == ["config_change", "config_change", "scheduled"]
+
+
+@pytest.mark.parametrize("pids_visible", [False, True])
+def test_container_pids_raise_no_foreign_finding_on_the_engines_own_gpu(
+    tmp_path: Path, pids_visible: bool
+) -> None:
+    """Issue 23: NVML reports host PIDs. In a pod without hostPID the engine's own EngineCore
+    (host PID 987654, never a PID the daemon's /proc shows) holds 70 GiB on its GPU: that is not
+    foreign memory. The real reader over the pynvml-level fake; two minutes of virtual time, past
+    the finding's 60 s sustain. With the PIDs visible (bare metal) the same process is foreign:
+    the control that the scenario reaches the detector."""
+    from llmsupervisor.probes.fake_nvml import GIB, FakeDevice, FakeNvml
+    from llmsupervisor.probes.nvml import NvmlReader
+
+    async def scenario() -> set[str]:
+        procs = FakeProcesses(state_dir=tmp_path)
+        server = ServerScript(procs)
+        device = FakeDevice("GPU-fake-0000", processes=[(987654, 70 * GIB)], memory_used=70 * GIB)
+        reader = NvmlReader(FakeNvml([device]), pids_visible=pids_visible)
+        spec = dataclasses.replace(config(tmp_path).engines[0], gpus=(0,))
+        sup = Supervisor(
+            dataclasses.replace(config(tmp_path), engines=(spec,)),
+            notifier=Notifier(environ={}),
+            gpu_reader=reader,
+            procs=procs,
+            http_for=server.http_for,
+            sweeper=FakeSweeper(cpu_per_s=0.01),
+        )
+        await sup.gpu_monitor.start()
+        sup.fleet.add(spec)
+        loop = asyncio.create_task(sup._loop())
+        await all_ready(sup)
+        kinds: set[str] = set()
+        for _ in range(60):
+            await asyncio.sleep(2)
+            kinds |= {f.kind.value for s in sup.fleet.statuses() for f in s.findings}
+        sup.submit(Request.SHUTDOWN)
+        await loop
+        sup.fleet.stop_all()
+        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
+        await sup.status_file.flush()
+        await sup.gpu_monitor.close()
+        return kinds
+
+    kinds = run_virtual(scenario())
+    assert ("foreign_gpu_memory" in kinds) is pids_visible, kinds
