@@ -537,3 +537,74 @@ def test_a_held_engine_is_visibly_held_in_the_table() -> None:
     rows = cli_render.status_rows({"gpu1": held})
     assert rows[1][cli_render.STATUS_HEADER.index("ROTATION")] == "held"
     assert rows[1][-1].startswith("[stop hold by alice (uid 1000) since ")
+
+
+# ---- issue 26 (8): the table fits the terminal, empty GPU columns go ----
+
+
+def test_gpu_columns_without_a_reading_are_hidden_and_wide_shows_them() -> None:
+    no_gpu: dict[str, Any] = {
+        "gpus": [],
+        "gpu_temperature_c": None,
+        "gpu_power_w": None,
+        "gpu_memory_used_bytes": None,
+        "gpu_memory_total_bytes": None,
+    }
+    snap = snapshot(cpu0=engine(**no_gpu), cpu1=engine(**no_gpu))
+    header = cli_render.format_status(snap).splitlines()[0]
+    for title in cli_render.GPU_COLUMNS:
+        assert f" {title} " not in f" {header} "
+    wide = cli_render.format_status(snap, wide=True).splitlines()[0]
+    assert all(title in wide for title in cli_render.GPU_COLUMNS)
+    # One engine with a reading keeps the column, for every row.
+    mixed = snapshot(cpu0=engine(**no_gpu), gpu0=engine())
+    assert "TEMP" in cli_render.format_status(mixed).splitlines()[0]
+
+
+def test_the_table_fits_the_terminal_dropping_the_least_needed_columns_first() -> None:
+    snap = snapshot(
+        gpu0=engine(restarts=1, last_exit="killed by SIGKILL", last_exit_age_s=125.0, cpus="0-7"),
+        gpu1=engine(state="fatal", reason=FATAL_REASON, in_rotation=False),
+    )
+    full = cli_render.format_status(snap)
+    assert max(len(line) for line in full.splitlines()) > 150
+    for width in (80, 100, 120):
+        lines = cli_render.format_status(snap, width=width).splitlines()
+        header = lines[0]
+        # Everything but the free-text last column fits; the reason is still whole (it wraps).
+        detail_at = header.index("FINDINGS / REASON")
+        assert detail_at + min(cli_render.DETAIL_RESERVE, len(FATAL_REASON)) <= width
+        assert lines[2].endswith(FATAL_REASON)
+        assert header.startswith("ENGINE") and "STATE" in header
+    narrow = cli_render.format_status(snap, width=80).splitlines()[0]
+    assert "CPUS" not in narrow and "STEP" not in narrow  # the first to go
+    assert "CPUS" in cli_render.format_status(snap, width=80, wide=True).splitlines()[0]
+    # A terminal wide enough keeps every column with a value.
+    assert cli_render.format_status(snap, width=1000) == full
+
+
+def test_status_on_a_terminal_is_fitted_and_off_it_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    class Answering:
+        def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
+            return snapshot(gpu1=engine(state="fatal", reason=FATAL_REASON, cpus="0-7"))
+
+    monkeypatch.setenv("COLUMNS", "80")
+    tty, pipe, err = Tty(), io.StringIO(), io.StringIO()
+    client: Any = Answering()
+    cli_control.status(client, [], as_json=False, out=tty, err=err)
+    cli_control.status(client, [], as_json=False, out=pipe, err=err)
+    assert "CPUS" not in tty.getvalue().splitlines()[0]
+    assert "CPUS" in pipe.getvalue().splitlines()[0]
+    wide = Tty()
+    cli_control.status(client, [], as_json=False, out=wide, err=err, wide=True)
+    assert "CPUS" in wide.getvalue().splitlines()[0]
+
+
+def test_status_output_option_parses() -> None:
+    parser = cli._parser()
+    assert parser.parse_args(["status", "-o", "wide"]).output == "wide"
+    assert parser.parse_args(["status", "--output", "json"]).output == "json"

@@ -6,6 +6,7 @@ The client and the exit codes: cli/client.py; `--wait`: cli/wait.py; `status --h
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,15 @@ from llmsupervisor.cli.wait import Baseline, Waiting, wait
 # ---- status ----
 
 
-def status(client: Client, names: Sequence[str], *, as_json: bool, out: TextIO, err: TextIO) -> int:
+def terminal_width(out: TextIO) -> int | None:
+    """The terminal's width to fit the table to; None off a terminal (a pipe or a file gets every
+    column with a value: scripts should read `--json`)."""
+    return shutil.get_terminal_size().columns if out.isatty() else None
+
+
+def status(
+    client: Client, names: Sequence[str], *, as_json: bool, out: TextIO, err: TextIO, wide: bool = False
+) -> int:
     try:
         result = client.call({"command": "status"})
     except Unreachable as exc:
@@ -41,7 +50,7 @@ def status(client: Client, names: Sequence[str], *, as_json: bool, out: TextIO, 
             result = {**result, "engines": {n: e for n, e in result["engines"].items() if n in names}}
         print(json.dumps(result, indent=2), file=out)
     else:
-        print(render.format_status(result, names), file=out)
+        print(render.format_status(result, names, width=terminal_width(out), wide=wide), file=out)
     for problem in problems:
         print(f"llm-supervisor: {problem}", file=err)
     return code
@@ -55,6 +64,7 @@ def watch(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
     rounds: int | None = None,
+    wide: bool = False,
 ) -> int:
     """Redraw the status in place until Ctrl-C (exit 0). A daemon that goes away is shown, and
     the view keeps trying: a daemon restart should not end the operator's watch."""
@@ -65,7 +75,9 @@ def watch(
             done += 1
             stamp = time.strftime("%H:%M:%S")
             try:
-                body = render.format_status(client.call({"command": "status"}), names)
+                body = render.format_status(
+                    client.call({"command": "status"}), names, width=terminal_width(out), wide=wide
+                )
             except (Unreachable, Refused) as exc:
                 body = f"llm-supervisor: {exc}"
             head = f"llm-supervisor status, every {interval_s:g}s, {stamp} (Ctrl-C to quit)"

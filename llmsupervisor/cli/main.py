@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("names", nargs="*", metavar="NAME", help="only these engines (default: all)")
     status.add_argument("--json", action="store_true", help="machine-readable")
+    status.add_argument(
+        "-o",
+        "--output",
+        choices=("wide", "json"),
+        help="wide: every column, not fitted to the terminal; json: as --json",
+    )
     status.add_argument("--watch", action="store_true", help="redraw in place until Ctrl-C")
     status.add_argument(
         "--interval", type=float, default=2.0, metavar="SECONDS", help="with --watch (default 2)"
@@ -167,6 +173,8 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def control_command(args: argparse.Namespace) -> int:
+    if args.command == "status" and args.output == "json":
+        args.json = True
     if args.command == "status" and (args.host or args.hosts_file):
         out, err = cli_control.stream()
         hosts = list(args.host)
@@ -180,14 +188,24 @@ def control_command(args: argparse.Namespace) -> int:
             print("llm-supervisor: --watch is not supported with --host/--hosts-file", file=err)
             return 2
         return fleet.fleet_status(
-            hosts, args.names, as_json=args.json, out=out, err=err, deadline_s=args.deadline
+            hosts,
+            args.names,
+            as_json=args.json,
+            out=out,
+            err=err,
+            deadline_s=args.deadline,
+            wide=args.output == "wide",
         )
     client = _client(args)
     out, err = cli_control.stream()
     if args.command == "status":
         if args.watch:
-            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out)
-        return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
+            return cli_control.watch(
+                client, args.names, interval_s=max(0.2, args.interval), out=out, wide=args.output == "wide"
+            )
+        return cli_control.status(
+            client, args.names, as_json=args.json, out=out, err=err, wide=args.output == "wide"
+        )
     if args.command == "events":
         try:
             since_s = render.parse_since(args.since) if args.since else None

@@ -407,7 +407,9 @@ class EngineRunner:
         restart arrives: a hung engine's canary would otherwise hold the restart for its whole
         deadline (live_canary_timeout_s), which the recovery benchmark measured."""
         assert self._observer is not None
-        observing = asyncio.ensure_future(self._observer.round(proc))
+        observing = asyncio.ensure_future(
+            self._observer.round(proc, in_rotation=self._ledger.state is S.READY)
+        )
         try:
             while not observing.done():
                 await aio.wait_any(asyncio.shield(observing), self._wake.wait(), proc.wait(), timeout_s=None)
