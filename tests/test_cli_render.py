@@ -128,6 +128,18 @@ def test_progress_and_answer_lines() -> None:
     assert cli_render.reload_line({"reloaded": True, "added": [], "changed": ["b"], "removed": ["c"]}) == (
         "reload accepted; restarting b; stopping c"
     )
+
+
+def test_reload_line_says_which_engines_roll() -> None:
+    """The reload reply's ``rolling`` (daemon/reload.py): the engines the policy restarts onto the
+    new config, a changed engine that is stopped not among them, one a halted roll left behind
+    among them."""
+    reply = {"reloaded": True, "added": ["d"], "changed": ["b", "s"], "removed": [], "rolling": ["a", "b"]}
+    assert cli_render.reload_line(reply) == (
+        "reload accepted; added d; changed b, s; rolling a, b (restarted within max_unavailable)"
+    )
+    nothing = {"reloaded": True, "added": [], "changed": [], "removed": [], "rolling": []}
+    assert cli_render.reload_line(nothing) == "reload accepted; nothing changed"
     assert cli_render.duration(59) == "59s" and cli_render.duration(3725) == "1h02m"
 
 
@@ -608,3 +620,18 @@ def test_status_output_option_parses() -> None:
     parser = cli._parser()
     assert parser.parse_args(["status", "-o", "wide"]).output == "wide"
     assert parser.parse_args(["status", "--output", "json"]).output == "json"
+
+
+def test_the_table_marks_a_pending_config_roll_and_a_halted_one() -> None:
+    rows = cli_render.status_rows(
+        {
+            "a": engine(config_roll="pending"),
+            "b": engine(config_roll="halted"),
+            "c": engine(state="backoff", reason="start failed", config_roll="failed"),
+            "d": engine(),
+        }
+    )
+    assert rows[1][-1] == "[new config pending: rolls within max_unavailable] ready"
+    assert rows[2][-1].startswith("[new config pending: the roll is halted]")
+    assert rows[3][-1] == "[failed on the new config: the roll is halted] start failed"
+    assert rows[4][-1] == "ready"

@@ -216,7 +216,10 @@ def test_reload_wait_until_changed_engine_is_ready(daemon_factory) -> None:
     d.config_path.write_text(yaml.safe_dump(new, sort_keys=False))
     out = cli(d, "reload", "--wait", "--timeout", "60")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.splitlines()[0] == "reload accepted; restarting b"
+    assert (
+        out.stdout.splitlines()[0]
+        == "reload accepted; changed b; rolling b (restarted within max_unavailable)"
+    )
     assert out.stdout.splitlines()[-1] == "b: READY (reload done)"
     assert d.engine("b")["pid"] != b["pid"]
     assert d.stop() == 0

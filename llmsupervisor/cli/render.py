@@ -246,11 +246,22 @@ def accepted_line(reply: Mapping[str, Any]) -> str:
 
 
 def reload_line(reply: Mapping[str, Any]) -> str:
+    """``reload accepted; added gpu3; changed gpu1, gpu2; rolling gpu1 (within max_unavailable)``:
+    the reply's ``rolling`` are the engines the policy restarts onto the new config (a changed
+    engine that is stopped or disabled is not among them: it just has its new spec). A daemon
+    older than the rolling reload has no ``rolling``: its changed engines are "restarting"."""
+    rolls = "rolling" in reply
     parts = []
-    for key, label in (("added", "added"), ("changed", "restarting"), ("removed", "stopping")):
+    for key, label in (
+        ("added", "added"),
+        ("changed", "changed" if rolls else "restarting"),
+        ("removed", "stopping"),
+    ):
         names = reply.get(key) or []
         if names:
             parts.append(f"{label} {', '.join(names)}")
+    if reply.get("rolling"):
+        parts.append(f"rolling {', '.join(reply['rolling'])} (restarted within max_unavailable)")
     for setting in reply.get("next_start_only") or []:
         parts.append(f"{setting} takes effect at the next daemon start")
     return "reload accepted; " + ("; ".join(parts) if parts else "nothing changed")

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import NodeCondition
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.reconcile import spec_pending
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import write_json_atomic
@@ -67,6 +69,8 @@ class Snapshot:
     node_conditions: tuple[NodeCondition, ...] = ()  # GPUs handed to node-level remediation
     # The operator's holds (daemon/holds.py) by engine, as JSON: kind, who, when.
     holds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # A reload's roll by engine (``config_roll``): "pending", "halted" or "failed"; absent: none.
+    config_roll: Mapping[str, str] = field(default_factory=dict)
 
     def state_age_s(self, s: EngineStatus) -> float:
         """Seconds in the current state."""
@@ -118,6 +122,30 @@ def descriptor_usage() -> tuple[int | None, int | None]:
 GpuSamples = Callable[[Iterable[int]], Mapping[int, GpuSample | ProbeFailure]]
 
 
+def config_roll(
+    statuses: Iterable[EngineStatus], specs: Mapping[str, EngineSpec], halted_by: Iterable[str]
+) -> dict[str, str]:
+    """Where a reload's roll (core/policy.py ``CONFIG_RESTART``) stands per engine: "pending" (it
+    runs another spec than the config's and the policy will restart it onto it, as
+    daemon/reload.py ``rolling`` counts), "halted" (pending, and the roll is halted by an engine
+    that failed on the new config), "failed" (one of those: the roll is halted by it)."""
+    halted = frozenset(halted_by)
+    roll: dict[str, str] = {}
+    for s in statuses:
+        target = specs.get(s.name)
+        if s.name in halted:
+            roll[s.name] = "failed"
+        elif (
+            target is not None
+            and target.enabled
+            and s.wants_run
+            and s.state is not EngineState.FATAL
+            and spec_pending(s, target)
+        ):
+            roll[s.name] = "halted" if halted else "pending"
+    return roll
+
+
 def snapshot(
     statuses: Sequence[EngineStatus],
     *,
@@ -128,6 +156,7 @@ def snapshot(
     counters: DaemonCounters,
     node_conditions: tuple[NodeCondition, ...] = (),
     holds: Mapping[str, Mapping[str, Any]] | None = None,
+    roll: Mapping[str, str] | None = None,
 ) -> Snapshot:
     """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
     the marks) copied, so a reader never sees them change under it."""
@@ -142,6 +171,7 @@ def snapshot(
         gpu_faults_marked=dict(gpu_faults_marked),
         node_conditions=node_conditions,
         holds=dict(holds or {}),
+        config_roll=dict(roll or {}),
     )
 
 
@@ -214,6 +244,7 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
         "served": _served_json(s.served),
         "incidents": s.incidents_total,
         "last_incident": s.last_incident,
+        "config_roll": snap.config_roll.get(s.name),
     }
 
 

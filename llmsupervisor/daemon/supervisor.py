@@ -63,6 +63,7 @@ from llmsupervisor.daemon.status import (
     DaemonCounters,
     Snapshot,
     StatusFile,
+    config_roll,
     descriptor_usage,
     snapshot,
     status_json,
@@ -260,14 +261,18 @@ class Supervisor:
 
     def snapshot(self) -> Snapshot:
         open_fds, fds_limit = descriptor_usage()
+        statuses = self.fleet.statuses()
         return snapshot(
-            self.fleet.statuses(),
+            statuses,
             now=aio.now(),
             memory=self.memory,
             gpu_samples=self.gpu_monitor.samples_for,
             gpu_faults_marked=self.marks.counts,
             node_conditions=self.marks.conditions,
             holds={name: hold.as_json() for name in self.fleet.runners if (hold := self.holds.get(name))},
+            roll=config_roll(
+                statuses, {e.name: e for e in self.config.engines}, self.reconcile.roll_halted_by
+            ),
             counters=DaemonCounters(
                 ticks_total=self.ticks_total,
                 last_tick_duration_s=self.last_tick_duration_s,

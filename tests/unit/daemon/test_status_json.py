@@ -26,7 +26,7 @@ ENGINE_KEYS = {
     "last_exit_age_s", "requests_running", "enabled", "wants_run", "start_timeout_s", "drain_timeout_s",
     "last_failure", "batch_step", "batch_steps", "actions", "gpu_temperature_c", "gpu_power_w",
     "gpu_memory_used_bytes", "gpu_memory_total_bytes", "requests_waiting", "kv_usage_ratio", "ttft_p95_s",
-    "held_by_operator", "canary_requests", "served", "incidents", "last_incident",
+    "held_by_operator", "canary_requests", "served", "incidents", "last_incident", "config_roll",
 }  # fmt: skip
 SERVED_KEYS = {
     "span_s", "requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s", "canary_requests",
@@ -185,3 +185,36 @@ def test_the_status_json_values_for_a_busy_and_an_idle_engine() -> None:
 def test_an_operator_hold_and_a_down_engine() -> None:
     held = dataclasses.replace(busy_engine(), held=True)
     assert status_json(held)["engines"]["gpu0"]["held_by_operator"] is True
+
+
+def test_config_roll_says_per_engine_that_a_new_spec_waits_and_when_the_roll_is_halted() -> None:
+    """Follow-up of the rolling reload: the status shows, per engine, that the config names another
+    spec than the one running (the policy will roll it), and when the roll is halted."""
+    gpu0 = busy_engine()
+    new_spec = dataclasses.replace(gpu0.spec, port=9001)
+    other = dataclasses.replace(gpu0, name="gpu1", spec=dataclasses.replace(gpu0.spec, name="gpu1"))
+    off = idle_engine()
+    specs = {
+        "gpu0": new_spec,
+        "gpu1": other.spec,
+        "off": dataclasses.replace(off.spec, port=9002),  # stopped: takes it without a roll
+    }
+    assert daemon_status.config_roll((gpu0, other, off), specs, ()) == {"gpu0": "pending"}
+    assert daemon_status.config_roll((gpu0, other, off), specs, ("gpu1",)) == {
+        "gpu0": "halted",
+        "gpu1": "failed",
+    }
+    fatal = dataclasses.replace(gpu0, state=EngineState.FATAL)  # not rolled (reload.py rolling)
+    assert daemon_status.config_roll((fatal,), specs, ()) == {}
+    snap = daemon_status.snapshot(
+        (gpu0, other),
+        now=NOW_S,
+        memory=PolicyMemory(),
+        gpu_samples=lambda gpus: {},
+        gpu_faults_marked={},
+        counters=daemon_status.DaemonCounters(),
+        roll={"gpu0": "halted", "gpu1": "failed"},
+    )
+    doc = daemon_status.status_json(snap)
+    assert doc["engines"]["gpu0"]["config_roll"] == "halted"
+    assert doc["engines"]["gpu1"]["config_roll"] == "failed"
