@@ -635,3 +635,24 @@ def test_the_table_marks_a_pending_config_roll_and_a_halted_one() -> None:
     assert rows[2][-1].startswith("[new config pending: the roll is halted]")
     assert rows[3][-1] == "[failed on the new config: the roll is halted] start failed"
     assert rows[4][-1] == "ready"
+
+
+def test_status_without_a_daemon_says_the_status_file_is_stale(tmp_path: Path) -> None:
+    """Issue 26 (11): a killed daemon's status.json still says READY; `status` says the daemon
+    is not running and when that status was written, and never shows it as now."""
+    import json as json_module
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    status_file = tmp_path / "status.json"
+    status_file.write_text(
+        json_module.dumps({"pid": gone.pid, "written_at": 1_790_000_000.0, "engines": {"a": engine()}})
+    )
+    client = Client(tmp_path / "nothing.sock", status_file=status_file)
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_control.status(client, [], as_json=False, out=out, err=err) == 69
+    assert out.getvalue() == ""
+    note = err.getvalue().splitlines()[0]
+    assert note.startswith(f"llm-supervisor: daemon not running (pid {gone.pid} is gone); last status at ")
+    assert str(status_file) in note

@@ -24,6 +24,7 @@ from llmsupervisor.cli.client import (
     unreachable,
 )
 from llmsupervisor.cli.wait import Baseline, Waiting, wait
+from llmsupervisor.daemon.status import read_status_file
 
 # ---- status ----
 
@@ -40,6 +41,7 @@ def status(
     try:
         result = client.call({"command": "status"})
     except Unreachable as exc:
+        last_status_note(client, err)
         return unreachable(client, exc, err)
     except Refused as exc:
         print(f"llm-supervisor: {exc}", file=err)
@@ -54,6 +56,16 @@ def status(
     for problem in problems:
         print(f"llm-supervisor: {problem}", file=err)
     return code
+
+
+def last_status_note(client: Client, err: TextIO) -> None:
+    """When no daemon answers: what the status file says, as stale, never as the engines' state
+    now (a killed daemon's file still says READY)."""
+    if client.status_file is None:
+        return
+    found = read_status_file(client.status_file)
+    if found is not None and not found.daemon_alive:
+        print(f"llm-supervisor: {found.describe()} ({client.status_file})", file=err)
 
 
 def watch(

@@ -161,15 +161,14 @@ def _config_state_dir(config_path: Path) -> tuple[Path | None, str | None]:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    if args.socket:
-        return Client(args.socket)
     state_dir, problem = _config_state_dir(Path(args.config))
-    candidates = [
-        SYSTEMD_SOCKET,
-        control.default_socket_path((state_dir or SupervisorSettings().state_dir).resolve()),
-    ]
+    state_dir = (state_dir or SupervisorSettings().state_dir).resolve()
+    status_file = state_dir / "status.json"
+    if args.socket:
+        return Client(args.socket, status_file=status_file)
+    candidates = [SYSTEMD_SOCKET, control.default_socket_path(state_dir)]
     path = next((p for p in candidates if p.exists()), candidates[-1])
-    return Client(path, config_problem=problem)
+    return Client(path, config_problem=problem, status_file=status_file)
 
 
 def control_command(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +288,59 @@ def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str
     return "; ".join(parts)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class StatusFileRead:
+    """STATE_DIR/status.json as a reader finds it: the status, whether its daemon still runs, and
+    when it was written (wall clock; None from a daemon before ``written_at``)."""
+
+    status: Mapping[str, Any]
+    daemon_alive: bool
+    written_at: float | None
+
+    def describe(self) -> str:
+        """``daemon not running (pid 4242 is gone); last status at 2026-11-26 08:00:12``."""
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.written_at))
+            if self.written_at is not None
+            else "an unknown time"
+        )
+        pid = self.status.get("pid")
+        if self.daemon_alive:
+            return f"daemon pid {pid} running; status written at {when}"
+        return f"daemon not running (pid {pid} is gone); last status at {when}"
+
+
+def read_status_file(path: Path, *, alive: Callable[[int], bool] = pid_alive) -> StatusFileRead | None:
+    """The status file, or None when there is none (or it is not a status). A file whose daemon
+    pid is gone is stale: its states are what they were when that daemon died."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("engines"), dict):
+        return None
+    pid = doc.get("pid")
+    written_at = doc.get("written_at")
+    return StatusFileRead(
+        status=doc,
+        daemon_alive=isinstance(pid, int) and alive(pid),
+        written_at=float(written_at) if isinstance(written_at, int | float) else None,
+    )
+
+
 class StatusFile:
     """``STATE_DIR/status.json``, rewritten when something in it changed (the ages aside), or
     every STATUS_REFRESH_S for the ages: not a disk write on every tick.
@@ -317,7 +371,9 @@ class StatusFile:
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
         self._written, self._written_at_s = content, now
-        self._pending = redact_json(status)  # only what is written: not on every tick
+        # The wall clock beside the pid: a reader tells a status left by a dead daemon (its
+        # READY engines are long gone) from a live one (``read_status_file``).
+        self._pending = redact_json({**status, "written_at": time.time()})  # not on every tick
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_pending(), name="status-file")
 

@@ -194,6 +194,9 @@ class Supervisor:
             return await self._events(req)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
+            # Who asked, as for the engine commands (the peer's uid from SO_PEERCRED).
+            by = await operator_name(req.get("peer_uid"))
+            log.info("operator: reload (by %s)", by, extra={"event": "operator"})
             events_seq = self.events.last_seq  # `reload --wait` follows what happens from here
             self.submit(ReloadRequest(reply))
             result = await reply

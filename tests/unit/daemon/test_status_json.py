@@ -5,6 +5,7 @@ refactor of how the status is assembled."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from llmsupervisor.config import EngineSpec
@@ -218,3 +219,30 @@ def test_config_roll_says_per_engine_that_a_new_spec_waits_and_when_the_roll_is_
     doc = daemon_status.status_json(snap)
     assert doc["engines"]["gpu0"]["config_roll"] == "halted"
     assert doc["engines"]["gpu1"]["config_roll"] == "failed"
+
+
+def test_the_status_file_has_a_written_at_time_and_a_dead_daemons_file_reads_as_stale(tmp_path: Any) -> None:
+    """Issue 26 (11): status.json said READY after the daemon was killed; now it carries the
+    daemon's pid and the wall clock of the write, and a reader whose pid is gone says so."""
+    import asyncio
+    import time
+
+    path = tmp_path / "status.json"
+
+    async def write() -> None:
+        status_file = daemon_status.StatusFile(path)
+        status_file.write(status_json(busy_engine()), now=NOW_S)
+        await status_file.flush()
+
+    before = time.time()
+    asyncio.run(write())
+    found = daemon_status.read_status_file(path)
+    assert found is not None and found.daemon_alive  # this process wrote it
+    assert found.written_at is not None and before <= found.written_at <= time.time()
+    assert found.status["pid"] == os.getpid()
+    dead = daemon_status.read_status_file(path, alive=lambda pid: False)
+    assert dead is not None and not dead.daemon_alive
+    assert dead.describe().startswith(f"daemon not running (pid {os.getpid()} is gone); last status at ")
+    assert daemon_status.read_status_file(tmp_path / "none.json") is None
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    assert daemon_status.read_status_file(tmp_path / "junk.json") is None
