@@ -142,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _common(doctor, top=False, socket=False)
     sub.add_parser("schema", help="print the config's JSON Schema (for editors; docs/configuration.md)")
+    completion = sub.add_parser(
+        "completion", help='print shell completion: eval "$(llm-supervisor completion bash)"'
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    sub.add_parser("man", help="print the man page (roff): llm-supervisor man | man -l -")
     return parser
 
 
@@ -324,6 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         from llmsupervisor.config.schema import schema_text
 
         sys.stdout.write(schema_text())
+        return 0
+    if args.command in ("completion", "man"):
+        from llmsupervisor.cli import completion
+
+        parser = _parser()
+        if args.command == "man":
+            sys.stdout.write(completion.man(parser))
+        else:
+            sys.stdout.write(completion.bash(parser) if args.shell == "bash" else completion.zsh(parser))
         return 0
     if args.command in control.COMMANDS:
         try:
