@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,6 @@ def _pinned(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def _examples(status: dict[str, Any]) -> dict[str, str]:
-    os.environ["TZ"] = "UTC"  # the hold's "since" is printed in local time
-    import time
-
-    time.tzset()
     return {
         "status": "```\n$ llm-supervisor status\n" + render.format_status(status) + "\n```\n",
         "status-wide": "```\n$ llm-supervisor status -o wide\n"
@@ -88,7 +85,12 @@ def test_the_status_examples_in_the_docs_come_from_a_real_run(daemon_factory: An
     assert out.returncode in (0, 1), out.stderr  # 1: gpu2 is stopped
     status = _pinned(json.loads(out.stdout))
     assert d.stop() == 0
-    examples = _examples(status)
+    # The hold's "since" is printed in local time: the docs' in UTC, whatever this machine's zone.
+    with pytest.MonkeyPatch.context() as zone:
+        zone.setenv("TZ", "UTC")
+        time.tzset()
+        examples = _examples(status)
+    time.tzset()
     text = DOCS.read_text(encoding="utf-8")
     found = {m.group("name"): m.group("body") for m in BLOCK.finditer(text)}
     assert set(found) == set(examples), f"docs/cli.md has generated blocks {sorted(found)}"
