@@ -33,6 +33,7 @@ class Refused(Exception):
 class Client:
     path: Path
     config_problem: str | None = None  # the config does not load: said instead of "not running"
+    status_file: Path | None = None  # STATE_DIR/status.json: what a dead daemon last wrote
 
     def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
         try:

@@ -6,6 +6,7 @@ The client and the exit codes: cli/client.py; `--wait`: cli/wait.py; `status --h
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,14 +25,24 @@ from llmsupervisor.cli.client import (
     unreachable,
 )
 from llmsupervisor.cli.wait import WAIT_POLL_S, Baseline, Progress, Waiting, wait
+from llmsupervisor.daemon.status import read_status_file
 
 # ---- status ----
 
 
-def status(client: Client, names: Sequence[str], *, as_json: bool, out: TextIO, err: TextIO) -> int:
+def terminal_width(out: TextIO) -> int | None:
+    """The terminal's width to fit the table to; None off a terminal (a pipe or a file gets every
+    column with a value: scripts should read `--json`)."""
+    return shutil.get_terminal_size().columns if out.isatty() else None
+
+
+def status(
+    client: Client, names: Sequence[str], *, as_json: bool, out: TextIO, err: TextIO, wide: bool = False
+) -> int:
     try:
         result = client.call({"command": "status"})
     except Unreachable as exc:
+        last_status_note(client, err)
         return unreachable(client, exc, err)
     except Refused as exc:
         print(f"llm-supervisor: {exc}", file=err)
@@ -42,10 +53,20 @@ def status(client: Client, names: Sequence[str], *, as_json: bool, out: TextIO, 
             result = {**result, "engines": {n: e for n, e in result["engines"].items() if n in names}}
         print(json.dumps(result, indent=2), file=out)
     else:
-        print(render.format_status(result, names), file=out)
+        print(render.format_status(result, names, width=terminal_width(out), wide=wide), file=out)
     for problem in problems:
         print(f"llm-supervisor: {problem}", file=err)
     return code
+
+
+def last_status_note(client: Client, err: TextIO) -> None:
+    """When no daemon answers: what the status file says, as stale, never as the engines' state
+    now (a killed daemon's file still says READY)."""
+    if client.status_file is None:
+        return
+    found = read_status_file(client.status_file)
+    if found is not None and not found.daemon_alive:
+        print(f"llm-supervisor: {found.describe()} ({client.status_file})", file=err)
 
 
 def watch(
@@ -57,6 +78,7 @@ def watch(
     sleep: Callable[[float], None] = time.sleep,
     rounds: int | None = None,
     err: TextIO | None = None,
+    wide: bool = False,
 ) -> int:
     """Redraw the status in place until Ctrl-C (exit 0). A daemon that goes away is shown, and
     the view keeps trying: a daemon restart should not end the operator's watch. A name that is
@@ -77,7 +99,9 @@ def watch(
             done += 1
             stamp = time.strftime("%H:%M:%S")
             try:
-                body = render.format_status(client.call({"command": "status"}), names)
+                body = render.format_status(
+                    client.call({"command": "status"}), names, width=terminal_width(out), wide=wide
+                )
             except (Unreachable, Refused) as exc:
                 body = f"llm-supervisor: {exc}"
             head = f"llm-supervisor status, every {interval_s:g}s, {stamp} (Ctrl-C to quit)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TextIO
@@ -51,6 +52,7 @@ def fleet_status(
     out: TextIO,
     err: TextIO,
     deadline_s: float = FLEET_DEADLINE_S,
+    wide: bool = False,
 ) -> int:
     """Every host asked at once, each with its own deadline; one table with a HOST column."""
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
@@ -62,7 +64,8 @@ def fleet_status(
         }
         print(json.dumps(doc, indent=2), file=out)
     else:
-        print(render.format_fleet_status(results, names), file=out)
+        width = shutil.get_terminal_size().columns if out.isatty() else None
+        print(render.format_fleet_status(results, names, width=width, wide=wide), file=out)
     for problem in problems:
         print(f"llm-supervisor: {problem}", file=err)
     return code

@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("names", nargs="*", metavar="NAME", help="only these engines (default: all)")
     status.add_argument("--json", action="store_true", help="machine-readable")
+    status.add_argument(
+        "-o",
+        "--output",
+        choices=("wide", "json"),
+        help="wide: every column, not fitted to the terminal; json: as --json",
+    )
     status.add_argument("--watch", action="store_true", help="redraw in place until Ctrl-C")
     status.add_argument(
         "--interval", type=float, default=2.0, metavar="SECONDS", help="with --watch (default 2)"
@@ -195,6 +201,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _common(doctor, top=False, socket=False)
     sub.add_parser("schema", help="print the config's JSON Schema (for editors; docs/configuration.md)")
+    completion = sub.add_parser(
+        "completion", help='print shell completion: eval "$(llm-supervisor completion bash)"'
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    sub.add_parser("man", help="print the man page (roff): llm-supervisor man | man -l -")
     return parser
 
 
@@ -214,18 +225,19 @@ def _config_state_dir(config_path: Path) -> tuple[Path | None, str | None]:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    if args.socket:
-        return Client(args.socket)
     state_dir, problem = _config_state_dir(Path(args.config))
-    candidates = [
-        SYSTEMD_SOCKET,
-        control.default_socket_path((state_dir or SupervisorSettings().state_dir).resolve()),
-    ]
+    state_dir = (state_dir or SupervisorSettings().state_dir).resolve()
+    status_file = state_dir / "status.json"
+    if args.socket:
+        return Client(args.socket, status_file=status_file)
+    candidates = [SYSTEMD_SOCKET, control.default_socket_path(state_dir)]
     path = next((p for p in candidates if p.exists()), candidates[-1])
-    return Client(path, config_problem=problem)
+    return Client(path, config_problem=problem, status_file=status_file)
 
 
 def control_command(args: argparse.Namespace) -> int:
+    if args.command == "status" and args.output == "json":
+        args.json = True
     if args.command == "status" and (args.host or args.hosts_file):
         out, err = cli_control.stream()
         hosts = list(args.host)
@@ -239,14 +251,29 @@ def control_command(args: argparse.Namespace) -> int:
             print("llm-supervisor: --watch is not supported with --host/--hosts-file", file=err)
             return 2
         return fleet.fleet_status(
-            hosts, args.names, as_json=args.json, out=out, err=err, deadline_s=args.deadline
+            hosts,
+            args.names,
+            as_json=args.json,
+            out=out,
+            err=err,
+            deadline_s=args.deadline,
+            wide=args.output == "wide",
         )
     client = _client(args)
     out, err = cli_control.stream()
     if args.command == "status":
         if args.watch:
-            return cli_control.watch(client, args.names, interval_s=max(0.2, args.interval), out=out, err=err)
-        return cli_control.status(client, args.names, as_json=args.json, out=out, err=err)
+            return cli_control.watch(
+                client,
+                args.names,
+                interval_s=max(0.2, args.interval),
+                out=out,
+                err=err,
+                wide=args.output == "wide",
+            )
+        return cli_control.status(
+            client, args.names, as_json=args.json, out=out, err=err, wide=args.output == "wide"
+        )
     if args.command == "events":
         try:
             since_s = render.parse_since(args.since) if args.since else None
@@ -400,6 +427,15 @@ def main(argv: list[str] | None = None) -> int:
         from llmsupervisor.config.schema import schema_text
 
         sys.stdout.write(schema_text())
+        return 0
+    if args.command in ("completion", "man"):
+        from llmsupervisor.cli import completion
+
+        parser = _parser()
+        if args.command == "man":
+            sys.stdout.write(completion.man(parser))
+        else:
+            sys.stdout.write(completion.bash(parser) if args.shell == "bash" else completion.zsh(parser))
         return 0
     if args.command in (*control.COMMANDS, "describe", "wait"):
         try:

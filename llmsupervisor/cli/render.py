@@ -101,8 +101,22 @@ def _detail(engine: Mapping[str, Any]) -> str:
         for f in engine.get("findings", [])
     )
     detail = findings or str(engine.get("reason") or "")
-    held = hold_text(engine)
-    return f"[{held}] {detail}" if held else detail
+    marks = [f"[{m}]" for m in (hold_text(engine), roll_text(engine)) if m]
+    return " ".join([*marks, detail]) if detail else " ".join(marks)
+
+
+# The marker of a reload that changed the engine's spec and has not rolled it yet (the JSON's
+# ``config_roll``, daemon/status.py): the policy rolls changed engines within max_unavailable.
+ROLL_TEXT: Final = {
+    "pending": "new config pending: rolls within max_unavailable",
+    "halted": "new config pending: the roll is halted",
+    "failed": "failed on the new config: the roll is halted",
+}
+
+
+def roll_text(engine: Mapping[str, Any]) -> str | None:
+    roll = engine.get("config_roll")
+    return ROLL_TEXT.get(str(roll), f"config roll: {roll}") if roll else None
 
 
 STATUS_HEADER: Final = (
@@ -150,17 +164,61 @@ def status_rows(engines: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...
     return rows
 
 
-def format_status(status: Mapping[str, Any], names: Sequence[str] = ()) -> str:
-    """One row per engine (only ``names`` when given); the last column is not padded or cut."""
+# Columns hidden when no engine has a value (a box without GPUs, or no NVML); `-o wide` shows them.
+GPU_COLUMNS: Final = ("GPU", "GPU MEM", "TEMP", "POWER")
+# Fitting a terminal drops columns in this order (least needed first) until the table fits;
+# ENGINE, STATE, HOST and the last column always stay, and the last is never cut (it wraps).
+FIT_DROP_ORDER: Final = (
+    "CPUS",
+    "STEP",
+    "POWER",
+    "TEMP",
+    "PORT",
+    "FOR",
+    "GPU MEM",
+    "LAST EXIT",
+    "GPU",
+    "MODEL",
+    "RESTARTS",
+    "ROTATION",
+)
+# Room kept for the last column when fitting, so one long reason does not drop every column.
+DETAIL_RESERVE: Final = 30
+
+
+def table(rows: Sequence[tuple[str, ...]], *, width: int | None = None, wide: bool = False) -> list[str]:
+    """Rows (the first is the header) as aligned lines, the last column not padded. Not ``wide``:
+    GPU columns without a value on any row are left out, and with ``width`` (the terminal's)
+    columns are dropped in FIT_DROP_ORDER until the rest fits beside DETAIL_RESERVE."""
+    header = rows[0]
+    keep = list(range(len(header)))
+    if not wide:
+        keep = [
+            i for i in keep if header[i] not in GPU_COLUMNS or any(r[i] not in ("-", "") for r in rows[1:])
+        ]
+
+    def line_width(columns: list[int]) -> int:
+        fixed = sum(max(len(r[i]) for r in rows) + 2 for i in columns[:-1])
+        return fixed + min(DETAIL_RESERVE, max(len(r[columns[-1]]) for r in rows))
+
+    if width is not None and not wide:
+        for title in FIT_DROP_ORDER:
+            if line_width(keep) <= width:
+                break
+            keep = [i for i in keep if header[i] != title]
+    widths = {i: max(len(r[i]) for r in rows) for i in keep[:-1]}
+    return [("  ".join(r[i].ljust(widths[i]) for i in keep[:-1]) + "  " + r[keep[-1]]).rstrip() for r in rows]
+
+
+def format_status(
+    status: Mapping[str, Any], names: Sequence[str] = (), *, width: int | None = None, wide: bool = False
+) -> str:
+    """One row per engine (only ``names`` when given); the last column is not padded or cut.
+    ``width``: fit a terminal that wide; ``wide``: every column (`status -o wide`)."""
     engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
     if names:
         engines = {n: engines[n] for n in names if n in engines}
-    rows = status_rows(engines)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(STATUS_HEADER) - 1)]
-    lines = [
-        ("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]).rstrip()
-        for r in rows
-    ]
+    lines = table(status_rows(engines), width=width, wide=wide)
     marked = status.get("gpu_faults_marked") or {}
     if marked:
         lines.append("GPUs marked for faults: " + ", ".join(f"GPU {g}: {n}" for g, n in marked.items()))
@@ -204,11 +262,22 @@ def accepted_line(reply: Mapping[str, Any]) -> str:
 
 
 def reload_line(reply: Mapping[str, Any]) -> str:
+    """``reload accepted; added gpu3; changed gpu1, gpu2; rolling gpu1 (within max_unavailable)``:
+    the reply's ``rolling`` are the engines the policy restarts onto the new config (a changed
+    engine that is stopped or disabled is not among them: it just has its new spec). A daemon
+    older than the rolling reload has no ``rolling``: its changed engines are "restarting"."""
+    rolls = "rolling" in reply
     parts = []
-    for key, label in (("added", "added"), ("changed", "restarting"), ("removed", "stopping")):
+    for key, label in (
+        ("added", "added"),
+        ("changed", "changed" if rolls else "restarting"),
+        ("removed", "stopping"),
+    ):
         names = reply.get(key) or []
         if names:
             parts.append(f"{label} {', '.join(names)}")
+    if reply.get("rolling"):
+        parts.append(f"rolling {', '.join(reply['rolling'])} (restarted within max_unavailable)")
     for setting in reply.get("next_start_only") or []:
         parts.append(f"{setting} takes effect at the next daemon start")
     return "reload accepted; " + ("; ".join(parts) if parts else "nothing changed")
@@ -299,7 +368,9 @@ class HostStatus:
     error: str | None = None
 
 
-def format_fleet_status(hosts: Sequence[HostStatus], names: Sequence[str] = ()) -> str:
+def format_fleet_status(
+    hosts: Sequence[HostStatus], names: Sequence[str] = (), *, width: int | None = None, wide: bool = False
+) -> str:
     """One table for all hosts, one row per engine with its HOST first; a host that did not
     answer is one row saying why, not an error."""
     rows: list[tuple[str, ...]] = [FLEET_HEADER]
@@ -312,11 +383,7 @@ def format_fleet_status(hosts: Sequence[HostStatus], names: Sequence[str] = ()) 
         if names:
             engines = {n: engines[n] for n in names if n in engines}
         rows += [(h.host, *row) for row in status_rows(engines)[1:]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(FLEET_HEADER) - 1)]
-    return "\n".join(
-        ("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]).rstrip()
-        for r in rows
-    )
+    return "\n".join(table(rows, width=width, wide=wide))
 
 
 def fleet_exit_code(hosts: Sequence[HostStatus], names: Sequence[str] = ()) -> tuple[int, list[str]]:

@@ -30,6 +30,7 @@ from typing import Any
 
 from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
 from llmsupervisor.daemon.exporter import Exporter
+from llmsupervisor.daemon.status import held_by_operator
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.http_api import HttpApi, Response, error
 from llmsupervisor.redact import redact_json
@@ -56,6 +57,12 @@ def pod_ready(statuses: tuple[EngineStatus, ...], *, requires: str) -> tuple[boo
     return ready, in_rotation, missing
 
 
+def held_out(statuses: tuple[EngineStatus, ...]) -> list[str]:
+    """Engines an operator holds out of service (drained, stopped, or disabled in the config):
+    neither in rotation nor missing, and so in neither of /readyz's other lists."""
+    return [s.name for s in statuses if held_by_operator(s) and not s.final and not s.in_rotation]
+
+
 def http_api(
     *,
     exporter: Exporter,
@@ -76,12 +83,14 @@ def http_api(
 
     def readyz() -> Response:
         requires = readyz_requires()
-        ready, in_rotation, missing = pod_ready(statuses(), requires=requires)
+        engines = statuses()
+        ready, in_rotation, missing = pod_ready(engines, requires=requires)
         body: dict[str, Any] = {
             "ready": ready and not stopping(),
             "requires": requires,
             "engines_in_rotation": in_rotation,
             "engines_out_of_rotation": missing,
+            "engines_held": held_out(engines),  # by an operator: not counted either way
         }
         conditions = node_conditions()
         if conditions:

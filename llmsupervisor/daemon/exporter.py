@@ -25,7 +25,7 @@ engine_state_age_seconds               gauge      engine
 engine_restarts_total                  counter    engine, reason
 engine_state_changes_total             counter    engine
 engine_canary_latency_seconds          gauge      engine (absent until a canary has run)
-engine_info                            gauge      engine, port, gpus (always 1)
+engine_info                            gauge      engine, port, gpus, model (always 1)
 engine_actions_total                   counter    engine, kind, reason (policy actions)
 engine_last_action_timestamp_seconds   gauge      engine, kind
 engine_batch_step                      gauge      engine (0: the engine's own flags; n: n steps down)
@@ -52,9 +52,16 @@ probe_errors_total                     counter    probe, error (probes that rais
 open_fds                               gauge      (absent when it cannot be read)
 max_fds                                gauge      (the soft RLIMIT_NOFILE)
 tick_duration_seconds                  histogram
+build_info                             gauge      version, python (always 1)
+process_*                              see below  (prometheus-client's ProcessCollector)
 engine_observation_seconds             histogram  engine
 gpu_<name>                             see below  gpu (and ``reason`` for throttle_reason)
 =====================================  =========  ==========================================
+
+``process_resident_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds``,
+``process_max_fds``, ``process_virtual_memory_bytes`` and ``process_start_time_seconds`` are the
+daemon's own, read from /proc/self by prometheus-client's ``ProcessCollector`` (absent where there
+is no /proc). ``open_fds`` and ``max_fds`` above predate them and stay for existing alerts.
 
 ``engine_state`` is a plain gauge with a ``state`` label rather than a ``StateSetMetricFamily``:
 the text format renders a state set's label with the family's own name
@@ -73,15 +80,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import platform
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, Info, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from llmsupervisor import __version__
 from llmsupervisor.core.policy import RESTART_CAUSES
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.status import Snapshot, held_by_operator
@@ -242,6 +251,14 @@ class Exporter:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._collector = _SnapshotCollector(snapshot, gpu_samples)
         self.registry.register(self._collector)
+        # The daemon's own RSS, CPU seconds, descriptors and start time, from /proc/self
+        # (llmsupervisor_process_*); in this registry, not the global one.
+        ProcessCollector(namespace=PREFIX.rstrip("_"), registry=self.registry)
+        Info(
+            _name("build"),
+            "The daemon's version and the Python that runs it; always 1.",
+            registry=self.registry,
+        ).info({"version": __version__, "python": platform.python_version()})
         self._tick_duration = Histogram(
             _name("tick_duration_seconds"),
             # Engines are probed in their own tasks, not in this tick (bench/overhead measures their
@@ -428,7 +445,7 @@ class _SnapshotCollector:
         info = GaugeMetricFamily(
             _name("engine_info"),
             "Static facts about the engine in labels; always 1.",
-            labels=["engine", "port", "gpus"],
+            labels=["engine", "port", "gpus", "model"],
         )
         actions = CounterMetricFamily(
             _name("engine_actions"),
@@ -470,7 +487,8 @@ class _SnapshotCollector:
             changes.add_metric([e.name], float(e.state_changes_total))
             if e.canary_latency_s is not None:
                 canary.add_metric([e.name], e.canary_latency_s)
-            info.add_metric([e.name, str(e.spec.port), ",".join(str(g) for g in e.spec.gpus)], 1.0)
+            gpus = ",".join(str(g) for g in e.spec.gpus)
+            info.add_metric([e.name, str(e.spec.port), gpus, e.spec.model_id], 1.0)
             for f in e.findings:
                 finding.add_metric([e.name, f.kind.value, f.severity.value], 1.0)
         yield from (state, up, in_rotation, age, restarts, changes, canary, finding, info)

@@ -157,6 +157,11 @@ class Fleet:
         runner = self.runners.get(name)
         return None if runner is None else self._dead.get(name) or runner.status()
 
+    def gpus_of(self, name: str) -> tuple[int, ...]:
+        """The engine's GPUs as its runner was given them (NVML indices); () for no such engine."""
+        status = self.status(name)
+        return status.spec.gpus if status is not None else ()
+
     def retire(self, name: str) -> None:
         """An engine removed from the config: stop it for good; shutdown still waits for it."""
         runner = self.runners.pop(name)

@@ -95,6 +95,9 @@ class Intake:
             return await self._logs(req)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if command == "reload":
+            # Who asked, as for the engine commands (the peer's uid from SO_PEERCRED).
+            by = await operator_name(req.get("peer_uid"))
+            log.info("operator: reload (by %s)", by, extra={"event": "operator"})
             events_seq = self._events.last_seq  # `reload --wait` follows what happens from here
             self.submit(ReloadRequest(reply, dry_run=bool(req.get("dry_run"))))
             result = await reply

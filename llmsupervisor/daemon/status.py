@@ -15,14 +15,17 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import NodeCondition
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.reconcile import spec_pending
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import remove_stale_temporaries, write_json_atomic
@@ -67,6 +70,8 @@ class Snapshot:
     node_conditions: tuple[NodeCondition, ...] = ()  # GPUs handed to node-level remediation
     # The operator's holds (daemon/holds.py) by engine, as JSON: kind, who, when.
     holds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # A reload's roll by engine (``config_roll``): "pending", "halted" or "failed"; absent: none.
+    config_roll: Mapping[str, str] = field(default_factory=dict)
 
     def state_age_s(self, s: EngineStatus) -> float:
         """Seconds in the current state."""
@@ -118,6 +123,30 @@ def descriptor_usage() -> tuple[int | None, int | None]:
 GpuSamples = Callable[[Iterable[int]], Mapping[int, GpuSample | ProbeFailure]]
 
 
+def config_roll(
+    statuses: Iterable[EngineStatus], specs: Mapping[str, EngineSpec], halted_by: Iterable[str]
+) -> dict[str, str]:
+    """Where a reload's roll (core/policy.py ``CONFIG_RESTART``) stands per engine: "pending" (it
+    runs another spec than the config's and the policy will restart it onto it, as
+    daemon/reload.py ``rolling`` counts), "halted" (pending, and the roll is halted by an engine
+    that failed on the new config), "failed" (one of those: the roll is halted by it)."""
+    halted = frozenset(halted_by)
+    roll: dict[str, str] = {}
+    for s in statuses:
+        target = specs.get(s.name)
+        if s.name in halted:
+            roll[s.name] = "failed"
+        elif (
+            target is not None
+            and target.enabled
+            and s.wants_run
+            and s.state is not EngineState.FATAL
+            and spec_pending(s, target)
+        ):
+            roll[s.name] = "halted" if halted else "pending"
+    return roll
+
+
 def snapshot(
     statuses: Sequence[EngineStatus],
     *,
@@ -128,6 +157,7 @@ def snapshot(
     counters: DaemonCounters,
     node_conditions: tuple[NodeCondition, ...] = (),
     holds: Mapping[str, Mapping[str, Any]] | None = None,
+    roll: Mapping[str, str] | None = None,
 ) -> Snapshot:
     """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
     the marks) copied, so a reader never sees them change under it."""
@@ -142,6 +172,7 @@ def snapshot(
         gpu_faults_marked=dict(gpu_faults_marked),
         node_conditions=node_conditions,
         holds=dict(holds or {}),
+        config_roll=dict(roll or {}),
     )
 
 
@@ -215,6 +246,7 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
         "incidents": s.incidents_total,
         "last_incident": s.last_incident,
         "last_restart": _restart_json(snap, s),
+        "config_roll": snap.config_roll.get(s.name),
     }
 
 
@@ -271,6 +303,59 @@ def _aged(engine: Mapping[str, Any]) -> Any:
     return {**last, "age_s": None} if isinstance(last, dict) else last
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class StatusFileRead:
+    """STATE_DIR/status.json as a reader finds it: the status, whether its daemon still runs, and
+    when it was written (wall clock; None from a daemon before ``written_at``)."""
+
+    status: Mapping[str, Any]
+    daemon_alive: bool
+    written_at: float | None
+
+    def describe(self) -> str:
+        """``daemon not running (pid 4242 is gone); last status at 2026-11-26 08:00:12``."""
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.written_at))
+            if self.written_at is not None
+            else "an unknown time"
+        )
+        pid = self.status.get("pid")
+        if self.daemon_alive:
+            return f"daemon pid {pid} running; status written at {when}"
+        return f"daemon not running (pid {pid} is gone); last status at {when}"
+
+
+def read_status_file(path: Path, *, alive: Callable[[int], bool] = pid_alive) -> StatusFileRead | None:
+    """The status file, or None when there is none (or it is not a status). A file whose daemon
+    pid is gone is stale: its states are what they were when that daemon died."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("engines"), dict):
+        return None
+    pid = doc.get("pid")
+    written_at = doc.get("written_at")
+    return StatusFileRead(
+        status=doc,
+        daemon_alive=isinstance(pid, int) and alive(pid),
+        written_at=float(written_at) if isinstance(written_at, int | float) else None,
+    )
+
+
 class StatusFile:
     """``STATE_DIR/status.json``, rewritten when something in it changed (the ages aside), or
     every STATUS_REFRESH_S for the ages: not a disk write on every tick.
@@ -303,7 +388,9 @@ class StatusFile:
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
         self._written, self._written_at_s = content, now
-        self._pending = redact_json(status)  # only what is written: not on every tick
+        # The wall clock beside the pid: a reader tells a status left by a dead daemon (its
+        # READY engines are long gone) from a live one (``read_status_file``).
+        self._pending = redact_json({**status, "written_at": time.time()})  # not on every tick
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_pending(), name="status-file")
 

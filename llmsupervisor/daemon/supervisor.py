@@ -54,6 +54,7 @@ from llmsupervisor.daemon.status import (
     DaemonCounters,
     Snapshot,
     StatusFile,
+    config_roll,
     descriptor_usage,
     snapshot,
     status_json,
@@ -133,7 +134,7 @@ class Supervisor:
         self.memory = PolicyMemory()
         self.marks = GpuMarks(self.state_dir / "gpu-faults.json", gpus=self.gpu_monitor.gpus_by_index)
         self.reconcile = Reconciler(
-            self.memory, ActionExecutor(self.fleet.send, self._gpus_of_engine, self.marks)
+            self.memory, ActionExecutor(self.fleet.send, self.fleet.gpus_of, self.marks)
         )
         self.reloader = Reloader(
             self.fleet,
@@ -178,14 +179,18 @@ class Supervisor:
 
     def snapshot(self) -> Snapshot:
         open_fds, fds_limit = descriptor_usage()
+        statuses = self.fleet.statuses()
         return snapshot(
-            self.fleet.statuses(),
+            statuses,
             now=aio.now(),
             memory=self.memory,
             gpu_samples=self.gpu_monitor.samples_for,
             gpu_faults_marked=self.marks.counts,
             node_conditions=self.marks.conditions,
             holds={name: hold.as_json() for name in self.fleet.runners if (hold := self.holds.get(name))},
+            roll=config_roll(
+                statuses, {e.name: e for e in self.config.engines}, self.reconcile.roll_halted_by
+            ),
             counters=DaemonCounters(
                 ticks_total=self.ticks_total,
                 last_tick_duration_s=self.last_tick_duration_s,
@@ -207,10 +212,6 @@ class Supervisor:
         if problem is None and (halted_by := self.reconcile.roll_halted_by):
             problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
         return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem)
-
-    def _gpus_of_engine(self, name: str) -> tuple[int, ...]:
-        status = self.fleet.status(name)
-        return status.spec.gpus if status is not None else ()
 
     # ---- run ----
 

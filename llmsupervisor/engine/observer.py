@@ -127,7 +127,7 @@ async def round_unless_interrupted(
     observer: Observer,
     proc: EngineProcess,
     woken: asyncio.Event,
-    *,
+    in_rotation: bool,
     on_wake: Callable[[], None],
     interrupted: Callable[[], bool],
 ) -> Observation | None:
@@ -135,7 +135,7 @@ async def round_unless_interrupted(
     says a stop or restart arrived (``on_wake`` takes the runner's inbox when ``woken``): a hung
     engine's canary would otherwise hold the restart for its whole deadline
     (live_canary_timeout_s), which the recovery benchmark measured."""
-    observing = asyncio.ensure_future(observer.round(proc))
+    observing = asyncio.ensure_future(observer.round(proc, in_rotation=in_rotation))
     try:
         while not observing.done():
             await aio.wait_any(asyncio.shield(observing), woken.wait(), proc.wait(), timeout_s=None)
@@ -181,6 +181,7 @@ class Observer:
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
         self._last_metrics_s: float | None = None
+        self._canary_in_metrics = False  # the latest /metrics answered while a canary ran
 
     def note_canary(self, latency_s: float | None) -> None:
         self.canary_latency_s = latency_s
@@ -191,9 +192,14 @@ class Observer:
     def canary_deadline_s(self) -> float:
         return canary_deadline_s(self._canary_latencies_s, self._spec)
 
-    async def round(self, proc: EngineProcess) -> Observation:
+    async def round(self, proc: EngineProcess, *, in_rotation: bool = True) -> Observation:
         """One look at the engine, every probe at once, each under its own deadline; then the
-        detectors over the window. Findings are logged when they open and when they clear."""
+        detectors over the window. Findings are logged when they open and when they clear.
+
+        ``in_rotation`` False (drained, held, shedding): no canary. It would be the only request
+        such an engine gets, counted as "in flight" by a drain, and a hang there hurts no user;
+        /health, /metrics and the process sweep still run with their deadlines, and the first
+        round back in rotation sends a canary at once (docs/operations.md, "Hang detection")."""
         spec = self._spec
         progressing = bool(
             self._previous_metrics
@@ -205,6 +211,7 @@ class Observer:
         # work and read busy as dead (docs/vllm-notes.md §7).
         run_canary = (
             spec.canary_kind != "none"
+            and in_rotation
             and not progressing
             and now - self._last_canary_s >= spec.canary_interval_s
         )
@@ -228,14 +235,27 @@ class Observer:
             # the slowest rounds (docs/benchmarks.md, "Faster and cheaper").
             first = self._last_metrics_s is None
             self._last_metrics_s = now - (spec.metrics_interval_s * _phase(spec.name) if first else 0.0)
+        canary_running = run_canary
+
+        async def canary() -> HttpCheck | None:
+            nonlocal canary_running
+            try:
+                return await self._http.canary(timeout_s=self.canary_deadline_s)
+            finally:
+                canary_running = False
+
+        async def metrics() -> EngineMetrics | ProbeFailure | None:
+            got = await self._http.metrics(timeout_s=timeout_s)
+            # vLLM counts a canary still running when /metrics answers: not a user's request.
+            if isinstance(got, EngineMetrics):
+                self._canary_in_metrics = canary_running
+            return got
+
         health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
             _guarded("health", self._http.health(timeout_s=timeout_s)),
-            _guarded("metrics", self._http.metrics(timeout_s=timeout_s) if run_metrics else no_metrics()),
+            _guarded("metrics", metrics() if run_metrics else no_metrics()),
             _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
-            _guarded(
-                "canary",
-                self._http.canary(timeout_s=self.canary_deadline_s) if run_canary else no_canary(),
-            ),
+            _guarded("canary", canary() if run_canary else no_canary()),
         )
         health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
         canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
@@ -305,8 +325,11 @@ class Observer:
         ttft_p95_s = None
         if oldest is not None and oldest is not latest:
             ttft_p95_s = window_quantile(latest.ttft_seconds, oldest.ttft_seconds, 0.95)
+        running = latest.requests_running
+        if running is not None and self._canary_in_metrics:
+            running = max(0, running - 1)  # users' requests only: the daemon's canary taken out
         return EngineLoad(
-            requests_running=latest.requests_running,
+            requests_running=running,
             requests_waiting=latest.requests_waiting,
             kv_usage_ratio=latest.kv_usage_ratio,
             ttft_p95_s=ttft_p95_s,

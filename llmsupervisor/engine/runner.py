@@ -361,8 +361,9 @@ class EngineRunner:
             due_at_s = next_round_s
             self._ledger.settled(inc.ready_since_s, now=aio.now(), policy=spec.restart_policy)
             assert self._observer is not None
+            rotating = self._ledger.state is S.READY  # no canary to an engine out of rotation
             obs = await round_unless_interrupted(  # None: it exited, or a stop or restart came
-                self._observer, proc, self._wake, on_wake=self._take_inbox, interrupted=self._interrupted
+                self._observer, proc, self._wake, rotating, self._take_inbox, self._interrupted
             )
             next_round_s = aio.now() + self._tick_s
             if obs is None:

@@ -201,6 +201,7 @@ class ServerScript:
     procs: FakeProcesses
     ready_after_s: float = 1.0
     canary_hangs: bool = False
+    canary_delay_s: float = 0.0  # a canary that takes this long to answer (still running meanwhile)
     health_status: int = 200
     metrics: EngineMetrics | ProbeFailure = field(default_factory=metrics)
     prefix_reset: PrefixReset = PrefixReset.DONE
@@ -232,6 +233,8 @@ class ServerScript:
             return HttpCheck(
                 ok=False, detail=f"timed out after {timeout_s:g} s", latency_s=timeout_s, failure="timeout"
             )
+        if what == "canary" and self.canary_delay_s:
+            await asyncio.sleep(self.canary_delay_s)
         return ok()
 
 

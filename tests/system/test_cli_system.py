@@ -199,6 +199,8 @@ def test_reload_wait_until_changed_engine_is_ready(daemon_factory) -> None:
     assert out.stdout.splitlines()[0] == "reload accepted; restarting b (rolled within max_unavailable=1)"
     assert "  b: restart: args.fake-completion-delay-s: - -> 0.01" in out.stdout.splitlines()
     assert out.stdout.splitlines()[-1] == "b: READY (reload done)"
+    # Issue 26 (11): operator commands are logged with the caller (the socket peer's uid).
+    assert f"operator: reload (by {_me()})" in d.log()
     assert d.engine("b")["pid"] != b["pid"]
     assert d.stop() == 0
 
@@ -223,3 +225,14 @@ def test_findings_of_an_old_incarnation_do_not_stay_on_the_new_one(daemon_factor
     assert " a finding hang (critical)" in events and " a operator: restart" in events
     assert " a transition READY -> DRAINING: draining: restart requested by operator" in events
     assert d.stop() == 0
+
+
+def _me() -> str:
+    """How the daemon names this test's user (daemon/holds.py operator_name)."""
+    import pwd
+
+    uid = os.getuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

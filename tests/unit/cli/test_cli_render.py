@@ -129,6 +129,18 @@ def test_progress_and_answer_lines() -> None:
     assert cli_render.reload_line({"reloaded": True, "added": [], "changed": ["b"], "removed": ["c"]}) == (
         "reload accepted; restarting b; stopping c"
     )
+
+
+def test_reload_line_says_which_engines_roll() -> None:
+    """The reload reply's ``rolling`` (daemon/reload.py): the engines the policy restarts onto the
+    new config, a changed engine that is stopped not among them, one a halted roll left behind
+    among them."""
+    reply = {"reloaded": True, "added": ["d"], "changed": ["b", "s"], "removed": [], "rolling": ["a", "b"]}
+    assert cli_render.reload_line(reply) == (
+        "reload accepted; added d; changed b, s; rolling a, b (restarted within max_unavailable)"
+    )
+    nothing = {"reloaded": True, "added": [], "changed": [], "removed": [], "rolling": []}
+    assert cli_render.reload_line(nothing) == "reload accepted; nothing changed"
     assert cli_render.duration(59) == "59s" and cli_render.duration(3725) == "1h02m"
 
 
@@ -538,3 +550,110 @@ def test_a_held_engine_is_visibly_held_in_the_table() -> None:
     rows = cli_render.status_rows({"gpu1": held})
     assert rows[1][cli_render.STATUS_HEADER.index("ROTATION")] == "held"
     assert rows[1][-1].startswith("[stop hold by alice (uid 1000) since ")
+
+
+# ---- issue 26 (8): the table fits the terminal, empty GPU columns go ----
+
+
+def test_gpu_columns_without_a_reading_are_hidden_and_wide_shows_them() -> None:
+    no_gpu: dict[str, Any] = {
+        "gpus": [],
+        "gpu_temperature_c": None,
+        "gpu_power_w": None,
+        "gpu_memory_used_bytes": None,
+        "gpu_memory_total_bytes": None,
+    }
+    snap = snapshot(cpu0=engine(**no_gpu), cpu1=engine(**no_gpu))
+    header = cli_render.format_status(snap).splitlines()[0]
+    for title in cli_render.GPU_COLUMNS:
+        assert f" {title} " not in f" {header} "
+    wide = cli_render.format_status(snap, wide=True).splitlines()[0]
+    assert all(title in wide for title in cli_render.GPU_COLUMNS)
+    # One engine with a reading keeps the column, for every row.
+    mixed = snapshot(cpu0=engine(**no_gpu), gpu0=engine())
+    assert "TEMP" in cli_render.format_status(mixed).splitlines()[0]
+
+
+def test_the_table_fits_the_terminal_dropping_the_least_needed_columns_first() -> None:
+    snap = snapshot(
+        gpu0=engine(restarts=1, last_exit="killed by SIGKILL", last_exit_age_s=125.0, cpus="0-7"),
+        gpu1=engine(state="fatal", reason=FATAL_REASON, in_rotation=False),
+    )
+    full = cli_render.format_status(snap)
+    assert max(len(line) for line in full.splitlines()) > 150
+    for width in (80, 100, 120):
+        lines = cli_render.format_status(snap, width=width).splitlines()
+        header = lines[0]
+        # Everything but the free-text last column fits; the reason is still whole (it wraps).
+        detail_at = header.index("FINDINGS / REASON")
+        assert detail_at + min(cli_render.DETAIL_RESERVE, len(FATAL_REASON)) <= width
+        assert lines[2].endswith(FATAL_REASON)
+        assert header.startswith("ENGINE") and "STATE" in header
+    narrow = cli_render.format_status(snap, width=80).splitlines()[0]
+    assert "CPUS" not in narrow and "STEP" not in narrow  # the first to go
+    assert "CPUS" in cli_render.format_status(snap, width=80, wide=True).splitlines()[0]
+    # A terminal wide enough keeps every column with a value.
+    assert cli_render.format_status(snap, width=1000) == full
+
+
+def test_status_on_a_terminal_is_fitted_and_off_it_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    class Answering:
+        def call(self, payload: dict[str, Any], *, timeout_s: float = 10.0) -> Any:
+            return snapshot(gpu1=engine(state="fatal", reason=FATAL_REASON, cpus="0-7"))
+
+    monkeypatch.setenv("COLUMNS", "80")
+    tty, pipe, err = Tty(), io.StringIO(), io.StringIO()
+    client: Any = Answering()
+    cli_control.status(client, [], as_json=False, out=tty, err=err)
+    cli_control.status(client, [], as_json=False, out=pipe, err=err)
+    assert "CPUS" not in tty.getvalue().splitlines()[0]
+    assert "CPUS" in pipe.getvalue().splitlines()[0]
+    wide = Tty()
+    cli_control.status(client, [], as_json=False, out=wide, err=err, wide=True)
+    assert "CPUS" in wide.getvalue().splitlines()[0]
+
+
+def test_status_output_option_parses() -> None:
+    parser = cli._parser()
+    assert parser.parse_args(["status", "-o", "wide"]).output == "wide"
+    assert parser.parse_args(["status", "--output", "json"]).output == "json"
+
+
+def test_the_table_marks_a_pending_config_roll_and_a_halted_one() -> None:
+    rows = cli_render.status_rows(
+        {
+            "a": engine(config_roll="pending"),
+            "b": engine(config_roll="halted"),
+            "c": engine(state="backoff", reason="start failed", config_roll="failed"),
+            "d": engine(),
+        }
+    )
+    assert rows[1][-1] == "[new config pending: rolls within max_unavailable] ready"
+    assert rows[2][-1].startswith("[new config pending: the roll is halted]")
+    assert rows[3][-1] == "[failed on the new config: the roll is halted] start failed"
+    assert rows[4][-1] == "ready"
+
+
+def test_status_without_a_daemon_says_the_status_file_is_stale(tmp_path: Path) -> None:
+    """Issue 26 (11): a killed daemon's status.json still says READY; `status` says the daemon
+    is not running and when that status was written, and never shows it as now."""
+    import json as json_module
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    status_file = tmp_path / "status.json"
+    status_file.write_text(
+        json_module.dumps({"pid": gone.pid, "written_at": 1_790_000_000.0, "engines": {"a": engine()}})
+    )
+    client = Client(tmp_path / "nothing.sock", status_file=status_file)
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_control.status(client, [], as_json=False, out=out, err=err) == 69
+    assert out.getvalue() == ""
+    note = err.getvalue().splitlines()[0]
+    assert note.startswith(f"llm-supervisor: daemon not running (pid {gone.pid} is gone); last status at ")
+    assert str(status_file) in note

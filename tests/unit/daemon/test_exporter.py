@@ -178,8 +178,32 @@ def test_engine_gauges(exporter: Exporter) -> None:
     assert value(reg, "llmsupervisor_engine_state_age_seconds", engine="tp2") == 0.0
     assert value(reg, "llmsupervisor_engine_canary_latency_seconds", engine="gpu0") == 0.125
     assert value(reg, "llmsupervisor_engine_canary_latency_seconds", engine="tp2") is None
-    assert value(reg, "llmsupervisor_engine_info", engine="gpu0", port="8001", gpus="0") == 1.0
-    assert value(reg, "llmsupervisor_engine_info", engine="tp2", port="8002", gpus="1,2") == 1.0
+    gpu0_model = next(e.spec.model_id for e in SNAPSHOT.engines if e.name == "gpu0")
+    tp2_model = next(e.spec.model_id for e in SNAPSHOT.engines if e.name == "tp2")
+    assert (
+        value(reg, "llmsupervisor_engine_info", engine="gpu0", port="8001", gpus="0", model=gpu0_model) == 1.0
+    )
+    assert (
+        value(reg, "llmsupervisor_engine_info", engine="tp2", port="8002", gpus="1,2", model=tp2_model) == 1.0
+    )
+
+
+def test_build_info_and_the_daemons_own_process_metrics(exporter: Exporter) -> None:
+    """Issue 26 (11): the version and Python in labels, and the daemon's RSS, CPU and descriptors
+    from prometheus-client's ProcessCollector, in the exporter's own registry."""
+    import platform
+
+    from llmsupervisor import __version__
+
+    reg = exporter.registry
+    labels = {"version": __version__, "python": platform.python_version()}
+    assert value(reg, "llmsupervisor_build_info", **labels) == 1.0
+    rss = value(reg, "llmsupervisor_process_resident_memory_bytes")
+    assert rss is not None and rss > 0
+    assert (value(reg, "llmsupervisor_process_cpu_seconds_total") or 0.0) > 0
+    assert (value(reg, "llmsupervisor_process_open_fds") or 0.0) > 0
+    # A second exporter in the same process registers them again without a clash.
+    assert Exporter(lambda: SNAPSHOT).render()
 
 
 def test_operator_hold_start_allowance_and_down_time(exporter: Exporter) -> None:

@@ -57,8 +57,26 @@ def test_livez_ignores_engines_and_readyz_follows_the_mode() -> None:
     assert serve_endpoints(mixed)["/readyz"][0] == 503
     assert serve_endpoints(mixed, readyz_requires=lambda: "any")["/readyz"] == (
         200,
-        {"ready": True, "requires": "any", "engines_in_rotation": ["a"], "engines_out_of_rotation": ["b"]},
+        {
+            "ready": True,
+            "requires": "any",
+            "engines_in_rotation": ["a"],
+            "engines_out_of_rotation": ["b"],
+            "engines_held": [],
+        },
     )
+
+
+def test_readyz_lists_the_engines_an_operator_holds_out() -> None:
+    """Issue 26 (11): a drained, stopped or disabled engine was in neither of /readyz's lists."""
+    drained = status("d", S.DRAINING, held=True)
+    stopped = status("s", S.STOPPED, wants_run=False)
+    engines = (status("a"), drained, stopped)
+    code, body = serve_endpoints(engines)["/readyz"]
+    assert code == 200  # held engines are not missing: `all` is met by the rest
+    assert body["engines_in_rotation"] == ["a"]
+    assert body["engines_out_of_rotation"] == []
+    assert body["engines_held"] == ["d", "s"]
 
 
 def test_status_serves_the_whole_status_only_when_given() -> None:

@@ -5,6 +5,7 @@ refactor of how the status is assembled."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from llmsupervisor.config import EngineSpec
@@ -27,6 +28,7 @@ ENGINE_KEYS = {
     "last_failure", "batch_step", "batch_steps", "actions", "gpu_temperature_c", "gpu_power_w",
     "gpu_memory_used_bytes", "gpu_memory_total_bytes", "requests_waiting", "kv_usage_ratio", "ttft_p95_s",
     "held_by_operator", "canary_requests", "served", "incidents", "last_incident", "last_restart",
+    "config_roll",
 }  # fmt: skip
 SERVED_KEYS = {
     "span_s", "requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s", "canary_requests",
@@ -185,3 +187,63 @@ def test_the_status_json_values_for_a_busy_and_an_idle_engine() -> None:
 def test_an_operator_hold_and_a_down_engine() -> None:
     held = dataclasses.replace(busy_engine(), held=True)
     assert status_json(held)["engines"]["gpu0"]["held_by_operator"] is True
+
+
+def test_config_roll_says_per_engine_that_a_new_spec_waits_and_when_the_roll_is_halted() -> None:
+    """Follow-up of the rolling reload: the status shows, per engine, that the config names another
+    spec than the one running (the policy will roll it), and when the roll is halted."""
+    gpu0 = busy_engine()
+    new_spec = dataclasses.replace(gpu0.spec, port=9001)
+    other = dataclasses.replace(gpu0, name="gpu1", spec=dataclasses.replace(gpu0.spec, name="gpu1"))
+    off = idle_engine()
+    specs = {
+        "gpu0": new_spec,
+        "gpu1": other.spec,
+        "off": dataclasses.replace(off.spec, port=9002),  # stopped: takes it without a roll
+    }
+    assert daemon_status.config_roll((gpu0, other, off), specs, ()) == {"gpu0": "pending"}
+    assert daemon_status.config_roll((gpu0, other, off), specs, ("gpu1",)) == {
+        "gpu0": "halted",
+        "gpu1": "failed",
+    }
+    fatal = dataclasses.replace(gpu0, state=EngineState.FATAL)  # not rolled (reload.py rolling)
+    assert daemon_status.config_roll((fatal,), specs, ()) == {}
+    snap = daemon_status.snapshot(
+        (gpu0, other),
+        now=NOW_S,
+        memory=PolicyMemory(),
+        gpu_samples=lambda gpus: {},
+        gpu_faults_marked={},
+        counters=daemon_status.DaemonCounters(),
+        roll={"gpu0": "halted", "gpu1": "failed"},
+    )
+    doc = daemon_status.status_json(snap)
+    assert doc["engines"]["gpu0"]["config_roll"] == "halted"
+    assert doc["engines"]["gpu1"]["config_roll"] == "failed"
+
+
+def test_the_status_file_has_a_written_at_time_and_a_dead_daemons_file_reads_as_stale(tmp_path: Any) -> None:
+    """Issue 26 (11): status.json said READY after the daemon was killed; now it carries the
+    daemon's pid and the wall clock of the write, and a reader whose pid is gone says so."""
+    import asyncio
+    import time
+
+    path = tmp_path / "status.json"
+
+    async def write() -> None:
+        status_file = daemon_status.StatusFile(path)
+        status_file.write(status_json(busy_engine()), now=NOW_S)
+        await status_file.flush()
+
+    before = time.time()
+    asyncio.run(write())
+    found = daemon_status.read_status_file(path)
+    assert found is not None and found.daemon_alive  # this process wrote it
+    assert found.written_at is not None and before <= found.written_at <= time.time()
+    assert found.status["pid"] == os.getpid()
+    dead = daemon_status.read_status_file(path, alive=lambda pid: False)
+    assert dead is not None and not dead.daemon_alive
+    assert dead.describe().startswith(f"daemon not running (pid {os.getpid()} is gone); last status at ")
+    assert daemon_status.read_status_file(tmp_path / "none.json") is None
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    assert daemon_status.read_status_file(tmp_path / "junk.json") is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,15 +200,34 @@ def test_a_reload_and_a_due_schedule_never_take_two_engines_out(
 
 @pytest.mark.parametrize("pids_visible", [False, True])
 def test_container_pids_raise_no_foreign_finding_on_the_engines_own_gpu(
-    tmp_path: Path, pids_visible: bool
+    tmp_path: Path, pids_visible: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 23: NVML reports host PIDs. In a pod without hostPID the engine's own EngineCore
     (host PID 987654, never a PID the daemon's /proc shows) holds 70 GiB on its GPU: that is not
     foreign memory. The real reader over the pynvml-level fake; two minutes of virtual time, past
     the finding's 60 s sustain. With the PIDs visible (bare metal) the same process is foreign:
     the control that the scenario reaches the detector."""
+    from llmsupervisor.probes import ProbeFailure
     from llmsupervisor.probes.fake_nvml import GIB, FakeDevice, FakeNvml
+    from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
     from llmsupervisor.probes.nvml import NvmlReader
+
+    threaded = ThreadedGpuReader._start
+
+    def inline(self: ThreadedGpuReader, key: str, fn: Any) -> asyncio.Future[Any]:
+        # The reader's calls run inline, not in threads: a thread answers in real time while
+        # virtual time runs ahead to the call's deadline (tests/lib/virtual_time.py). The event
+        # wait blocks for its timeout, so it keeps its thread.
+        if key == "events":
+            return threaded(self, key, fn)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            fut.set_result(fn())
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    monkeypatch.setattr(ThreadedGpuReader, "_start", inline)
 
     async def scenario() -> set[str]:
         procs = FakeProcesses(state_dir=tmp_path)
@@ -231,6 +251,11 @@ def test_container_pids_raise_no_foreign_finding_on_the_engines_own_gpu(
         for _ in range(60):
             await asyncio.sleep(2)
             kinds |= {f.kind.value for s in sup.fleet.statuses() for f in s.findings}
+            if "foreign_gpu_memory" in kinds:
+                break
+        # The detector saw the process both ways: the reader had sampled it.
+        sample = sup.gpu_monitor.latest.get(0)
+        assert sample is not None and not isinstance(sample, ProbeFailure), sample
         sup.submit(Request.SHUTDOWN)
         await loop
         sup.fleet.stop_all()

@@ -617,6 +617,51 @@ def test_a_crash_loop_says_what_the_engine_printed_and_a_restart_keeps_its_cause
         status = await h.until(ready_as(3))
         assert status.last_restart is not None
         assert (status.last_restart.cause, status.last_restart.reason) == ("operator", "asked")
+
+
+def test_an_engine_out_of_rotation_gets_no_canary_and_one_back_in_gets_one_at_once(tmp_path: Path) -> None:
+    """Issue 26 (8): the daemon's canary kept going to a drained engine, where a drain counted it
+    as "1 requests in flight"; out of rotation, a hang hurts no user."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(canary_interval_s=1))
+        await h.state(S.READY)
+        await asyncio.sleep(5)
+        canaries = [c for c in h.server.calls if c[0] == "canary"]
+        assert canaries  # in rotation: canaries go
+        h.send(Hold(True))
+        await h.state(S.DRAINING)
+        sent_before = len([c for c in h.server.calls if c[0] == "canary"])
+        await asyncio.sleep(20)
+        assert len([c for c in h.server.calls if c[0] == "canary"]) == sent_before
+        assert any(c[0] == "health" for c in h.server.calls[-3:])  # still observed
+        h.send(Hold(False))
+        await h.state(S.READY)
+        await asyncio.sleep(2.5)  # the first round back: one tick
+        assert len([c for c in h.server.calls if c[0] == "canary"]) > sent_before
+        await h.close()
+
+    run(scenario)
+
+
+def test_requests_running_counts_users_not_the_daemons_canary(tmp_path: Path) -> None:
+    """Issue 26 (8): vLLM counts the canary in num_requests_running while it runs; the status
+    (and a drain's "requests in flight") counts only users' requests."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(canary_interval_s=1))
+        h.server.canary_delay_s = 0.5  # still running when /metrics answers
+        h.server.metrics = metrics(running=1)  # ... and counted there by vLLM
+        await h.state(S.READY)
+        await h.published(lambda s: s.load is not None and s.rounds_total >= 3)
+        assert h.status.load is not None and h.status.load.requests_running == 0
+        h.server.metrics = metrics(running=3)  # two users and the canary
+        await asyncio.sleep(5)
+        assert h.status.load is not None and h.status.load.requests_running == 2
+        h.send(Hold(True))  # out of rotation: no canary, every running request is a user's
+        await h.state(S.DRAINING)
+        await asyncio.sleep(5)
+        assert h.status.load is not None and h.status.load.requests_running == 3
         await h.close()
 
     run(scenario)
