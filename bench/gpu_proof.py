@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.lib.gpu_proof import main  # noqa: E402  (after the repository is on the path)
+from tests.lib.gpu_proof import main
 
 if __name__ == "__main__":
     sys.exit(main())

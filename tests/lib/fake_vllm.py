@@ -31,8 +31,8 @@ options that reproduce behaviours documented in docs/vllm-notes.md:
 ``--disable-access-log-for-endpoints P1,P2``  no access lines for these paths (vLLM 0.32's flag)
 ``--fake-cuda-gib F``           at start, before listening, hold F GiB on CUDA device 0 through torch (the one
                                 import outside the standard library, made only with this flag; a failure is
-                                printed and the process exits 1), as vLLM's weights and KV cache would:
-                                the GPU proof (bench/gpu_proof.py, check 7) reads it back on ``GET /fake/cuda``
+                                printed and the process exits 1), as vLLM's weights and KV cache would;
+                                the GPU proof (bench/gpu_proof.py, check 7) reads ``GET /fake/cuda``
 ``--fake-scrape-log PATH``      append ``time.monotonic()`` of every ``GET /metrics`` to PATH, one per line:
                                 the benchmark reads the daemon's observation rounds from it
 

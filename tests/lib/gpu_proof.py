@@ -66,7 +66,6 @@ from llmsupervisor.probes.nvml import (
     PROC_PID_INIT_INO,
     GpuSample,
     NvmlReader,
-    decode_clock_event_reasons,
     in_host_pid_namespace,
     recovery_action_name,
 )
@@ -218,7 +217,11 @@ def smi_memory() -> list[dict[str, Any]] | dict[str, str]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {"error": "nvidia-smi not found"}
-    argv = [exe, "--query-gpu=index,memory.used,memory.reserved,memory.total", "--format=csv,noheader,nounits"]
+    argv = [
+        exe,
+        "--query-gpu=index,memory.used,memory.reserved,memory.total",
+        "--format=csv,noheader,nounits",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout).strip()[:300]}
@@ -398,7 +401,9 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, poll_s: float = 0
 
 # -- the holder: a setsid parent and its spawned grandchild -------------------------------
 
-HOLDER_CODE: Final = "import sys; from tests.lib.gpu_proof import holder_main; sys.exit(holder_main(sys.argv[1:]))"
+HOLDER_CODE: Final = (
+    "import sys; from tests.lib.gpu_proof import holder_main; sys.exit(holder_main(sys.argv[1:]))"
+)
 
 
 def _grandchild(conn: Any, gib: float, fake: bool) -> None:
@@ -465,7 +470,14 @@ class Holder:
     def __init__(self, proof: Proof, gpu: int, gib: float, *, timeout_s: float = 240.0) -> None:
         self.proof = proof
         self.log_path = proof.workdir / f"holder-{time.monotonic_ns()}.log"
-        argv = [sys.executable, "-c", HOLDER_CODE, "--gib", str(gib), *(["--fake"] if proof.opts.fake else [])]
+        argv = [
+            sys.executable,
+            "-c",
+            HOLDER_CODE,
+            "--gib",
+            str(gib),
+            *(["--fake"] if proof.opts.fake else []),
+        ]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -576,13 +588,17 @@ def check_facts(proof: Proof, r: Result) -> None:
         )
         r.expect(uuid.startswith(("GPU-", "MIG-")), f"GPU {index}: UUID {uuid!r} is not GPU-...")
         if not failed(mig) and int(mig[0]) == 1:
-            r.notes.append(f"GPU {index} has MIG enabled: the daemon refuses engines on it (CUDA numbers MIG devices)")
+            r.notes.append(
+                f"GPU {index} has MIG enabled: the daemon refuses engines on it (CUDA numbers MIG devices)"
+            )
     r.data["gpus"] = gpus
     r.data["count"] = int(lib.nvmlDeviceGetCount())
     r.expect(bool(gpus), "NVML names no GPU")
     r.expect(len(gpus) == r.data["count"], "some GPU NVML counts cannot be named")
     if not r.data["host_pid_namespace"]:
-        r.notes.append("own PID namespace: NVML's host PIDs are not ours (the daemon then counts every process)")
+        r.notes.append(
+            "own PID namespace: NVML's host PIDs are not ours (the daemon then counts every process)"
+        )
 
 
 # -- 2. PID attribution -------------------------------------------------------------------
@@ -590,7 +606,10 @@ def check_facts(proof: Proof, r: Result) -> None:
 
 def check_pid_attribution(proof: Proof, r: Result) -> None:
     opts, lib = proof.opts, proof.lib
-    if proof.no_cuda(r, "the grandchild's CUDA allocation (the fake lists the grandchild instead)") and not opts.fake:
+    if (
+        proof.no_cuda(r, "the grandchild's CUDA allocation (the fake lists the grandchild instead)")
+        and not opts.fake
+    ):
         return
     handle, uuid = proof.handle(opts.gpu), proof.uuid(opts.gpu)
     idle = memory(lib, handle).get("v2", {})
@@ -598,24 +617,34 @@ def check_pid_attribution(proof: Proof, r: Result) -> None:
     with Holder(proof, opts.gpu, opts.hold_gib) as holder:
         info = holder.info
         r.data["holder"] = info
-        r.expect(info.get("parent_sid") == info.get("parent_pid"), "the holder's parent is not a session leader")
+        r.expect(
+            info.get("parent_sid") == info.get("parent_pid"), "the holder's parent is not a session leader"
+        )
         if "uuid" in info:
-            r.expect(info["uuid"] == uuid, f"the grandchild's CUDA device is {info['uuid']}, NVML's GPU is {uuid}")
+            r.expect(
+                info["uuid"] == uuid, f"the grandchild's CUDA device is {info['uuid']}, NVML's GPU is {uuid}"
+            )
         gc = holder.grandchild_pid
-        listed, took_s = wait_until(lambda: compute_pids(lib, handle) if gc in compute_pids(lib, handle) else None, 10)
+        _, took_s = wait_until(
+            lambda: compute_pids(lib, handle) if gc in compute_pids(lib, handle) else None, 10
+        )
         pids = compute_pids(lib, handle)
         r.data.update(nvml_pids={str(p): b for p, b in pids.items()}, listed_after_s=round(took_s, 3))
         host_ns = in_host_pid_namespace()
         if host_ns:
             r.expect(gc in pids, f"NVML lists {sorted(pids)}, not the grandchild {gc}")
-            r.expect(info["parent_pid"] not in pids, "NVML lists the holder's parent, which never touched CUDA")
+            r.expect(
+                info["parent_pid"] not in pids, "NVML lists the holder's parent, which never touched CUDA"
+            )
             if gc in pids and pids[gc] is not None:
                 r.expect(
                     pids[gc] >= 0.95 * info["held_bytes"],
                     f"NVML attributes {pids[gc]} bytes to the grandchild, which holds {info['held_bytes']}",
                 )
         else:
-            r.notes.append("own PID namespace: NVML lists host PIDs; the daemon counts every process on the GPU")
+            r.notes.append(
+                "own PID namespace: NVML lists host PIDs; the daemon counts every process on the GPU"
+            )
             r.expect(bool(pids), "NVML lists no process while the grandchild holds memory")
         reader = proof.reader()
         reader.open()
@@ -652,7 +681,8 @@ def check_pid_attribution(proof: Proof, r: Result) -> None:
         r.data["release_wait_needed_s"] = longest
         r.expect(
             longest < GPU_RELEASE_TIMEOUT_S,
-            f"the release took {longest} s, longer than gpu_release_timeout_s's default {GPU_RELEASE_TIMEOUT_S}",
+            f"the release took {longest} s, longer than gpu_release_timeout_s's default"
+            f" {GPU_RELEASE_TIMEOUT_S}",
         )
 
 
@@ -686,7 +716,9 @@ def _compare_memory(r: Result, phase: str, nvml: dict[str, Any], smi: Any, index
                 if abs(used - v1["used"] / MIB) <= MEMORY_SLACK_MIB
                 else "neither"
             )
-            r.expect(out["smi_used_is"] == "v2", f"{phase}: nvidia-smi's used is {out['smi_used_is']}'s, not v2's")
+            r.expect(
+                out["smi_used_is"] == "v2", f"{phase}: nvidia-smi's used is {out['smi_used_is']}'s, not v2's"
+            )
         reserved = row.get("reserved_mib")
         if isinstance(reserved, float):
             r.expect(
@@ -700,7 +732,7 @@ def check_memory(proof: Proof, r: Result) -> None:
     opts, lib = proof.opts, proof.lib
     handle, uuid = proof.handle(opts.gpu), proof.uuid(opts.gpu)
     smi = smi_memory()
-    if failed(smi):
+    if isinstance(smi, dict):
         r.skipped.append(f"nvidia-smi: {smi['error']}")
     r.data["idle"] = _compare_memory(r, "idle", memory(lib, handle), smi, opts.gpu)
     if proof.no_cuda(r, "memory held through CUDA (the fake counts the holder instead)") and not opts.fake:
@@ -725,7 +757,8 @@ def check_memory(proof: Proof, r: Result) -> None:
                 f"v2 used grew {grew / GIB:.2f} GiB with {opts.hold_gib} GiB held",
             )
             r.expect(
-                sample.memory_used_bytes is not None and abs(sample.memory_used_bytes - v2_held) <= MEMORY_SLACK_MIB * MIB,
+                sample.memory_used_bytes is not None
+                and abs(sample.memory_used_bytes - v2_held) <= MEMORY_SLACK_MIB * MIB,
                 f"the daemon's reader says {sample.memory_used_bytes} used, v2 says {v2_held}",
             )
 
@@ -736,7 +769,8 @@ CUDA_CHILD: Final = (
     "import json, torch; p = torch.cuda.get_device_properties(0); u = str(p.uuid);"
     " print(json.dumps({'device_count': torch.cuda.device_count(), 'name': p.name,"
     " 'uuid': u if u.startswith('GPU-') else 'GPU-' + u,"
-    " 'pci': [getattr(p, 'pci_domain_id', None), getattr(p, 'pci_bus_id', None), getattr(p, 'pci_device_id', None)]}))"
+    " 'pci': [getattr(p, 'pci_domain_id', None), getattr(p, 'pci_bus_id', None),"
+    " getattr(p, 'pci_device_id', None)]}))"
 )
 
 
@@ -766,8 +800,14 @@ def check_index_mapping(proof: Proof, r: Result) -> None:
         for form, visible in (("by_index", str(index)), ("by_uuid", uuid)):
             view = row[form] = cuda_view(visible)
             if r.expect("error" not in view, f"GPU {index} {form}: the child failed: {view.get('error')}"):
-                r.expect(view["device_count"] == 1, f"GPU {index} {form}: the child sees {view['device_count']} devices")
-                r.expect(view["uuid"] == uuid, f"GPU {index} {form}: CUDA device 0 is {view['uuid']}, NVML's is {uuid}")
+                r.expect(
+                    view["device_count"] == 1,
+                    f"GPU {index} {form}: the child sees {view['device_count']} devices",
+                )
+                r.expect(
+                    view["uuid"] == uuid,
+                    f"GPU {index} {form}: CUDA device 0 is {view['uuid']}, NVML's is {uuid}",
+                )
     r.data["gpus"] = rows
 
 
@@ -786,7 +826,11 @@ def check_fault_state(proof: Proof, r: Result) -> None:
         registered = reader.registered_events()
         rows = []
         for index, handle, uuid in proof.gpus():
-            fields = field_values(lib, handle, [FI_GPU_RECOVERY_ACTION, FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS])
+            fields = field_values(
+                lib,
+                handle,
+                [FI_GPU_RECOVERY_ACTION, FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS],
+            )
             action = fields.get(str(FI_GPU_RECOVERY_ACTION), {}) if not failed(fields) else {}
             if "value" in action:
                 action["name"] = recovery_action_name(action["value"])
@@ -796,7 +840,9 @@ def check_fault_state(proof: Proof, r: Result) -> None:
             ecc: dict[str, Any] = {"mode": read(lib, "nvmlDeviceGetEccMode", handle)}
             for kind, error_type in (("corrected", 0), ("uncorrected", 1)):
                 for counter, counter_type in (("volatile", 0), ("aggregate", 1)):
-                    ecc[f"{kind}_{counter}"] = read(lib, "nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
+                    ecc[f"{kind}_{counter}"] = read(
+                        lib, "nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type
+                    )
             got = registered.get(uuid, 0)
             row = {
                 "index": index,
@@ -824,7 +870,9 @@ def check_fault_state(proof: Proof, r: Result) -> None:
         reader.close()
 
 
-def _event_wait_while_sampling(reader: NvmlReader, uuids: list[str], opts: Options, r: Result) -> dict[str, Any]:
+def _event_wait_while_sampling(
+    reader: NvmlReader, uuids: list[str], opts: Options, r: Result
+) -> dict[str, Any]:
     """``opts.event_waits`` waits of ``opts.event_wait_ms`` while 4 threads sample every GPU:
     the wait must time out in about its timeout and hold no sampler back."""
     stop = threading.Event()
@@ -871,7 +919,9 @@ def _event_wait_while_sampling(reader: NvmlReader, uuids: list[str], opts: Optio
     r.expect(bool(latencies), "no sample finished while the event waits ran")
     r.expect(not errors, f"samples failed during the waits: {sorted(set(errors))}")
     slowest = max(latencies, default=0.0)
-    r.expect(slowest < timeout_s, f"a sample took {slowest:.3f} s while an event wait ran: it waited behind it")
+    r.expect(
+        slowest < timeout_s, f"a sample took {slowest:.3f} s while an event wait ran: it waited behind it"
+    )
     return {
         "timeout_ms": opts.event_wait_ms,
         "waits_s": waits,
@@ -900,12 +950,16 @@ while time.monotonic() - t0 < seconds:
     torch.cuda.synchronize()
     iters += 20
 took = time.monotonic() - t0
-print(json.dumps({"stopped": time.monotonic(), "iters": iters, "tflops": 2 * n**3 * iters / took / 1e12}), flush=True)
+tflops = 2 * n**3 * iters / took / 1e12
+print(json.dumps({"stopped": time.monotonic(), "iters": iters, "tflops": tflops}), flush=True)
 """
 
 
 def _tick(lib: Any, reader: NvmlReader, gpus: list[tuple[int, Any, str]]) -> dict[int, tuple[GpuSample, Any]]:
-    return {index: (reader.sample(uuid), read(lib, "nvmlDeviceGetMarginTemperature", handle)) for index, handle, uuid in gpus}
+    return {
+        index: (reader.sample(uuid), read(lib, "nvmlDeviceGetMarginTemperature", handle))
+        for index, handle, uuid in gpus
+    }
 
 
 def _phase_summary(ticks: list[tuple[float, dict[int, tuple[GpuSample, Any]]]]) -> dict[str, Any]:
@@ -951,13 +1005,22 @@ def check_thermal_power(proof: Proof, r: Result) -> None:
     gpus = proof.gpus()
     handle0 = proof.handle(opts.gpu)
     r.data["thresholds"] = {
-        str(index): {name: read(lib, "nvmlDeviceGetTemperatureThreshold", handle, t) for name, t in THRESHOLDS.items()}
+        str(index): {
+            name: read(lib, "nvmlDeviceGetTemperatureThreshold", handle, t) for name, t in THRESHOLDS.items()
+        }
         for index, handle, _ in gpus
     }
     cfg = DetectorConfig()
     window = new_window(cfg)
     tracker = FindingTracker(cfg)
-    detectors = (detect_thermal, detect_power_throttle, detect_gpu_fault, detect_gpu_lost, detect_nvml_lost, detect_foreign_gpu_memory)
+    detectors = (
+        detect_thermal,
+        detect_power_throttle,
+        detect_gpu_fault,
+        detect_gpu_lost,
+        detect_nvml_lost,
+        detect_foreign_gpu_memory,
+    )
     raw: dict[str, dict[str, Any]] = {}
     opened: list[dict[str, Any]] = []
     tick_s = 1.0 if not opts.fake else 0.1
@@ -971,17 +1034,26 @@ def check_thermal_power(proof: Proof, r: Result) -> None:
         window.append(Observation(engine="gpu-proof", at_s=now, gpus={i: s for i, (s, _) in got.items()}))
         found = [f for d in detectors if (f := d(window, now, cfg)) is not None]
         for f in found:
-            entry = raw.setdefault(f"{f.kind.value}/{f.severity.value}", {"ticks": 0, "first_s": round(now - start, 1)})
+            entry = raw.setdefault(
+                f"{f.kind.value}/{f.severity.value}", {"ticks": 0, "first_s": round(now - start, 1)}
+            )
             entry["ticks"] += 1
             entry["summary"] = f.summary
         update = tracker.update(found, now)
         opened.extend(
-            {"kind": f.kind.value, "severity": f.severity.value, "at_s": round(now - start, 1), "summary": f.summary}
+            {
+                "kind": f.kind.value,
+                "severity": f.severity.value,
+                "at_s": round(now - start, 1),
+                "summary": f.summary,
+            }
             for f in update.opened
         )
         return got
 
-    def phase(seconds: float, until: Callable[[], bool] | None = None) -> list[tuple[float, dict[int, tuple[GpuSample, Any]]]]:
+    def phase(
+        seconds: float, until: Callable[[], bool] | None = None
+    ) -> list[tuple[float, dict[int, tuple[GpuSample, Any]]]]:
         ticks = []
         end = time.monotonic() + seconds
         while time.monotonic() < end and not (until is not None and until()):
@@ -993,8 +1065,11 @@ def check_thermal_power(proof: Proof, r: Result) -> None:
         idle = phase(3 * tick_s)
         fields_before = field_values(lib, handle0, [FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS])
         burn_ticks: list[tuple[float, dict[int, tuple[GpuSample, Any]]]] = []
+        fields_after: dict[str, Any] = {}
         if opts.fake:
-            r.skipped.append("the bf16 matmul burn: --fake (the fake GPU is scripted hot and power-capped instead)")
+            r.skipped.append(
+                "the bf16 matmul burn: --fake (the fake GPU is scripted hot and power-capped instead)"
+            )
             dev = proof.lib.devices[opts.gpu]
             saved = (dev.clock_event_reasons, dev.temperature_c, dev.power_mw, dict(dev.fields))
             dev.clock_event_reasons, dev.temperature_c, dev.power_mw = 0x4 | 0x20, 84, 690_000
@@ -1003,10 +1078,20 @@ def check_thermal_power(proof: Proof, r: Result) -> None:
                 ret, ns = dev.fields[FI_SW_THERMAL_NS]
                 dev.fields[FI_SW_THERMAL_NS] = (ret, ns + int(0.8 * tick_s * 1e9))
                 burn_ticks += phase(tick_s)
-            dev.clock_event_reasons, dev.temperature_c, dev.power_mw, dev.fields = saved[0], saved[1], saved[2], saved[3]
+            fields_after = field_values(
+                lib, handle0, [FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS]
+            )
+            dev.clock_event_reasons, dev.temperature_c, dev.power_mw, dev.fields = (
+                saved[0],
+                saved[1],
+                saved[2],
+                saved[3],
+            )
         elif not proof.no_cuda(r, "the bf16 matmul burn"):
             burn_ticks = _burn(proof, r, phase)
-        fields_after = field_values(lib, handle0, [FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS])
+        fields_after = fields_after or field_values(
+            lib, handle0, [FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS]
+        )
         after = phase(3 * tick_s)
     finally:
         reader.close()
@@ -1014,7 +1099,9 @@ def check_thermal_power(proof: Proof, r: Result) -> None:
     for fid in (FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS):
         b, a = fields_before.get(str(fid), {}), fields_after.get(str(fid), {})
         deltas[str(fid)] = (
-            round((a["value"] - b["value"]) / 1e9, 3) if "value" in a and "value" in b else {"before": b, "after": a}
+            round((a["value"] - b["value"]) / 1e9, 3)
+            if "value" in a and "value" in b
+            else {"before": b, "after": a}
         )
     r.data.update(
         idle=_phase_summary(idle),
@@ -1027,7 +1114,10 @@ def check_thermal_power(proof: Proof, r: Result) -> None:
     )
     for phase_name in ("idle", "burn", "after"):
         for index, summary in r.data[phase_name].items():
-            r.expect(not summary["unread"], f"{phase_name}: GPU {index}: the reader could not read {summary['unread']}")
+            r.expect(
+                not summary["unread"],
+                f"{phase_name}: GPU {index}: the reader could not read {summary['unread']}",
+            )
     idle0 = r.data["idle"].get(str(opts.gpu), {})
     if "gpu_idle" not in idle0.get("reasons_seen", ["gpu_idle"]):
         r.notes.append(f"idle clock-event reasons: {idle0.get('reasons_seen')} (gpu_idle expected)")
@@ -1067,8 +1157,9 @@ def _burn(
 
 # -- 7. the daemon over a GPU engine ------------------------------------------------------
 
-SDNOTIFY_STUB: Final = '''"""Stand-in for the sdnotify package (0.3.2's interface) on a machine without it: the proof
-runs the daemon without NOTIFY_SOCKET, where llmsupervisor.notify never sends."""
+SDNOTIFY_STUB: Final = '''"""Stand-in for the sdnotify package (0.3.2's interface) on a machine
+without it: the proof runs the daemon without NOTIFY_SOCKET, where llmsupervisor.notify never
+sends."""
 import socket
 
 
@@ -1096,7 +1187,12 @@ def _daemon_env(proof: Proof) -> dict[str, str]:
 
 def _write_fake_gpu(path: Path, uuid: str, processes: list[tuple[int, int]]) -> None:
     tmp = path.with_suffix(".tmp")
-    gpu = {"index": 0, "uuid": uuid, "processes": [list(p) for p in processes], "memory_used_bytes": sum(n for _, n in processes)}
+    gpu = {
+        "index": 0,
+        "uuid": uuid,
+        "processes": [list(p) for p in processes],
+        "memory_used_bytes": sum(n for _, n in processes),
+    }
     tmp.write_text(json.dumps({"gpus": [gpu], "events": []}))
     tmp.replace(path)
 
@@ -1125,7 +1221,9 @@ def check_daemon(proof: Proof, r: Result) -> None:
     if opts.fake:
         _write_fake_gpu(gpu_file, uuid, [])
         run_args = ("--fake-gpu", str(gpu_file))
-        r.skipped.append("the engine's CUDA allocation: --fake (the --fake-gpu file lists the engine instead)")
+        r.skipped.append(
+            "the engine's CUDA allocation: --fake (the --fake-gpu file lists the engine instead)"
+        )
     elif not proof.no_cuda(r, "the engine's CUDA allocation"):
         engine["args"]["fake-cuda-gib"] = opts.engine_gib
     config: dict[str, Any] = {"supervisor": {"tick_interval_s": 0.5}, "engines": [engine]}
@@ -1139,40 +1237,72 @@ def check_daemon(proof: Proof, r: Result) -> None:
         r.data["engine_pid"] = pid
         seen = httpx.get(f"http://127.0.0.1:{port}/fake/cuda", timeout=10).json()
         r.data["engine_cuda"] = seen
-        r.expect(seen.get("cuda_visible_devices") == str(gpu), f"the engine's CUDA_VISIBLE_DEVICES is {seen.get('cuda_visible_devices')}")
-        r.expect(seen.get("cuda_device_order") == "PCI_BUS_ID", f"the engine's CUDA_DEVICE_ORDER is {seen.get('cuda_device_order')}")
+        r.expect(
+            seen.get("cuda_visible_devices") == str(gpu),
+            f"the engine's CUDA_VISIBLE_DEVICES is {seen.get('cuda_visible_devices')}",
+        )
+        r.expect(
+            seen.get("cuda_device_order") == "PCI_BUS_ID",
+            f"the engine's CUDA_DEVICE_ORDER is {seen.get('cuda_device_order')}",
+        )
         if "fake-cuda-gib" in engine["args"]:
-            r.expect(seen.get("device_count") == 1, f"the engine sees {seen.get('device_count')} CUDA devices")
-            r.expect(seen.get("uuid") == uuid, f"the engine's CUDA device is {seen.get('uuid')}, its GPU is {uuid}")
+            r.expect(
+                seen.get("device_count") == 1, f"the engine sees {seen.get('device_count')} CUDA devices"
+            )
+            r.expect(
+                seen.get("uuid") == uuid, f"the engine's CUDA device is {seen.get('uuid')}, its GPU is {uuid}"
+            )
         if opts.fake:
             _write_fake_gpu(gpu_file, uuid, [(pid, engine_bytes)])
         else:
             pids = compute_pids(lib, proof.handle(gpu))
             r.data["nvml_pids"] = {str(p): b for p, b in pids.items()}
             if "fake-cuda-gib" in engine["args"] and in_host_pid_namespace():
-                r.expect((pids.get(pid) or 0) >= 0.95 * engine_bytes, f"NVML does not list the engine {pid} with its memory: {pids}")
+                r.expect(
+                    (pids.get(pid) or 0) >= 0.95 * engine_bytes,
+                    f"NVML does not list the engine {pid} with its memory: {pids}",
+                )
         want = 0.95 * engine_bytes if opts.fake or "fake-cuda-gib" in engine["args"] else 0
         status_used, _ = wait_until(
-            lambda: (used if (used := d.engine("gpu0").get("gpu_memory_used_bytes")) is not None and used >= want else None),
+            lambda: (
+                used
+                if (used := d.engine("gpu0").get("gpu_memory_used_bytes")) is not None and used >= want
+                else None
+            ),
             15,
             poll_s=0.2,
         )
         r.data["status_gpu_memory_used_bytes"] = status_used
-        r.expect(status_used is not None, f"status never showed the engine's GPU memory (>= {want:.0f} bytes)")
+        r.expect(
+            status_used is not None, f"status never showed the engine's GPU memory (>= {want:.0f} bytes)"
+        )
         r.data["metrics"] = {
             "gpu_memory_used_bytes": metric(d.http_url, "llmsupervisor_gpu_memory_used_bytes", gpu=str(gpu)),
-            "gpu_memory_reserved_bytes": metric(d.http_url, "llmsupervisor_gpu_memory_reserved_bytes", gpu=str(gpu)),
-            "engine_info": metric(d.http_url, "llmsupervisor_engine_info", engine="gpu0", port=str(port), gpus=str(gpu)),
+            "gpu_memory_reserved_bytes": metric(
+                d.http_url, "llmsupervisor_gpu_memory_reserved_bytes", gpu=str(gpu)
+            ),
+            "engine_info": metric(
+                d.http_url, "llmsupervisor_engine_info", engine="gpu0", port=str(port), gpus=str(gpu)
+            ),
         }
         used_metric = r.data["metrics"]["gpu_memory_used_bytes"]
-        r.expect(used_metric is not None and used_metric >= want, f"/metrics shows {used_metric} bytes used on GPU {gpu}")
-        r.expect(r.data["metrics"]["engine_info"] == 1.0, f"/metrics has no engine_info for gpu0 on GPU {gpu}")
+        r.expect(
+            used_metric is not None and used_metric >= want,
+            f"/metrics shows {used_metric} bytes used on GPU {gpu}",
+        )
+        r.expect(
+            r.data["metrics"]["engine_info"] == 1.0, f"/metrics has no engine_info for gpu0 on GPU {gpu}"
+        )
         # The daemon's own CPU with one engine ready, GPU sampled every tick.
         proc = psutil.Process(d.pid)
         cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
         time.sleep(opts.cpu_window_s)
         cpu, took = sum(proc.cpu_times()[:2]) - cpu0, time.monotonic() - t0
-        r.data["daemon_cpu"] = {"window_s": round(took, 2), "cpu_s": round(cpu, 3), "percent_of_a_core": round(100 * cpu / took, 2)}
+        r.data["daemon_cpu"] = {
+            "window_s": round(took, 2),
+            "cpu_s": round(cpu, 3),
+            "percent_of_a_core": round(100 * cpu / took, 2),
+        }
         # A foreign process on the engine's GPU.
         if opts.fake:
             foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -1185,13 +1315,19 @@ def check_daemon(proof: Proof, r: Result) -> None:
             foreign_pid = foreign.grandchild_pid
         if foreign_pid is not None:
             finding, took_s = wait_until(
-                lambda: next((f for f in d.engine("gpu0").get("findings", []) if f["kind"] == "foreign_gpu_memory"), None),
+                lambda: next(
+                    (f for f in d.engine("gpu0").get("findings", []) if f["kind"] == "foreign_gpu_memory"),
+                    None,
+                ),
                 30,
                 poll_s=0.2,
             )
             r.data["foreign"] = {"pid": foreign_pid, "finding": finding, "after_s": round(took_s, 2)}
             if r.expect(finding is not None, "FOREIGN_GPU_MEMORY did not open within 30 s"):
-                r.expect(str(foreign_pid) in finding["summary"], f"the finding does not name the foreign PID: {finding['summary']}")
+                r.expect(
+                    str(foreign_pid) in finding["summary"],
+                    f"the finding does not name the foreign PID: {finding['summary']}",
+                )
             if isinstance(foreign, Holder):
                 foreign.close()
             elif foreign is not None:
@@ -1212,15 +1348,25 @@ def check_daemon(proof: Proof, r: Result) -> None:
             releaser.start()
         t0 = time.monotonic()
         stop = cli(d, "stop", "gpu0", "--wait", "--timeout", "120", timeout_s=150)
-        r.data["stop"] = {"rc": stop.returncode, "took_s": round(time.monotonic() - t0, 2), "out": stop.stdout.strip()[-300:]}
+        r.data["stop"] = {
+            "rc": stop.returncode,
+            "took_s": round(time.monotonic() - t0, 2),
+            "out": stop.stdout.strip()[-300:],
+        }
         r.expect(stop.returncode == 0, f"stop --wait: exit {stop.returncode}: {stop.stderr.strip()[-300:]}")
         if not opts.fake:
             gone, after = wait_until(lambda: pid not in compute_pids(lib, proof.handle(gpu)), 60)
             r.data["nvml_unlisted_after_stop_s"] = round(after, 3) if gone else None
-        logged, _ = wait_until(lambda: re.search(r"GPU memory (released [0-9.]+ s after the stop|still held[^\n]*)", d.log()), 10, poll_s=0.2)
+        logged, _ = wait_until(
+            lambda: re.search(r"GPU memory (released [0-9.]+ s after the stop|still held[^\n]*)", d.log()),
+            10,
+            poll_s=0.2,
+        )
         r.data["release_log"] = logged.group(0) if logged else None
         if logged is None:
-            r.notes.append("no release line: NVML had already dropped the engine at the daemon's first look (no wait)")
+            r.notes.append(
+                "no release line: NVML had already dropped the engine at the daemon's first look (no wait)"
+            )
         else:
             r.expect("still held" not in logged.group(0), f"the daemon gave up waiting: {logged.group(0)}")
         if releaser is not None:
@@ -1285,7 +1431,9 @@ def check_cost(proof: Proof, r: Result) -> None:
             t0 = time.thread_time()
             for _ in range(opts.cost_samples):
                 direct.sample(uuid)
-            r.data["cpu_ms_per_sample_unthreaded"] = round(1000 * (time.thread_time() - t0) / opts.cost_samples, 3)
+            r.data["cpu_ms_per_sample_unthreaded"] = round(
+                1000 * (time.thread_time() - t0) / opts.cost_samples, 3
+            )
     finally:
         direct.close()
     # At the default 1 s tick: the share of one core the GPU sampling takes, per GPU.
@@ -1354,7 +1502,9 @@ def _parse(argv: Sequence[str] | None) -> tuple[Options, list[int], Path | None]
     )
     p.add_argument("--fake", action="store_true", help="the pynvml-level fake, no CUDA (tests, dry runs)")
     p.add_argument("--fake-gpus", type=int, default=d.fake_gpus, help="with --fake: how many GPUs")
-    p.add_argument("--checks", default="1,2,3,4,5,6,7,8", help="which checks, in the order given (default all)")
+    p.add_argument(
+        "--checks", default="1,2,3,4,5,6,7,8", help="which checks, in the order given (default all)"
+    )
     p.add_argument("--gpu", type=int, default=d.gpu, help="the NVML index memory is held on and burned")
     p.add_argument("--hold-gib", type=float, default=d.hold_gib, help="checks 2 and 3")
     p.add_argument("--engine-gib", type=float, default=d.engine_gib, help="check 7's engine")
@@ -1409,4 +1559,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["CHECKS", "LINE_KEYS", "LIB", "LiveFakeNvml", "Options", "Proof", "Result", "holder_main", "main", "run_check"]
+__all__ = [
+    "CHECKS",
+    "LIB",
+    "LINE_KEYS",
+    "LiveFakeNvml",
+    "Options",
+    "Proof",
+    "Result",
+    "holder_main",
+    "main",
+    "run_check",
+]
