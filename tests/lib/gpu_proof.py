@@ -235,6 +235,18 @@ def smi_memory() -> list[dict[str, Any]] | dict[str, str]:
     return rows
 
 
+def driver_answers() -> bool:
+    """Whether an NVIDIA driver answers NVML here (the gpu tier's skip condition)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -1567,6 +1579,7 @@ __all__ = [
     "Options",
     "Proof",
     "Result",
+    "driver_answers",
     "holder_main",
     "main",
     "run_check",
