@@ -60,6 +60,8 @@ class FakeDevice:
     )
     thresholds: dict[int, int] = field(default_factory=lambda: {0: 92, 1: 90, 2: 95, 3: 87})
     mig_mode: tuple[int, int] | None = (0, 0)  # (current, pending); None: NotSupported
+    pci_bus_id: str = ""  # nvmlDeviceGetPciInfo's busId; "" = 00000000:<0x18 + index>:00.0
+    margin_temperature_c: int | None = 45  # nvmlDeviceGetMarginTemperature; None: NotSupported
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
     cpus: tuple[int, ...] = ()  # nvmlDeviceGetCpuAffinity; () = NotSupported
     supported_events: int = 0x1 | 0x2 | 0x8 | 0x200 | 0x400 | 0x800 | 0x1000 | 0x2000 | 0x4000 | 0x8000
@@ -112,6 +114,10 @@ class FakeNvml:
         self._events: deque[tuple[int, int, int]] = deque()  # (index, type, data)
         self._cond = threading.Condition()
         self.initialised = 0
+        # nvmlSystemGet*: the driver seen on the lent H100 (docs/launch.md) and its NVML.
+        self.driver_version = "580.159.04"
+        self.nvml_version = "13.580.159.04"
+        self.cuda_driver_version = 13000
 
     def __getattr__(self, name: str) -> Any:
         # Constants, structs and error classes: the real module's.
@@ -166,6 +172,15 @@ class FakeNvml:
         self.calls["nvmlShutdown"] += 1
         self.initialised -= 1
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return self.nvml_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda_driver_version
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
 
@@ -185,6 +200,19 @@ class FakeNvml:
         if dev.mig_mode is None:
             raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         return list(dev.mig_mode)
+
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
+        dev = self._dev("nvmlDeviceGetPciInfo", h)
+        info = self._pynvml.nvmlPciInfo_t()
+        info.busId = (dev.pci_bus_id or f"00000000:{0x18 + self._index(h):02X}:00.0").encode()
+        return info
+
+    def nvmlDeviceGetMarginTemperature(self, h: Any) -> int:
+        # The distance to the nearest slowdown threshold, in C (pynvml returns marginTemperature).
+        dev = self._dev("nvmlDeviceGetMarginTemperature", h)
+        if dev.margin_temperature_c is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return dev.margin_temperature_c
 
     def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int, version: int | None = None) -> int:
         return self._dev("nvmlDeviceGetTemperatureV", h).temperature_c

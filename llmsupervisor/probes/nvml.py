@@ -493,6 +493,11 @@ class NvmlReader:
     def _indices(self) -> dict[str, int]:
         return {uuid: dev.index for uuid, dev in self._devices.items()}
 
+    def registered_events(self) -> dict[str, int]:
+        """The event types registered per GPU (UUID -> mask of nvmlEventType bits), as ``open``
+        left them: the types asked for that the GPU supports and that registered one by one."""
+        return {uuid: dev.events for uuid, dev in self._devices.items()}
+
     def _register_events(self) -> None:
         lib = self._lib
         try:

@@ -29,6 +29,10 @@ options that reproduce behaviours documented in docs/vllm-notes.md:
 ``--task embed``, ``--runner pooling``, ``--convert embed``  an embedding model, as vLLM: /v1/embeddings
                                 answers, /v1/completions is HTTP 400
 ``--disable-access-log-for-endpoints P1,P2``  no access lines for these paths (vLLM 0.32's flag)
+``--fake-cuda-gib F``           at start, before listening, hold F GiB on CUDA device 0 through torch (the one
+                                import outside the standard library, made only with this flag; a failure is
+                                printed and the process exits 1), as vLLM's weights and KV cache would;
+                                the GPU proof (bench/gpu_proof.py, check 7) reads ``GET /fake/cuda``
 ``--fake-scrape-log PATH``      append ``time.monotonic()`` of every ``GET /metrics`` to PATH, one per line:
                                 the benchmark reads the daemon's observation rounds from it
 
@@ -36,7 +40,9 @@ Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behin
 (completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
 exit 0 four seconds later, like vLLM's launcher watchdog), ``POST /fake/kv?usage=F`` (report KV-cache
 usage F), ``POST /fake/leak?mib_per_s=F`` (grow the RSS by F MiB a second, up to
-LEAK_LIMIT_MIB: a slow leak), ``GET /fake/args`` (the command line it was started with).
+LEAK_LIMIT_MIB: a slow leak), ``GET /fake/args`` (the command line it was started with), ``GET /fake/cuda``
+(the CUDA environment it was given, and with ``--fake-cuda-gib`` what CUDA shows it: device count, device 0's
+UUID, bytes held).
 """
 
 from __future__ import annotations
@@ -138,6 +144,11 @@ class FakeEngine:
         }
         self.lock = threading.Lock()
         self.running = 0
+        self.cuda: dict[str, Any] = {
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
+        }
+        self.cuda_memory: object = None  # the tensor --fake-cuda-gib holds
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.iterations = 0
@@ -331,6 +342,8 @@ def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self.send_body(200, body, "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/fake/args":
                 self.send_json(200, {"argv": sys.argv[1:]})
+            elif path == "/fake/cuda":
+                self.send_json(200, engine.cuda)
             elif path == "/version":
                 self.send_json(200, {"version": VERSION})
             else:
@@ -464,6 +477,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-metrics-scale", type=int, default=1)
     parser.add_argument("--fake-metrics-advance", action="store_true")
     parser.add_argument("--fake-scrape-log", default=None)
+    parser.add_argument("--fake-cuda-gib", type=float, default=None)
     parser.add_argument("--api-key", nargs="+", default=None)
     parser.add_argument("--task", default=None)
     parser.add_argument("--runner", default=None)
@@ -471,6 +485,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--disable-access-log-for-endpoints", default=None)
     args, _ignored = parser.parse_known_args(argv)  # every real vLLM flag is accepted and ignored
     return args
+
+
+def hold_cuda_memory(engine: FakeEngine, gib: float) -> bool:
+    """Hold ``gib`` GiB on CUDA device 0 (the first device ``CUDA_VISIBLE_DEVICES`` shows) and
+    record what CUDA says about the devices this process sees. False (logged) when it cannot."""
+    try:
+        import torch  # only here: the fake is standard library otherwise
+
+        count = torch.cuda.device_count()
+        memory = torch.empty(int(gib * 1024**3), dtype=torch.uint8, device="cuda:0")
+        memory.zero_()
+        torch.cuda.synchronize()
+        uuid_text = str(torch.cuda.get_device_properties(0).uuid)
+    except Exception as exc:
+        log("ERROR", f"--fake-cuda-gib {gib}: {type(exc).__name__}: {exc}")
+        return False
+    engine.cuda_memory = memory
+    engine.cuda.update(
+        device_count=count,
+        uuid=uuid_text if uuid_text.startswith("GPU-") else "GPU-" + uuid_text,
+        held_bytes=memory.numel(),
+    )
+    log("INFO", f"holding {gib:g} GiB on CUDA device 0 ({engine.cuda['uuid']}) of {count} visible")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     # vLLM's start milestones (docs/vllm-notes.md §5), which the supervisor reads as phases.
     log("INFO", f"Starting to load model {args.model}...")
     time.sleep(args.fake_load_s)
+    if args.fake_cuda_gib is not None and not hold_cuda_memory(engine, args.fake_cuda_gib):
+        return 1
     log("INFO", f"Loading weights took {args.fake_load_s:.2f} seconds")
     time.sleep(args.fake_compile_s)
     log("INFO", f"torch.compile took {args.fake_compile_s:.2f} s in total")

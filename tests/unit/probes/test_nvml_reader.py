@@ -105,6 +105,27 @@ def test_every_supported_event_type_acted_on_is_registered() -> None:
     assert {bit for i, bit in fake.registered if i == 1} == {0x2, 0x8}  # the intersection
 
 
+def test_the_reader_says_which_event_types_it_registered_per_gpu() -> None:
+    # What bench/gpu_proof.py check 5 reports against the GPU's supported mask.
+    fake = FakeNvml([FakeDevice("GPU-a", supported_events=0x8 | 0x2 | 0x4), FakeDevice("GPU-b")])
+    r = NvmlReader(fake, event_types=0x8 | 0x4000)
+    r.open()
+    assert r.registered_events() == {"GPU-a": 0x8, "GPU-b": 0x8 | 0x4000}
+
+
+def test_the_fake_answers_the_facts_a_gpu_run_reports() -> None:
+    fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b", pci_bus_id="00000000:9A:00.0")])
+    fake.nvmlInit()
+    h0, h1 = fake.nvmlDeviceGetHandleByIndex(0), fake.nvmlDeviceGetHandleByIndex(1)
+    assert fake.nvmlDeviceGetPciInfo(h0).busId == "00000000:18:00.0"  # the binding decodes char arrays
+    assert fake.nvmlDeviceGetPciInfo(h1).busId == "00000000:9A:00.0"
+    assert isinstance(fake.nvmlSystemGetDriverVersion(), str)
+    assert fake.nvmlDeviceGetMarginTemperature(h0) == 45
+    fake.devices[1].margin_temperature_c = None
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        fake.nvmlDeviceGetMarginTemperature(h1)
+
+
 def test_an_xid_event_carries_the_recovery_action_read_after_it() -> None:
     fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b")])
     r = NvmlReader(fake)
