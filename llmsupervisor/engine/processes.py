@@ -7,13 +7,19 @@ killing trees, and the recorded-group files in the state dir.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from llmsupervisor import process
 from llmsupervisor.engine.evidence import StackDump, dump_stacks
+
+log = logging.getLogger("llmsupervisor.engine")
+
+STRAY_SWEEP_TIMEOUT_S: Final = 10.0  # one sweep of /proc for an engine's strays, after its stop
 
 
 class EngineProcess(Protocol):
@@ -46,7 +52,7 @@ class Processes(Protocol):
 
     def group_gone(self, proc: EngineProcess) -> bool: ...
 
-    def strays(self, engine: str, *, leader: int) -> list[int]: ...
+    async def strays(self, engine: str, *, leader: int) -> list[int]: ...
 
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]: ...
 
@@ -93,9 +99,17 @@ class HostProcesses:
         process.reap_adopted(members, skip=proc.pid)
         return proc.returned and not living
 
-    def strays(self, engine: str, *, leader: int) -> list[int]:
-        """Processes that left the group (setsid) but carry this engine's marker."""
-        return [p for p in process.marker_processes(self.state_dir, engine=engine) if p != leader]
+    async def strays(self, engine: str, *, leader: int) -> list[int]:
+        """Processes that left the group (setsid) but carry this engine's marker. The sweep reads
+        every process's environment: in a thread under STRAY_SWEEP_TIMEOUT_S, never on the loop
+        (on a loaded host it took 6.7 s, and the HTTP listener went unanswered meanwhile)."""
+        try:
+            async with asyncio.timeout(STRAY_SWEEP_TIMEOUT_S):
+                found = await asyncio.to_thread(process.marker_processes, self.state_dir, engine=engine)
+        except TimeoutError:
+            log.warning("the sweep for stray processes took over %g s; skipped", STRAY_SWEEP_TIMEOUT_S)
+            return []
+        return [p for p in found if p != leader]
 
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]:
         return await process.kill_trees(pids, timeout_s=timeout_s)

@@ -118,7 +118,7 @@ async def terminate(
             procs.group_members(proc.pgid),
             extra={"engine": engine},
         )
-    strays = procs.strays(engine, leader=proc.pid)
+    strays = await procs.strays(engine, leader=proc.pid)
     if strays:
         log.warning(
             "killing %d stray process(es) of the engine outside its group: %s",

@@ -110,7 +110,7 @@ class FakeProcesses:
     def group_gone(self, proc: EngineProcess) -> bool:
         return proc.returned
 
-    def strays(self, engine: str, *, leader: int) -> list[int]:
+    async def strays(self, engine: str, *, leader: int) -> list[int]:
         return []
 
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]:
