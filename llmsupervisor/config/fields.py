@@ -568,6 +568,17 @@ DETECTOR_DOCS: Final[Mapping[str, str]] = {
     ),
     "hang_cpu_min_span_s": "hang (CPU idle): the CPU reading must span at least this",
     "hang_cpu_max_span_s": "hang (CPU idle): and at most this (older readings say nothing of now)",
+    "hang_step_factor": (
+        "hang (step heartbeat): a step is overdue after this x the engine's longest recent step"
+    ),
+    "hang_spin_after_s": "hang (spinning): and no step completed for at least this long",
+    "hang_spin_busy_ratio": (
+        "hang (spinning): the engine's processes (API server aside) used this share of a core, "
+        "its Worker almost none"
+    ),
+    "hang_probe_late_s": (
+        "hang: a /health answer later than this is a miss; the round waits no longer for it"
+    ),
     "stall_after_s": (
         "stall: requests running or waiting in every reading while the counters stood still this long"
     ),
@@ -708,6 +719,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     ),
     "log_probe_requests": Field(
         _boolean, "true: keep vLLM's access lines for the supervisor's own probes in the journal"
+    ),
+    "step_heartbeat": Field(
+        _boolean,
+        "false: do not give vLLM the daemon's --scheduler-cls step heartbeat (hangs are then found "
+        "without it, some more slowly)",
     ),
     "health_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of each /health probe"),
     "metrics_interval_s": Field(
