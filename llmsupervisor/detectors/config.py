@@ -85,9 +85,12 @@ class DetectorConfig:
     # moved) for this long, with at least ``hang_min_misses`` deadline misses (canary, /health or
     # /metrics timing out) since the last sign of life.
     # Work was queued at the last reading. vLLM V1 prefills in chunks of max-num-batched-tokens,
-    # and its step and token counters move at every step, which takes well under a second to a
-    # few seconds on a GPU: 12 s of frozen counters *and* missed canaries is a hang. Raise it for
-    # engines that prefill huge prompts in one step (chunked prefill off).
+    # a step takes well under a second to a few seconds on a GPU, but its token counters move
+    # only on steps that emit output: a chunked prefill of a long prompt leaves them still for
+    # as many steps as it has chunks (shared/docs/hang-detection.md §2), and an idle engine
+    # publishes nothing. The step heartbeat (engine/heartbeat.py) counts every step; without it,
+    # 12 s of frozen counters *and* missed canaries is a hang. Raise it for engines that prefill
+    # huge prompts in one step (chunked prefill off).
     hang_after_s: float = 12.0
     # The last reading said nothing was running or waiting: a 1-token canary cannot take long.
     # This is the SIGSTOP case (gauges stale at 0), found within about 2 canary deadlines.
@@ -106,6 +109,19 @@ class DetectorConfig:
     hang_cpu_idle_ratio: float = 0.05
     hang_cpu_min_span_s: float = 1.0
     hang_cpu_max_span_s: float = 10.0
+    # The rules that read the step heartbeat (issue 25, detectors/liveness.py: frozen, spinning).
+    # A step is overdue when none completed for hang_step_factor x the engine's longest recent
+    # step (the heartbeat's own, decaying over a few hundred steps), and at least
+    # hang_spin_after_s for the spinning rule (hang_cpu_min_span_s for the frozen one).
+    hang_step_factor: float = 4.0
+    hang_spin_after_s: float = 2.0
+    # Spinning: the engine's processes other than the API server used at least this share of a
+    # core meanwhile, and the processes that compute (vLLM's Worker, on a host without GPUs)
+    # under hang_cpu_idle_ratio: something spins, and it is not the model.
+    hang_spin_busy_ratio: float = 0.5
+    # The round waits this long for /health (at most health_timeout_s): later is a miss, and the
+    # round goes on, so a frozen API server costs a second a round, not the whole deadline.
+    hang_probe_late_s: float = 1.0
 
     # STALL: running + waiting > 0 in every reading while the counters stood still this long.
     stall_after_s: float = 60.0
@@ -173,6 +189,10 @@ class DetectorConfig:
             raise ValueError("kv_usage_clear_ratio must be in (0, 1]")
         if not 0 <= self.hang_cpu_idle_ratio < 1:
             raise ValueError("hang_cpu_idle_ratio must be in [0, 1)")
+        if not 0 < self.hang_spin_busy_ratio <= 1 or self.hang_spin_busy_ratio <= self.hang_cpu_idle_ratio:
+            raise ValueError("hang_spin_busy_ratio must be in (hang_cpu_idle_ratio, 1]")
+        if self.hang_step_factor < 1 or self.hang_probe_late_s <= 0:
+            raise ValueError("hang_step_factor must be at least 1 and hang_probe_late_s above 0")
         if self.hang_cpu_max_span_s < self.hang_cpu_min_span_s:
             raise ValueError("hang_cpu_max_span_s must be at least hang_cpu_min_span_s")
         if self.hang_min_misses < 1 or self.gpu_lost_min_samples < 1 or self.memory_min_samples < 3:

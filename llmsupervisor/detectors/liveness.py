@@ -5,29 +5,39 @@ Busy is not dead (docs/vllm-notes.md §7): a slow canary while the step or token
 load, not a hang. These two are the only detectors that need no ``sustain_s``: each already
 needs its counters frozen for a stretch of readings.
 
-A HANG is found by the first of three rules (issue 16), fastest first:
+A HANG is found by the first of these rules (issues 16 and 25), fastest first:
 
 ``stopped``    a process of the group held by the kernel (SIGSTOP, a tracer) in two process
                sweeps ``hang_stopped_after_s`` apart, its CPU time unchanged, or in the sweep of
-               a round whose canary then missed its deadline: a fact, ~2-4 s;
+               a round whose canary or /health then missed its deadline: a fact;
+``frozen``     (step heartbeat) work outstanding, no step for the learned bound, and the
+               engine's processes (the API server aside) near 0 % CPU: a deadlock;
+``spinning``   (step heartbeat) work outstanding, no step for the learned bound, the engine's
+               processes busy and the one that computes (the Worker, CPU hosts) idle: a loop
+               that is not the model, e.g. a thread holding the GIL;
 ``cpu_idle``   a canary missed its deadline and the group used (almost) no CPU between the
-               sweeps around it: nothing is computing it (a deadlocked or frozen core), ~3-5 s;
+               sweeps around it: nothing is computing it (a deadlocked or frozen core);
 ``deadlines``  ``hang_min_misses`` deadline misses and no sign of life for ``hang_*after_s``:
-               the rule for what /proc cannot tell (an engine that spins while hung), 10-14 s.
+               the backstop for what the others cannot tell (a GPU engine spinning in a hung
+               kernel, whose CPU looks like a long step's), 10-14 s.
 
-None of them reads a busy engine as dead: a running engine is not stopped and burns CPU, and the
-deadline rule counts moving counters as life.
+None of them reads a busy engine as dead: a running engine is not stopped, completes a step at
+least every few of its own longest steps (the bound is learned from the heartbeat), and burns
+CPU in the process that computes. The heartbeat's steps are signs of life for the deadline rule:
+they continue through a long prefill, when the token counters stand still.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
@@ -36,16 +46,17 @@ K = FindingKind
 
 def _sweeps(window: ObservationWindow, now: float, oldest_s: float) -> Iterator[ProcSample]:
     """The distinct process sweeps in the window, newest first, back to ``oldest_s``. Several
-    observations (and several engines) share one sweep; a sample without a time is skipped."""
+    observations (and several engines) share one sweep; a sample without a time is skipped.
+    An observation's sweep after a miss (``proc_after``) comes before the one of its round."""
     last_at: float | None = None
     for obs in newest_first(window, now):
         if obs.at_s < oldest_s:
             return
-        sample = obs.proc
-        if not isinstance(sample, ProcSample) or sample.at_s is None or sample.at_s == last_at:
-            continue
-        last_at = sample.at_s
-        yield sample
+        for sample in (obs.proc_after, obs.proc):
+            if not isinstance(sample, ProcSample) or sample.at_s is None or sample.at_s == last_at:
+                continue
+            last_at = sample.at_s
+            yield sample
 
 
 def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[ProcInfo, float] | None:
@@ -72,12 +83,13 @@ def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tupl
 
 
 def _stopped_at_miss(missed: list[Observation]) -> tuple[ProcInfo, float] | None:
-    """A process stopped in the sweep of a round whose canary then missed its deadline: the
-    sweep is taken as the round starts, the canary sent with it, so the stop came first and
-    the engine did not answer after it. One round instead of two sweeps a second apart."""
+    """A process stopped in the sweep of a round whose canary or /health then missed its
+    deadline: the sweep is taken as the round starts, the probes sent with it, so the stop came
+    first and the engine did not answer after it. One round instead of two sweeps a second apart."""
     for obs in missed:
         sample = obs.proc
-        if not check_timed_out(obs.canary) or not isinstance(sample, ProcSample):
+        late = check_timed_out(obs.canary) or check_timed_out(obs.health)
+        if not late or not isinstance(sample, ProcSample):
             continue
         held = [p for p in sample.processes if p.stopped and not p.zombie]
         if held:
@@ -85,16 +97,88 @@ def _stopped_at_miss(missed: list[Observation]) -> tuple[ProcInfo, float] | None
     return None
 
 
-def _cpu_used_s(older: ProcSample, newer: ProcSample) -> float | None:
-    """CPU seconds the group's processes used between two sweeps, over the processes in both;
-    None if no process is in both with a readable CPU time."""
+def _cpu_used_s(
+    older: ProcSample, newer: ProcSample, keep: Callable[[ProcInfo], bool] = lambda p: True
+) -> float | None:
+    """CPU seconds the group's processes (those ``keep`` keeps) used between two sweeps, over
+    the processes in both; None if no process is in both with a readable CPU time."""
     before = {p.pid: p.cpu_seconds for p in older.processes if p.cpu_seconds is not None}
     used = [
         p.cpu_seconds - before[p.pid]
         for p in newer.processes
-        if p.cpu_seconds is not None and p.pid in before
+        if p.cpu_seconds is not None and p.pid in before and keep(p)
     ]
     return sum(used) if used else None
+
+
+# vLLM's setproctitle names (docs/vllm-notes.md §2): the Worker runs the model; on the CPU build
+# its OpenMP threads are the compute, so a Worker at rest means no forward is running.
+WORKER_TITLE = "VLLM::Worker"
+# A round's first sweep is taken as its canary is sent, a few milliseconds apart.
+SAME_ROUND_S = 0.5
+DISK_SLEEP = "disk-sleep"  # psutil.STATUS_DISK_SLEEP: waiting on I/O (a LoRA load from NFS)
+
+
+def _is_worker(p: ProcInfo) -> bool:
+    return p.title.startswith(WORKER_TITLE)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stuck:
+    """The engine held work and completed no step since ``since_s`` (the last step, or when
+    the canary it had not picked up was sent); ``bound_s`` is the step time it has learned."""
+
+    obs: Observation
+    beat: StepBeat
+    since_s: float
+    idle: bool  # nothing held at the last step: only the canary waits
+
+
+def _canary_sent_s(obs: Observation) -> float | None:
+    """When a canary that missed its deadline was sent (the round's probes start together)."""
+    if not check_timed_out(obs.canary):
+        return None
+    assert obs.canary is not None
+    return obs.at_s - obs.canary.latency_s
+
+
+def _stuck(window: ObservationWindow, now: float, cfg: DetectorConfig) -> _Stuck | None:
+    """The newest heartbeat, read after its round's probes, if the engine held work and did not
+    step: requests held at its last step (or one in flight), or, on an idle engine, a canary
+    that missed its deadline without a step even being scheduled for it (an idle vLLM picks a
+    request up within milliseconds)."""
+    obs = next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
+    if obs is None or not isinstance(obs.heartbeat, StepBeat) or now - obs.at_s > cfg.stale_after_s:
+        return None
+    beat = obs.heartbeat
+    if beat.pending:  # a step under way since it was scheduled (or the last one came back)
+        return _Stuck(obs, beat, max(beat.done_s, beat.scheduled_s), idle=False)
+    if beat.work > 0:  # requests held: the next step follows the last at once
+        return _Stuck(obs, beat, beat.done_s, idle=False)
+    sent_s = _canary_sent_s(obs)
+    if sent_s is not None and beat.scheduled_s < sent_s:
+        return _Stuck(obs, beat, sent_s, idle=True)
+    return None
+
+
+def _span_in(
+    obs: Observation, window: ObservationWindow, now: float, cfg: DetectorConfig, since_s: float
+) -> tuple[ProcSample, ProcSample] | None:
+    """Two sweeps at least ``hang_cpu_min_span_s`` apart, both taken while the engine was stuck
+    (after ``since_s``) and the newer one the newest: its CPU over them is its CPU while stuck.
+    An idle engine's canary is the exception: its sweeps are the ones around the missed canary
+    (the CPU before it is that of an idle engine either way)."""
+    newest = next(_sweeps(window, now, now - cfg.hang_cpu_max_span_s), None)
+    if newest is None or newest.at_s is None:
+        return None
+    for older in _sweeps(window, now, now - cfg.hang_cpu_max_span_s):
+        assert older.at_s is not None
+        span_s = newest.at_s - older.at_s
+        if span_s > cfg.hang_cpu_max_span_s:
+            return None
+        if span_s >= cfg.hang_cpu_min_span_s:
+            return (older, newest) if older.at_s >= since_s - SAME_ROUND_S else None
+    return None
 
 
 def _cpu_idle_through(
@@ -121,6 +205,80 @@ def _cpu_idle_through(
             return None
         return used_s / span_s, span_s
     return None
+
+
+def _step_bound_s(beat: StepBeat, floor_s: float, cfg: DetectorConfig) -> float:
+    return max(floor_s, cfg.hang_step_factor * beat.longest_step_s)
+
+
+def _frozen(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[_Stuck, float, float] | None:
+    """Work held, no step for the learned bound, and the engine's processes other than the API
+    server at (almost) no CPU while stuck: (stuck, CPU share, span).
+
+    Why a busy engine cannot trip it: a working engine completes a step within a few of its own
+    longest steps, and computes meanwhile (CUDA spin-waits on a GPU, OpenMP on the CPU build).
+    A process waiting on I/O (state D, a LoRA load from a network disk) defers it to the
+    deadline rule. The API server is left out: it answers HTTP and streams whatever it has
+    while the core is stuck."""
+    stuck = _stuck(window, now, cfg)
+    if stuck is None:
+        return None
+    bound_s = _step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
+    if now - stuck.since_s < (cfg.hang_cpu_min_span_s if stuck.idle else bound_s):
+        return None
+    span = _span_in(stuck.obs, window, now, cfg, stuck.since_s)
+    if span is None:
+        return None
+    older, newer = span
+    assert older.at_s is not None and newer.at_s is not None
+    if any(p.status == DISK_SLEEP for p in newer.processes):
+        return None
+    span_s = newer.at_s - older.at_s
+    used_s = _cpu_used_s(older, newer, lambda p: p.pid != newer.pgid)
+    if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s:
+        return None
+    return stuck, used_s / span_s, span_s
+
+
+def _spinning(
+    window: ObservationWindow, now: float, cfg: DetectorConfig
+) -> tuple[_Stuck, float, float, float] | None:
+    """Work held, no step for the learned bound (``hang_spin_after_s`` at least), the engine's
+    processes other than the API server busy, and its Worker idle: (stuck, CPU share, Worker
+    share, span).
+
+    Why a busy engine cannot trip it: its steps complete within a few of its own longest
+    steps; and a step, however long, is computed by the Worker, which then burns CPU. That last
+    test holds only where the Worker's CPU is the compute (the CPU build): on a GPU host a hung
+    kernel and a long prefill both spin the Worker on the GPU's completion, so a GPU engine, or
+    one without a Worker process, is left to the deadline rule (and a future power/GPM oracle,
+    shared/docs/hang-detection.md §4)."""
+    stuck = _stuck(window, now, cfg)
+    if stuck is None or stuck.obs.gpus:
+        return None
+    bound_s = _step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
+    # An idle engine has no step under way that could be long: the canary's miss is the bound.
+    if not stuck.idle and now - stuck.since_s < bound_s:
+        return None
+    span = _span_in(stuck.obs, window, now, cfg, stuck.since_s)
+    if span is None:
+        return None
+    older, newer = span
+    assert older.at_s is not None and newer.at_s is not None
+    span_s = newer.at_s - older.at_s
+    used_s = _cpu_used_s(older, newer, lambda p: p.pid != newer.pgid and not _is_worker(p))
+    worker_s = _cpu_used_s(older, newer, _is_worker)
+    if used_s is None or worker_s is None:
+        return None  # no Worker process: nothing tells a spin from a forward
+    if used_s < cfg.hang_spin_busy_ratio * span_s or worker_s > cfg.hang_cpu_idle_ratio * span_s:
+        return None
+    return stuck, used_s / span_s, worker_s / span_s, span_s
+
+
+def _beat_progressed(older: Observation, newer: Observation) -> bool:
+    """The heartbeat shows a step completed between two observations (same writer)."""
+    a, b = older.heartbeat, newer.heartbeat
+    return isinstance(a, StepBeat) and isinstance(b, StepBeat) and a.pid == b.pid and b.done > a.done
 
 
 def _metrics_timed_out(obs: Observation) -> bool:
@@ -157,10 +315,16 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     last_life_s: float | None = None
     missed: list[Observation] = []
     newer: tuple[Observation, EngineMetrics] | None = None  # the next newer reading
+    newer_beat: Observation | None = None  # the next newer observation with a heartbeat
     last_reading: EngineMetrics | None = None
     for obs in newest_first(window, now):  # back to the last sign of life
         newest = newest or obs
         oldest = obs
+        if isinstance(obs.heartbeat, StepBeat):
+            if newer_beat is not None and _beat_progressed(obs, newer_beat):
+                last_life_s = newer_beat.at_s  # a step completed by the newer reading
+                break
+            newer_beat = obs
         if isinstance(obs.metrics, EngineMetrics):
             last_reading = last_reading or obs.metrics
             if newer is not None and counters_progressed(obs.metrics, newer[1]):
@@ -199,12 +363,36 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         None,
     )
     cpu_idle = None if canary_miss is None else _cpu_idle_through(window, now, cfg, canary_miss)
+    frozen = None if stopped is not None else _frozen(window, now, cfg)
+    spinning = None if stopped is not None or frozen is not None else _spinning(window, now, cfg)
     if stopped is not None:
         proc, frozen_since = stopped
         rule, limit_s = "stopped", cfg.hang_stopped_after_s
         evidence["stopped_pid"] = proc.pid
         evidence["stopped_process"] = proc.title[:80]
         why = f"process {proc.pid} ({proc.title[:40]}) stopped"
+    elif frozen is not None:
+        stuck, ratio, span_s = frozen
+        rule, limit_s = "frozen", _step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
+        frozen_since = stuck.since_s
+        evidence.update(cpu_ratio=round(ratio, 4), cpu_span_s=round(span_s, 3), steps=stuck.beat.done)
+        what = "a canary waited" if stuck.idle else f"{stuck.beat.work} requests held"
+        why = f"no step for {now - stuck.since_s:.1f} s while {what}, the engine at {ratio:.1%} of a core"
+    elif spinning is not None:
+        stuck, ratio, worker_ratio, span_s = spinning
+        rule, limit_s = "spinning", _step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
+        frozen_since = stuck.since_s
+        evidence.update(
+            cpu_ratio=round(ratio, 4),
+            worker_cpu_ratio=round(worker_ratio, 4),
+            cpu_span_s=round(span_s, 3),
+            steps=stuck.beat.done,
+        )
+        what = "a canary waited" if stuck.idle else f"{stuck.beat.work} requests held"
+        why = (
+            f"no step for {now - stuck.since_s:.1f} s while {what}, the engine busy ({ratio:.0%} of a "
+            f"core) and its Worker idle ({worker_ratio:.1%})"
+        )
     elif cpu_idle is not None and canary_miss is not None:
         rule, limit_s = "cpu_idle", cfg.hang_cpu_min_span_s
         evidence["cpu_ratio"] = round(cpu_idle[0], 4)

@@ -13,11 +13,12 @@ import collections
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Final, Protocol, TypeVar
+from pathlib import Path
+from typing import Final, Protocol, TypeVar, cast
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.observe import Observation
+from llmsupervisor.core.observe import Observation, check_timed_out
 from llmsupervisor.detectors import (
     Finding,
     FindingTracker,
@@ -32,6 +33,7 @@ from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
 from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.heartbeat import StepBeat, read_heartbeat
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, window_quantile
 
@@ -118,8 +120,42 @@ def _http_error(failure: ProbeFailure) -> HttpCheck:
     return HttpCheck(ok=False, detail=failure.detail, latency_s=0.0, failure="error")
 
 
+async def _unless_late(
+    call: Awaitable[EngineMetrics | ProbeFailure], health: asyncio.Future[HttpCheck | ProbeFailure]
+) -> EngineMetrics | ProbeFailure:
+    """``call``'s result, or a timeout as soon as the round's /health came back late: an API
+    server that cannot answer /health in time will not send 50 kB of /metrics either, and the
+    round should not wait out their longer deadline."""
+    task = asyncio.ensure_future(call)
+    try:
+        pending: set[asyncio.Future[object]] = {
+            cast("asyncio.Future[object]", task),
+            cast("asyncio.Future[object]", health),
+        }
+        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            answer = health.result()
+            if isinstance(answer, HttpCheck) and check_timed_out(answer):
+                return ProbeFailure("timeout", "not read: /health was late this round")
+        return await task
+    finally:
+        task.cancel()
+
+
 class GroupSampler(Protocol):
-    async def sample(self, pgid: int, *, timeout_s: float) -> host.ProcSample | ProbeFailure: ...
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> host.ProcSample | ProbeFailure: ...
+
+
+async def _read_heartbeat(path: Path, timeout_s: float) -> StepBeat | ProbeFailure | None:
+    # A small local file, but /proc-like stalls are not impossible (a state dir on a hung
+    # mount): in a thread, under a deadline.
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.to_thread(read_heartbeat, path)
+    except TimeoutError:
+        return ProbeFailure("timeout", f"reading {path} took over {timeout_s} s")
 
 
 class Observer:
@@ -132,8 +168,12 @@ class Observer:
         gpus: GpuSource,
         sweeper: GroupSampler,
         on_canary: Callable[[], None] = lambda: None,
+        heartbeat_path: Path | None = None,
     ) -> None:
         self._spec = spec
+        self._heartbeat_path = heartbeat_path
+        self._last_beat: StepBeat | None = None
+        self._beat_moved_since: int | None = None  # the steps done as of the round before
         self._on_canary = on_canary
         self._since_s = incarnation_started_s
         self._http = http
@@ -165,14 +205,18 @@ class Observer:
         """One look at the engine, every probe at once, each under its own deadline; then the
         detectors over the window. Findings are logged when they open and when they clear."""
         spec = self._spec
-        progressing = bool(
-            self._previous_metrics
-            and self._last_metrics
-            and counters_progressed(self._previous_metrics, self._last_metrics)
+        progressing = (
+            bool(
+                self._previous_metrics
+                and self._last_metrics
+                and counters_progressed(self._previous_metrics, self._last_metrics)
+            )
+            or self._beat_moved
         )
         now = aio.now()
         # While step counters move the engine is alive: a canary would only queue behind real
-        # work and read busy as dead (docs/vllm-notes.md §7).
+        # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
+        # they move through a long prefill, when vLLM's counters do not.
         run_canary = (
             spec.canary_kind != "none"
             and not progressing
@@ -191,6 +235,12 @@ class Observer:
             return None
 
         timeout_s = spec.health_timeout_s
+        # /health answers in milliseconds from a live API server; a frozen one would hold every
+        # round for the whole health_timeout_s (issue 25: 11.8 s to find a stopped API server).
+        # The round waits at most hang_probe_late_s for it: a late answer is a miss, and a miss
+        # is evidence for the hang rules, never a finding by itself. (/metrics keeps the full
+        # deadline: it is read every other round, and its 50 kB take longer on a loaded host.)
+        late_s = min(timeout_s, self._cfg.hang_probe_late_s)
         if run_metrics:
             # After the first read, each engine reads at its own phase of the interval (a
             # fraction of it from its name), so that engines that became READY together do not
@@ -198,9 +248,15 @@ class Observer:
             # the slowest rounds (docs/benchmarks.md, "Faster and cheaper").
             first = self._last_metrics_s is None
             self._last_metrics_s = now - (spec.metrics_interval_s * _phase(spec.name) if first else 0.0)
+        health_t = asyncio.ensure_future(_guarded("health", self._http.health(timeout_s=late_s)))
         health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
-            _guarded("health", self._http.health(timeout_s=timeout_s)),
-            _guarded("metrics", self._http.metrics(timeout_s=timeout_s) if run_metrics else no_metrics()),
+            health_t,
+            _guarded(
+                "metrics",
+                _unless_late(self._http.metrics(timeout_s=timeout_s), health_t)
+                if run_metrics
+                else no_metrics(),
+            ),
             _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
             _guarded(
                 "canary",
@@ -210,6 +266,16 @@ class Observer:
         health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
         canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
         metrics_r, proc_r = metrics_g, proc_g
+        at_s = aio.now()
+        beat = await self._heartbeat(timeout_s)
+        proc_after = None
+        if check_timed_out(canary_r) or check_timed_out(health_r):
+            # A probe missed its deadline: a sweep taken after it, so that the hang rules read
+            # the engine's CPU across the miss in this round, not a round later.
+            after = await _guarded(
+                "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=at_s)
+            )
+            proc_after = after if isinstance(after, host.ProcSample) else None
         if canary_r is not None:
             self._last_canary_s = aio.now()
             if canary_r.ok:
@@ -221,7 +287,7 @@ class Observer:
             self.engine_pids = frozenset(proc_r.pids)
         obs = Observation(
             engine=spec.name,
-            at_s=aio.now(),
+            at_s=at_s,
             metrics=metrics_r,
             health=health_r,
             canary=canary_r,
@@ -229,11 +295,32 @@ class Observer:
             gpu_events=self._gpus.take_events(spec.gpus, since_s=self._since_s),
             proc=proc_r,
             engine_pids=self.engine_pids,
+            heartbeat=beat,
+            proc_after=proc_after,
         )
         self.window.append(obs)
         self._detect(obs.at_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
+
+    @property
+    def _beat_moved(self) -> bool:
+        return (
+            self._beat_moved_since is not None
+            and self._last_beat is not None
+            and (self._last_beat.done != self._beat_moved_since)
+        )
+
+    async def _heartbeat(self, timeout_s: float) -> StepBeat | ProbeFailure | None:
+        """The step heartbeat, read after the round's probes (so after its canary was sent)."""
+        if self._heartbeat_path is None:
+            return None
+        beat = await _guarded("heartbeat", _read_heartbeat(self._heartbeat_path, timeout_s))
+        if isinstance(beat, StepBeat):
+            previous = self._last_beat
+            self._beat_moved_since = None if previous is None else previous.done
+            self._last_beat = beat
+        return beat
 
     def _detect(self, now: float) -> None:
         update = self.tracker.update(detect_all(self.window, now, self._cfg), now)

@@ -1,0 +1,96 @@
+"""The observer's part in finding hangs fast (issue 25): a late /health ends the round's wait
+for it and for /metrics, a miss brings a second process sweep, and the heartbeat is read after
+the round's probes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.observe import check_timed_out
+from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.engine.observer import NoGpus, Observer
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.heartbeat import StepBeat
+from llmsupervisor.probes.host import ProcSample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics
+from llmsupervisor.probes.vllm_plugin.llmsupervisor_step_heartbeat import Heartbeat
+from tests.engine_fakes import FakeSweeper
+
+
+@dataclass
+class FrozenApiServer:
+    """An API server that answers nothing: each probe waits out the deadline it was given."""
+
+    deadlines_s: dict[str, float] = field(default_factory=dict)
+
+    async def _wait(self, what: str, timeout_s: float) -> HttpCheck:
+        self.deadlines_s[what] = timeout_s
+        await asyncio.sleep(timeout_s)
+        return HttpCheck(ok=False, detail="timed out", latency_s=timeout_s, failure="timeout")
+
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        return await self._wait("health", timeout_s)
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        return await self._wait("canary", timeout_s)
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        self.deadlines_s["metrics"] = timeout_s
+        await asyncio.sleep(3600)  # would hold the round for its whole deadline
+        raise AssertionError("not reached")
+
+
+class Leader:
+    """The spawned API server, as far as a round reads it (its group)."""
+
+    pid = pgid = 4100
+
+
+@dataclass
+class CountingSweeper(FakeSweeper):
+    fresh: list[float | None] = field(default_factory=list)
+
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> ProcSample | ProbeFailure:
+        self.fresh.append(fresh_after_s)
+        return await super().sample(pgid, timeout_s=timeout_s, fresh_after_s=fresh_after_s)
+
+
+def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_s(tmp_path: Path) -> None:
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        health_timeout_s=30.0,
+        live_canary_timeout_s=0.05,
+        canary_interval_s=0.0,
+        detectors=DetectorConfig(hang_probe_late_s=0.05),
+    )
+    Heartbeat(str(tmp_path / "beat")).on_schedule(0)
+    http = FrozenApiServer()
+    sweeper = CountingSweeper()
+
+    async def one_round() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=http,  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=sweeper,
+            heartbeat_path=tmp_path / "beat",
+        )
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert check_timed_out(obs.health)
+        assert http.deadlines_s["health"] == 0.05  # hang_probe_late_s, not health_timeout_s
+        assert isinstance(obs.metrics, ProbeFailure) and "late" in obs.metrics.detail
+        # The miss brought a second sweep, from after the probes.
+        assert isinstance(obs.proc_after, ProcSample) and sweeper.fresh[-1] is not None
+        assert isinstance(obs.heartbeat, StepBeat) and obs.heartbeat.pending
+
+    asyncio.run(asyncio.wait_for(one_round(), timeout=60))
