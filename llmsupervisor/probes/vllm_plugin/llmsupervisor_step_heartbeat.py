@@ -111,8 +111,10 @@ class Heartbeat:
 
 
 def _held(sched: Any) -> int:
+    """The requests the scheduler means to step: vLLM's own count, which leaves out what a pause
+    (``/pause``, sleep mode) holds back, so that a paused engine does not read as stuck."""
     try:
-        return len(sched.running) + len(sched.waiting)
+        return int(sched.get_num_unfinished_requests())
     except Exception:
         return 0
 
