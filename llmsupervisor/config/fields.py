@@ -576,6 +576,10 @@ DETECTOR_DOCS: Final[Mapping[str, str]] = {
         "hang (spinning): the engine's processes (API server aside) used this share of a core, "
         "its Worker almost none"
     ),
+    "hang_worker_poll_s": (
+        "hang (step heartbeat): vLLM's Worker polls for its next step this long after the last "
+        "(a core's worth of CPU that is not a forward)"
+    ),
     "hang_probe_late_s": (
         "hang: a /health answer later than this is a miss; the round waits no longer for it"
     ),

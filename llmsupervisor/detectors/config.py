@@ -119,6 +119,11 @@ class DetectorConfig:
     # core meanwhile, and the processes that compute (vLLM's Worker, on a host without GPUs)
     # under hang_cpu_idle_ratio: something spins, and it is not the model.
     hang_spin_busy_ratio: float = 0.5
+    # vLLM's Worker polls its shared-memory queue for the next step this long after the last one
+    # before it sleeps on a socket (0.32: distributed/device_communicators/shm_broadcast.py,
+    # SpinCondition busy_loop_s=1): a core's worth of CPU in that second after the last step is
+    # the poll, not a forward, and the rules above allow for it.
+    hang_worker_poll_s: float = 1.0
     # The round waits this long for /health (at most health_timeout_s): later is a miss, and the
     # round goes on, so a frozen API server costs a second a round, not the whole deadline.
     hang_probe_late_s: float = 1.0

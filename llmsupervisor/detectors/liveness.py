@@ -235,9 +235,19 @@ def _frozen(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple
         return None
     span_s = newer.at_s - older.at_s
     used_s = _cpu_used_s(older, newer, lambda p: p.pid != newer.pgid)
-    if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s:
+    if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s + _poll_s(stuck, older, cfg):
         return None
     return stuck, used_s / span_s, span_s
+
+
+def _poll_s(stuck: _Stuck, older: ProcSample, cfg: DetectorConfig) -> float:
+    """The Worker's CPU that is its poll for the next step (``hang_worker_poll_s`` after the
+    last step), within the span from ``older``: one core for the overlap. None on an idle
+    engine, whose Worker has long been asleep on its socket."""
+    assert older.at_s is not None
+    if stuck.idle:
+        return 0.0
+    return max(0.0, stuck.since_s + cfg.hang_worker_poll_s - older.at_s)
 
 
 def _spinning(
@@ -270,7 +280,9 @@ def _spinning(
     worker_s = _cpu_used_s(older, newer, _is_worker)
     if used_s is None or worker_s is None:
         return None  # no Worker process: nothing tells a spin from a forward
-    if used_s < cfg.hang_spin_busy_ratio * span_s or worker_s > cfg.hang_cpu_idle_ratio * span_s:
+    if used_s < cfg.hang_spin_busy_ratio * span_s:
+        return None
+    if worker_s > cfg.hang_cpu_idle_ratio * span_s + _poll_s(stuck, older, cfg):
         return None
     return stuck, used_s / span_s, worker_s / span_s, span_s
 

@@ -50,6 +50,9 @@ FINDING_LOG_LEVEL: Final = {
 }
 
 
+# A second sweep for an overdue step is taken this much later than hang_cpu_min_span_s after
+# the first, so that the span is not a hair short of it.
+SPAN_MARGIN_S: Final = 0.05
 # How many of the engine's latest successful canaries its live canary's deadline is learned from.
 CANARY_HISTORY: Final = 8
 # Rounds start tick_interval_s after the previous one ended, a little later than a multiple of
@@ -142,20 +145,14 @@ async def _unless_late(
         task.cancel()
 
 
+async def _now(call: Callable[[Path], _T], path: Path) -> _T:
+    return call(path)
+
+
 class GroupSampler(Protocol):
     async def sample(
         self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
     ) -> host.ProcSample | ProbeFailure: ...
-
-
-async def _read_heartbeat(path: Path, timeout_s: float) -> StepBeat | ProbeFailure | None:
-    # A small local file, but /proc-like stalls are not impossible (a state dir on a hung
-    # mount): in a thread, under a deadline.
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await asyncio.to_thread(read_heartbeat, path)
-    except TimeoutError:
-        return ProbeFailure("timeout", f"reading {path} took over {timeout_s} s")
 
 
 class Observer:
@@ -267,15 +264,24 @@ class Observer:
         canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
         metrics_r, proc_r = metrics_g, proc_g
         at_s = aio.now()
-        beat = await self._heartbeat(timeout_s)
+        beat = await self._heartbeat()
         proc_after = None
-        if check_timed_out(canary_r) or check_timed_out(health_r):
-            # A probe missed its deadline: a sweep taken after it, so that the hang rules read
-            # the engine's CPU across the miss in this round, not a round later.
+        missed = check_timed_out(canary_r) or check_timed_out(health_r)
+        overdue = self._step_overdue(beat, at_s, proc_r)
+        if missed or overdue is not None:
+            # A probe missed its deadline, or the engine holds work and no step came back for
+            # hang_cpu_min_span_s: a second sweep, so that the hang rules read the engine's CPU
+            # across it in this round, not a round later. For an overdue step, a span of
+            # hang_cpu_min_span_s after the first sweep (a wait only while a step is overdue),
+            # and the heartbeat read again after it: a step may have come back meanwhile.
+            if overdue is not None:
+                await asyncio.sleep(max(0.0, overdue - aio.now()))
             after = await _guarded(
                 "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=at_s)
             )
             proc_after = after if isinstance(after, host.ProcSample) else None
+            if overdue is not None:
+                beat = await self._heartbeat()
         if canary_r is not None:
             self._last_canary_s = aio.now()
             if canary_r.ok:
@@ -311,11 +317,25 @@ class Observer:
             and (self._last_beat.done != self._beat_moved_since)
         )
 
-    async def _heartbeat(self, timeout_s: float) -> StepBeat | ProbeFailure | None:
+    def _step_overdue(
+        self, beat: StepBeat | ProbeFailure | None, now: float, swept: host.ProcSample | ProbeFailure | None
+    ) -> float | None:
+        """When to take a second sweep for a step that is overdue (work held, none back for
+        hang_cpu_min_span_s): hang_cpu_min_span_s after this round's sweep. None when no step is
+        overdue, or without a timed sweep."""
+        if not isinstance(beat, StepBeat) or not isinstance(swept, host.ProcSample) or swept.at_s is None:
+            return None
+        if not (beat.work > 0 or beat.pending) or now - beat.done_s < self._cfg.hang_cpu_min_span_s:
+            return None
+        return swept.at_s + self._cfg.hang_cpu_min_span_s + SPAN_MARGIN_S
+
+    async def _heartbeat(self) -> StepBeat | ProbeFailure | None:
         """The step heartbeat, read after the round's probes (so after its canary was sent)."""
         if self._heartbeat_path is None:
             return None
-        beat = await _guarded("heartbeat", _read_heartbeat(self._heartbeat_path, timeout_s))
+        # In the loop, not a thread: one pread of a 72-byte record from a file in the daemon's own
+        # state dir (7-12 us, docs/benchmarks.md), cheaper than the hop to a thread.
+        beat = await _guarded("heartbeat", _now(read_heartbeat, self._heartbeat_path))
         if isinstance(beat, StepBeat):
             previous = self._last_beat
             self._beat_moved_since = None if previous is None else previous.done

@@ -260,3 +260,27 @@ def test_without_a_heartbeat_the_old_rules_apply() -> None:
     # An older vLLM: no heartbeat, so neither new rule; the spin is left to the deadline rule.
     observations = [replace(o, heartbeat=None) for o in rounds(hang_s=10.0, until_s=30.0, after=SPIN)]
     assert first_hang(observations) is None  # no deadline misses either: nothing to go on
+
+
+@pytest.mark.parametrize(
+    ("worker_s", "rule"), [(0.5, "frozen"), (1.0, None)], ids=["poll", "more than the poll"]
+)
+def test_the_workers_poll_after_the_last_step_is_not_compute(worker_s: float, rule: str | None) -> None:
+    # vLLM's Worker polls for its next step for hang_worker_poll_s (1 s) after the last one: the
+    # round after a deadlock at 10 sees it still polling from 10.5 to 11, then asleep. Within
+    # that allowance the engine is frozen; more Worker CPU than the poll is compute.
+    cpu = {API: 10.0, CORE: 20.0, WORKER: 30.0}
+    stuck = beat(400, 10.0)
+    observations = [
+        Observation(engine="e1", at_s=8.5, health=HEALTH_OK, proc=sweep(8.5, cpu), heartbeat=beat(300, 8.5)),
+        Observation(
+            engine="e1",
+            at_s=11.55,
+            health=HEALTH_OK,
+            proc=sweep(10.5, cpu),
+            proc_after=sweep(11.55, {**cpu, WORKER: 30.0 + worker_s}),
+            heartbeat=stuck,
+        ),
+    ]
+    found = first_hang(observations)
+    assert (found[1] if found else None) == rule

@@ -94,3 +94,51 @@ def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_
         assert isinstance(obs.heartbeat, StepBeat) and obs.heartbeat.pending
 
     asyncio.run(asyncio.wait_for(one_round(), timeout=60))
+
+
+class AnsweringApiServer:
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        return HttpCheck(ok=True, detail="HTTP 200", latency_s=0.001, status_code=200)
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        return HttpCheck(ok=True, detail="completed", latency_s=0.001, status_code=200)
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        return ProbeFailure("connect", "not scripted")
+
+
+def test_an_overdue_step_brings_a_second_sweep_and_a_second_heartbeat_read(tmp_path: Path) -> None:
+    # Work held and no step back for hang_cpu_min_span_s: the round sweeps again that long after
+    # its first sweep, so the hang rules have a span of the stuck engine's CPU this round.
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        detectors=DetectorConfig(hang_cpu_min_span_s=0.01),
+    )
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_schedule(8)
+    beat.on_done(8)  # 8 requests held, the last step back now
+    sweeper = CountingSweeper()
+
+    async def rounds() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=AnsweringApiServer(),  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=sweeper,
+            heartbeat_path=tmp_path / "beat",
+        )
+        await asyncio.sleep(0.05)  # hang_cpu_min_span_s past the last step
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert isinstance(obs.proc, ProcSample) and isinstance(obs.proc_after, ProcSample)
+        assert obs.proc.at_s is not None and obs.proc_after.at_s is not None
+        assert obs.proc_after.at_s - obs.proc.at_s >= 0.01
+        beat.on_schedule(8)
+        beat.on_done(8)  # a step back: not overdue, one sweep
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert obs.proc_after is None
+
+    asyncio.run(asyncio.wait_for(rounds(), timeout=60))
