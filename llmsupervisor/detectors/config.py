@@ -117,8 +117,10 @@ class DetectorConfig:
     hang_spin_after_s: float = 2.0
     # Spinning: the engine's processes other than the API server used at least this share of a
     # core meanwhile, and the processes that compute (vLLM's Worker, on a host without GPUs)
-    # under hang_cpu_idle_ratio: something spins, and it is not the model.
-    hang_spin_busy_ratio: float = 0.5
+    # under hang_cpu_idle_ratio: something spins, and it is not the model. A quarter, not a
+    # whole core: a spinning EngineCore got 66 % of one on the 2 shared cores of the real-vLLM
+    # tests; the Worker's stillness is what tells a spin from a forward, not this.
+    hang_spin_busy_ratio: float = 0.25
     # vLLM's Worker polls its shared-memory queue for the next step this long after the last one
     # before it sleeps on a socket (0.32: distributed/device_communicators/shm_broadcast.py,
     # SpinCondition busy_loop_s=1): a core's worth of CPU in that second after the last step is
