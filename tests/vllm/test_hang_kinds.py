@@ -8,7 +8,8 @@ the next test starts. The step heartbeat (engine/heartbeat.py) is on, as by defa
     deadlock   EngineCore's threads all blocked on the GIL's lock, 0 % CPU: ``frozen``
     spin       EngineCore holds the GIL and loops at 100 % CPU, no step: ``spinning``
 
-each idle (the daemon's canary is the only work) and under streaming load.
+each idle (the daemon's canary is the only work) and under streaming load; and the same two in
+the Worker, idle (a spinning Worker is found by the deadline rule: its CPU is a forward's).
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ def test_a_hung_engine_core_is_found_and_restarted(
     engine: dict[str, Any], what: str, clients: int, rules: set[str]
 ) -> None:
     line = _found_and_restarted(engine, "EngineCore", what, clients=clients)
+    assert rule_of(line) in rules, line
+
+
+@pytest.mark.parametrize(
+    ("what", "rules"),
+    [
+        # EngineCore waits on the Worker's answer (polling 1 s, then asleep): no step, no CPU.
+        ("deadlock", {"frozen", "cpu_idle"}),
+        # The Worker burns CPU as a forward does: /proc cannot tell the two apart on the CPU
+        # build, so the deadline rule is what finds it (hang_after_s / hang_idle_after_s).
+        ("spin", {"spinning", "frozen", "cpu_idle", "deadlines"}),
+    ],
+    ids=["deadlock-idle", "spin-idle"],
+)
+def test_a_hung_worker_is_found_and_restarted(engine: dict[str, Any], what: str, rules: set[str]) -> None:
+    line = _found_and_restarted(engine, "Worker", what, clients=0)
     assert rule_of(line) in rules, line
 
 
