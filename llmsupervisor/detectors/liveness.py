@@ -218,8 +218,7 @@ def _frozen(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple
     Why a busy engine cannot trip it: a working engine completes a step within a few of its own
     longest steps, and computes meanwhile (CUDA spin-waits on a GPU, OpenMP on the CPU build).
     A process waiting on I/O (state D, a LoRA load from a network disk) defers it to the
-    deadline rule. The API server is left out: it answers HTTP and streams whatever it has
-    while the core is stuck."""
+    deadline rule."""
     stuck = _stuck(window, now, cfg)
     if stuck is None:
         return None
@@ -234,8 +233,15 @@ def _frozen(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple
     if any(p.status == DISK_SLEEP for p in newer.processes):
         return None
     span_s = newer.at_s - older.at_s
+    # The API server is left out: it accepts and holds requests, answers /health and renders
+    # /metrics while the core is stuck.
     used_s = _cpu_used_s(older, newer, lambda p: p.pid != newer.pgid)
     if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s + _poll_s(stuck, older, cfg):
+        return None
+    # But a canary that never reached the core of a busy API server (its event loop held up) is
+    # the API server's slowness, not a frozen engine.
+    api_s = _cpu_used_s(older, newer, lambda p: p.pid == newer.pgid)
+    if stuck.idle and api_s is not None and api_s >= cfg.hang_spin_busy_ratio * span_s:
         return None
     return stuck, used_s / span_s, span_s
 

@@ -284,3 +284,12 @@ def test_the_workers_poll_after_the_last_step_is_not_compute(worker_s: float, ru
     ]
     found = first_hang(observations)
     assert (found[1] if found else None) == rule
+
+
+def test_a_canary_held_up_by_a_busy_api_server_is_not_a_frozen_engine() -> None:
+    # The canary missed and no step was scheduled for it, but the API server was busy meanwhile
+    # (its event loop, not the engine core): not frozen (the API server counts when only a
+    # canary waits), and not spinning (the core is idle).
+    cpu = {API: 10.0, CORE: 20.0, WORKER: 30.0}
+    miss = idle_round(2.0, cpu, {**cpu, API: 11.0}, canary=MISS)
+    assert first_hang([idle_round(0.0, cpu, cpu, canary=OK), miss]) is None
