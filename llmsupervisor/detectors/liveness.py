@@ -29,13 +29,12 @@ they continue through a long prefill, when the token counters stand still.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
+from llmsupervisor.detectors.steps import beat_progressed, frozen_engine, spinning_engine, step_bound_s
+from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
@@ -44,25 +43,10 @@ from llmsupervisor.probes.vllm_metrics import EngineMetrics
 K = FindingKind
 
 
-def _sweeps(window: ObservationWindow, now: float, oldest_s: float) -> Iterator[ProcSample]:
-    """The distinct process sweeps in the window, newest first, back to ``oldest_s``. Several
-    observations (and several engines) share one sweep; a sample without a time is skipped.
-    An observation's sweep after a miss (``proc_after``) comes before the one of its round."""
-    last_at: float | None = None
-    for obs in newest_first(window, now):
-        if obs.at_s < oldest_s:
-            return
-        for sample in (obs.proc_after, obs.proc):
-            if not isinstance(sample, ProcSample) or sample.at_s is None or sample.at_s == last_at:
-                continue
-            last_at = sample.at_s
-            yield sample
-
-
 def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[ProcInfo, float] | None:
     """A process stopped, CPU time unchanged, in sweeps ``hang_stopped_after_s`` apart: the
     process and the time of the oldest of those sweeps."""
-    sweeps = _sweeps(window, now, now - cfg.stale_after_s)
+    sweeps = sweeps_in(window, now, now - cfg.stale_after_s)
     newest = next(sweeps, None)
     if newest is None or newest.at_s is None:
         return None
@@ -97,90 +81,6 @@ def _stopped_at_miss(missed: list[Observation]) -> tuple[ProcInfo, float] | None
     return None
 
 
-def _cpu_used_s(
-    older: ProcSample, newer: ProcSample, keep: Callable[[ProcInfo], bool] = lambda p: True
-) -> float | None:
-    """CPU seconds the group's processes (those ``keep`` keeps) used between two sweeps, over
-    the processes in both; None if no process is in both with a readable CPU time."""
-    before = {p.pid: p.cpu_seconds for p in older.processes if p.cpu_seconds is not None}
-    used = [
-        p.cpu_seconds - before[p.pid]
-        for p in newer.processes
-        if p.cpu_seconds is not None and p.pid in before and keep(p)
-    ]
-    return sum(used) if used else None
-
-
-# vLLM's setproctitle names (docs/vllm-notes.md §2): the Worker runs the model; on the CPU build
-# its OpenMP threads are the compute, so a Worker at rest means no forward is running.
-WORKER_TITLE = "VLLM::Worker"
-# A round's first sweep is taken as its canary is sent, a few milliseconds apart.
-SAME_ROUND_S = 0.5
-DISK_SLEEP = "disk-sleep"  # psutil.STATUS_DISK_SLEEP: waiting on I/O (a LoRA load from NFS)
-
-
-def _is_worker(p: ProcInfo) -> bool:
-    return p.title.startswith(WORKER_TITLE)
-
-
-@dataclass(frozen=True, slots=True)
-class _Stuck:
-    """The engine held work and completed no step since ``since_s`` (the last step, or when
-    the canary it had not picked up was sent); ``bound_s`` is the step time it has learned."""
-
-    obs: Observation
-    beat: StepBeat
-    since_s: float
-    idle: bool  # nothing held at the last step: only the canary waits
-
-
-def _canary_sent_s(obs: Observation) -> float | None:
-    """When a canary that missed its deadline was sent (the round's probes start together)."""
-    if not check_timed_out(obs.canary):
-        return None
-    assert obs.canary is not None
-    return obs.at_s - obs.canary.latency_s
-
-
-def _stuck(window: ObservationWindow, now: float, cfg: DetectorConfig) -> _Stuck | None:
-    """The newest heartbeat, read after its round's probes, if the engine held work and did not
-    step: requests held at its last step (or one in flight), or, on an idle engine, a canary
-    that missed its deadline without a step even being scheduled for it (an idle vLLM picks a
-    request up within milliseconds)."""
-    obs = next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
-    if obs is None or not isinstance(obs.heartbeat, StepBeat) or now - obs.at_s > cfg.stale_after_s:
-        return None
-    beat = obs.heartbeat
-    if beat.pending:  # a step under way since it was scheduled (or the last one came back)
-        return _Stuck(obs, beat, max(beat.done_s, beat.scheduled_s), idle=False)
-    if beat.work > 0:  # requests held: the next step follows the last at once
-        return _Stuck(obs, beat, beat.done_s, idle=False)
-    sent_s = _canary_sent_s(obs)
-    if sent_s is not None and beat.scheduled_s < sent_s:
-        return _Stuck(obs, beat, sent_s, idle=True)
-    return None
-
-
-def _span_in(
-    obs: Observation, window: ObservationWindow, now: float, cfg: DetectorConfig, since_s: float
-) -> tuple[ProcSample, ProcSample] | None:
-    """Two sweeps at least ``hang_cpu_min_span_s`` apart, both taken while the engine was stuck
-    (after ``since_s``) and the newer one the newest: its CPU over them is its CPU while stuck.
-    An idle engine's canary is the exception: its sweeps are the ones around the missed canary
-    (the CPU before it is that of an idle engine either way)."""
-    newest = next(_sweeps(window, now, now - cfg.hang_cpu_max_span_s), None)
-    if newest is None or newest.at_s is None:
-        return None
-    for older in _sweeps(window, now, now - cfg.hang_cpu_max_span_s):
-        assert older.at_s is not None
-        span_s = newest.at_s - older.at_s
-        if span_s > cfg.hang_cpu_max_span_s:
-            return None
-        if span_s >= cfg.hang_cpu_min_span_s:
-            return (older, newest) if older.at_s >= since_s - SAME_ROUND_S else None
-    return None
-
-
 def _cpu_idle_through(
     window: ObservationWindow, now: float, cfg: DetectorConfig, miss: Observation
 ) -> tuple[float, float] | None:
@@ -189,7 +89,7 @@ def _cpu_idle_through(
     assert miss.canary is not None
     sent_s = miss.at_s - miss.canary.latency_s
     after: ProcSample | None = None
-    for sample in _sweeps(window, now, miss.at_s - cfg.hang_cpu_max_span_s):
+    for sample in sweeps_in(window, now, miss.at_s - cfg.hang_cpu_max_span_s):
         assert sample.at_s is not None
         if sample.at_s >= miss.at_s:
             after = sample  # walking back: ends at the oldest sweep after the miss
@@ -200,103 +100,11 @@ def _cpu_idle_through(
         span_s = after.at_s - sample.at_s
         if not cfg.hang_cpu_min_span_s <= span_s <= cfg.hang_cpu_max_span_s:
             return None
-        used_s = _cpu_used_s(sample, after)
+        used_s = cpu_used_s(sample, after)
         if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s:
             return None
         return used_s / span_s, span_s
     return None
-
-
-def _step_bound_s(beat: StepBeat, floor_s: float, cfg: DetectorConfig) -> float:
-    return max(floor_s, cfg.hang_step_factor * beat.longest_step_s)
-
-
-def _frozen(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[_Stuck, float, float] | None:
-    """Work held, no step for the learned bound, and the engine's processes other than the API
-    server at (almost) no CPU while stuck: (stuck, CPU share, span).
-
-    Why a busy engine cannot trip it: a working engine completes a step within a few of its own
-    longest steps, and computes meanwhile (CUDA spin-waits on a GPU, OpenMP on the CPU build).
-    A process waiting on I/O (state D, a LoRA load from a network disk) defers it to the
-    deadline rule."""
-    stuck = _stuck(window, now, cfg)
-    if stuck is None:
-        return None
-    bound_s = _step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
-    if now - stuck.since_s < (cfg.hang_cpu_min_span_s if stuck.idle else bound_s):
-        return None
-    span = _span_in(stuck.obs, window, now, cfg, stuck.since_s)
-    if span is None:
-        return None
-    older, newer = span
-    assert older.at_s is not None and newer.at_s is not None
-    if any(p.status == DISK_SLEEP for p in newer.processes):
-        return None
-    span_s = newer.at_s - older.at_s
-    # The API server is left out: it accepts and holds requests, answers /health and renders
-    # /metrics while the core is stuck.
-    used_s = _cpu_used_s(older, newer, lambda p: p.pid != newer.pgid)
-    if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s + _poll_s(stuck, older, cfg):
-        return None
-    # But a canary that never reached the core of a busy API server (its event loop held up) is
-    # the API server's slowness, not a frozen engine.
-    api_s = _cpu_used_s(older, newer, lambda p: p.pid == newer.pgid)
-    if stuck.idle and api_s is not None and api_s >= cfg.hang_spin_busy_ratio * span_s:
-        return None
-    return stuck, used_s / span_s, span_s
-
-
-def _poll_s(stuck: _Stuck, older: ProcSample, cfg: DetectorConfig) -> float:
-    """The Worker's CPU that is its poll for the next step (``hang_worker_poll_s`` after the
-    last step), within the span from ``older``: one core for the overlap. None on an idle
-    engine, whose Worker has long been asleep on its socket."""
-    assert older.at_s is not None
-    if stuck.idle:
-        return 0.0
-    return max(0.0, stuck.since_s + cfg.hang_worker_poll_s - older.at_s)
-
-
-def _spinning(
-    window: ObservationWindow, now: float, cfg: DetectorConfig
-) -> tuple[_Stuck, float, float, float] | None:
-    """Work held, no step for the learned bound (``hang_spin_after_s`` at least), the engine's
-    processes other than the API server busy, and its Worker idle: (stuck, CPU share, Worker
-    share, span).
-
-    Why a busy engine cannot trip it: its steps complete within a few of its own longest
-    steps; and a step, however long, is computed by the Worker, which then burns CPU. That last
-    test holds only where the Worker's CPU is the compute (the CPU build): on a GPU host a hung
-    kernel and a long prefill both spin the Worker on the GPU's completion, so a GPU engine, or
-    one without a Worker process, is left to the deadline rule (and a future power/GPM oracle,
-    shared/docs/hang-detection.md §4)."""
-    stuck = _stuck(window, now, cfg)
-    if stuck is None or stuck.obs.gpus:
-        return None
-    bound_s = _step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
-    # An idle engine has no step under way that could be long: the canary's miss is the bound.
-    if not stuck.idle and now - stuck.since_s < bound_s:
-        return None
-    span = _span_in(stuck.obs, window, now, cfg, stuck.since_s)
-    if span is None:
-        return None
-    older, newer = span
-    assert older.at_s is not None and newer.at_s is not None
-    span_s = newer.at_s - older.at_s
-    used_s = _cpu_used_s(older, newer, lambda p: p.pid != newer.pgid and not _is_worker(p))
-    worker_s = _cpu_used_s(older, newer, _is_worker)
-    if used_s is None or worker_s is None:
-        return None  # no Worker process: nothing tells a spin from a forward
-    if used_s < cfg.hang_spin_busy_ratio * span_s:
-        return None
-    if worker_s > cfg.hang_cpu_idle_ratio * span_s + _poll_s(stuck, older, cfg):
-        return None
-    return stuck, used_s / span_s, worker_s / span_s, span_s
-
-
-def _beat_progressed(older: Observation, newer: Observation) -> bool:
-    """The heartbeat shows a step completed between two observations (same writer)."""
-    a, b = older.heartbeat, newer.heartbeat
-    return isinstance(a, StepBeat) and isinstance(b, StepBeat) and a.pid == b.pid and b.done > a.done
 
 
 def _metrics_timed_out(obs: Observation) -> bool:
@@ -339,7 +147,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         newest = newest or obs
         oldest = obs
         if isinstance(obs.heartbeat, StepBeat):
-            if newer_beat is not None and _beat_progressed(obs, newer_beat):
+            if newer_beat is not None and beat_progressed(obs, newer_beat):
                 last_life_s = newer_beat.at_s  # a step completed by the newer reading
                 break
             newer_beat = obs
@@ -368,7 +176,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     evidence: dict[str, float | str] = {}
     stopped = _stopped(window, now, cfg) or _stopped_at_miss(missed)
     # The newest canary miss that a sweep has been taken after (the sweeps must bracket it).
-    newest_sweep = next(_sweeps(window, now, now - cfg.stale_after_s), None)
+    newest_sweep = next(sweeps_in(window, now, now - cfg.stale_after_s), None)
     canary_miss = next(
         (
             o
@@ -381,8 +189,8 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         None,
     )
     cpu_idle = None if canary_miss is None else _cpu_idle_through(window, now, cfg, canary_miss)
-    frozen = None if stopped is not None else _frozen(window, now, cfg)
-    spinning = None if stopped is not None or frozen is not None else _spinning(window, now, cfg)
+    frozen = None if stopped is not None else frozen_engine(window, now, cfg)
+    spinning = None if stopped is not None or frozen is not None else spinning_engine(window, now, cfg)
     if stopped is not None:
         proc, frozen_since = stopped
         rule, limit_s = "stopped", cfg.hang_stopped_after_s
@@ -391,14 +199,14 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         why = f"process {proc.pid} ({proc.title[:40]}) stopped"
     elif frozen is not None:
         stuck, ratio, span_s = frozen
-        rule, limit_s = "frozen", _step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
+        rule, limit_s = "frozen", step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
         frozen_since = stuck.since_s
         evidence.update(cpu_ratio=round(ratio, 4), cpu_span_s=round(span_s, 3), steps=stuck.beat.done)
         what = "a canary waited" if stuck.idle else f"{stuck.beat.work} requests held"
         why = f"no step for {now - stuck.since_s:.1f} s while {what}, the engine at {ratio:.1%} of a core"
     elif spinning is not None:
         stuck, ratio, worker_ratio, span_s = spinning
-        rule, limit_s = "spinning", _step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
+        rule, limit_s = "spinning", step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
         frozen_since = stuck.since_s
         evidence.update(
             cpu_ratio=round(ratio, 4),

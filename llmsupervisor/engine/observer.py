@@ -28,6 +28,7 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
+from llmsupervisor.detectors.steps import idle_but_busy
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
@@ -217,7 +218,11 @@ class Observer:
         run_canary = (
             spec.canary_kind != "none"
             and not progressing
-            and now - self._last_canary_s >= spec.canary_interval_s
+            and (
+                now - self._last_canary_s >= spec.canary_interval_s
+                # An idle engine burning CPU: ask it now (detectors/liveness.py).
+                or idle_but_busy(self.window, now, self._cfg)
+            )
         )
 
         run_metrics = (

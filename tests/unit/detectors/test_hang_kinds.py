@@ -13,9 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from llmsupervisor.core.observe import Observation
+from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors import DetectorConfig, detect_hang, new_window
 from llmsupervisor.detectors.config import DetectorConfig as _Cfg
+from llmsupervisor.detectors.steps import idle_but_busy
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
@@ -293,3 +294,21 @@ def test_a_canary_held_up_by_a_busy_api_server_is_not_a_frozen_engine() -> None:
     cpu = {API: 10.0, CORE: 20.0, WORKER: 30.0}
     miss = idle_round(2.0, cpu, {**cpu, API: 11.0}, canary=MISS)
     assert first_hang([idle_round(0.0, cpu, cpu, canary=OK), miss]) is None
+
+
+def test_an_idle_engine_burning_cpu_is_asked_at_once() -> None:
+    cpu = {API: 10.0, CORE: 20.0, WORKER: 30.0}
+    quiet = [idle_round(0.0, cpu, cpu, canary=OK), idle_round(2.0, cpu, cpu, canary=OK)]
+    assert not idle_but_busy(new_window_of(quiet), 2.1, CFG)
+    busy = [idle_round(0.0, cpu, cpu, canary=OK), idle_round(2.0, {**cpu, CORE: 22.0}, cpu, canary=OK)]
+    assert idle_but_busy(new_window_of(busy), 2.1, CFG)
+    # Work held: the engine is busy with it, not idle.
+    held = [replace(o, heartbeat=beat(50, 1.0, work=3, pending=False)) for o in busy]
+    assert not idle_but_busy(new_window_of(held), 2.1, CFG)
+
+
+def new_window_of(observations: Iterable[Observation]) -> ObservationWindow:
+    w = new_window(CFG)
+    for o in observations:
+        w.append(o)
+    return w
