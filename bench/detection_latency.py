@@ -20,7 +20,7 @@ from typing import Any
 from llmsupervisor.config import EngineSpec, SupervisorSettings
 from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
-from llmsupervisor.engine.observer import SPAN_MARGIN_S, canary_deadline_s
+from llmsupervisor.engine.observer import canary_deadline_s, second_sweep_at
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
@@ -186,7 +186,7 @@ def _group(t: float, cpu: dict[int, float], stopped: frozenset[int]) -> ProcSamp
     )
 
 
-def hang_latency(hang: str, load: str, t0: float) -> tuple[float, str] | None:
+def hang_latency(hang: str, load: str, t0: float, round_s: float = 0.0) -> tuple[float, str] | None:
     """Simulated time from a hang at ``t0`` to the finding, with the observer's round as it is
     (engine/observer.py): the sweep as the round starts; the canary (only while the heartbeat
     shows no step) and /health (waited for at most hang_probe_late_s) with it; then the step
@@ -238,7 +238,10 @@ def hang_latency(hang: str, load: str, t0: float) -> tuple[float, str] | None:
                 canary = OK
                 done, done_s, scheduled_s = done + 2, t + 0.02, t
         health = replace(TIMEOUT, latency_s=late_s) if stopped else HEALTH_OK
-        took_s = max(canary.latency_s if canary else 0.0, health.latency_s)
+        # Under load the round's /health and /metrics take a while on a busy host.
+        took_s = max(
+            canary.latency_s if canary else 0.0, health.latency_s, round_s if load == "load" else 0.0
+        )
         end = t + took_s
         if load == "load" and not engine_hung and not stopped:
             done, done_s, scheduled_s = done + 400, end, end
@@ -251,9 +254,18 @@ def hang_latency(hang: str, load: str, t0: float) -> tuple[float, str] | None:
             # Under load a step comes back every few ms: the last one just before the hang.
             done_s = scheduled_s = min(max(done_s, t0), end)
         last_done_s = min(done_s, t0) if engine_hung else done_s
-        if after is None and work and end - last_done_s >= CFG.hang_cpu_min_span_s:
-            # A step overdue: the observer sweeps again hang_cpu_min_span_s after the first.
-            end = max(end, t + CFG.hang_cpu_min_span_s + SPAN_MARGIN_S)
+        probe = StepBeat(
+            pid=CORE,
+            scheduled=done,
+            done=done,
+            scheduled_s=last_done_s,
+            done_s=last_done_s,
+            work=work,
+            longest_step_s=0.05,
+        )
+        second_s = None if after is not None else second_sweep_at(probe, end, t, CFG)
+        if second_s is not None:  # a step overdue: the observer sweeps again (engine/observer.py)
+            end = max(end, second_s)
             run(end)
             after = _group(end, cpu, stopped)
         beat = StepBeat(
@@ -300,6 +312,8 @@ HANG_CASES: tuple[tuple[str, str, str], ...] = (
 # vLLM 0.32's shm MessageQueue reader busy-loops this long after its last read before it waits
 # on a socket (distributed/device_communicators/shm_broadcast.py, SpinCondition busy_loop_s).
 SHM_BUSY_LOOP_S = 1.0
+# How long a loaded engine's round takes (its probes on a busy host): none, and most of a second.
+ROUND_S = (0.0, 0.4, 0.8)
 # Where in the tick the hang begins: the worst case is just after a round's sweep.
 PHASES = (0.01, 0.5, 1.0, 1.5, 1.99)
 
@@ -331,12 +345,13 @@ def main(out: Callable[[str], None] = print) -> None:
         out(f"| {label} | {kind.value} | {'not found' if found is None else f'{found:.0f} s'} |")
     out("")
     out("With the step heartbeat (issue 25), the hang beginning at each of")
-    out(f"{', '.join(f'{p:g}' for p in PHASES)} s into a {TICK_S:g} s tick:")
+    out(f"{', '.join(f'{p:g}' for p in PHASES)} s into a {TICK_S:g} s tick, a loaded round taking")
+    out(f"{', '.join(f'{r:g}' for r in ROUND_S)} s:")
     out("")
     out("| hang | engine | rule | fastest | slowest |")
     out("|---|---|---|---|---|")
     for label, hang, load in HANG_CASES:
-        results = [hang_latency(hang, load, 900.0 + p) for p in PHASES]
+        results = [hang_latency(hang, load, 900.0 + p, r) for p in PHASES for r in ROUND_S]
         found = [r for r in results if r is not None]
         rules = ", ".join(sorted({r[1] for r in found})) or "-"
         if len(found) < len(results):

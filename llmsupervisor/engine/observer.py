@@ -20,6 +20,7 @@ from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import Observation, check_timed_out
 from llmsupervisor.detectors import (
+    DetectorConfig,
     Finding,
     FindingTracker,
     Severity,
@@ -51,6 +52,9 @@ FINDING_LOG_LEVEL: Final = {
 }
 
 
+# A step not back this long (and longer than the engine's longest recent one) while work is held
+# is overdue: a loaded engine steps every few milliseconds.
+OVERDUE_AFTER_S: Final = 0.5
 # A second sweep for an overdue step is taken this much later than hang_cpu_min_span_s after
 # the first, so that the span is not a hair short of it.
 SPAN_MARGIN_S: Final = 0.05
@@ -86,6 +90,18 @@ def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> 
     # The ceiling wins: a config that sets only live_canary_timeout_s below the floor's default
     # (tests use 0.5 s) gets that fixed deadline, as before the deadline was learned.
     return min(spec.live_canary_timeout_s, max(spec.live_canary_min_timeout_s, learned))
+
+
+def second_sweep_at(beat: StepBeat, now: float, swept_s: float, cfg: DetectorConfig) -> float | None:
+    """When to take a second sweep for a step that is overdue (work held, none back for longer
+    than the engine's longest recent step and OVERDUE_AFTER_S): hang_cpu_min_span_s after this
+    round's sweep (``swept_s``), or later, when the spinning rule's bound is reached, but never
+    more than hang_spin_after_s after the sweep. None when no step is overdue."""
+    if not (beat.work > 0 or beat.pending) or now - beat.done_s < max(OVERDUE_AFTER_S, beat.longest_step_s):
+        return None
+    spin_s = beat.done_s + max(cfg.hang_spin_after_s, cfg.hang_step_factor * beat.longest_step_s)
+    at_s = min(max(swept_s + cfg.hang_cpu_min_span_s, spin_s), swept_s + cfg.hang_spin_after_s)
+    return max(at_s, swept_s + cfg.hang_cpu_min_span_s) + SPAN_MARGIN_S
 
 
 class GpuSource(Protocol):
@@ -325,14 +341,9 @@ class Observer:
     def _step_overdue(
         self, beat: StepBeat | ProbeFailure | None, now: float, swept: host.ProcSample | ProbeFailure | None
     ) -> float | None:
-        """When to take a second sweep for a step that is overdue (work held, none back for
-        hang_cpu_min_span_s): hang_cpu_min_span_s after this round's sweep. None when no step is
-        overdue, or without a timed sweep."""
         if not isinstance(beat, StepBeat) or not isinstance(swept, host.ProcSample) or swept.at_s is None:
             return None
-        if not (beat.work > 0 or beat.pending) or now - beat.done_s < self._cfg.hang_cpu_min_span_s:
-            return None
-        return swept.at_s + self._cfg.hang_cpu_min_span_s + SPAN_MARGIN_S
+        return second_sweep_at(beat, now, swept.at_s, self._cfg)
 
     async def _heartbeat(self) -> StepBeat | ProbeFailure | None:
         """The step heartbeat, read after the round's probes (so after its canary was sent)."""

@@ -8,10 +8,12 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import check_timed_out
 from llmsupervisor.detectors import DetectorConfig
-from llmsupervisor.engine.observer import NoGpus, Observer
+from llmsupervisor.engine.observer import OVERDUE_AFTER_S, NoGpus, Observer, second_sweep_at
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
@@ -108,14 +110,15 @@ class AnsweringApiServer:
 
 
 def test_an_overdue_step_brings_a_second_sweep_and_a_second_heartbeat_read(tmp_path: Path) -> None:
-    # Work held and no step back for hang_cpu_min_span_s: the round sweeps again that long after
-    # its first sweep, so the hang rules have a span of the stuck engine's CPU this round.
+    # Work held and no step back for OVERDUE_AFTER_S: the round sweeps again at least
+    # hang_cpu_min_span_s after its first sweep, so the hang rules have a span of the stuck
+    # engine's CPU this round.
     spec = EngineSpec(
         name="e1",
         model="m",
         gpus=(),
         port=8001,
-        detectors=DetectorConfig(hang_cpu_min_span_s=0.01),
+        detectors=DetectorConfig(hang_cpu_min_span_s=0.01, hang_spin_after_s=0.01),
     )
     beat = Heartbeat(str(tmp_path / "beat"))
     beat.on_schedule(8)
@@ -131,7 +134,7 @@ def test_an_overdue_step_brings_a_second_sweep_and_a_second_heartbeat_read(tmp_p
             sweeper=sweeper,
             heartbeat_path=tmp_path / "beat",
         )
-        await asyncio.sleep(0.05)  # hang_cpu_min_span_s past the last step
+        await asyncio.sleep(OVERDUE_AFTER_S + 0.05)  # overdue
         obs = await observer.round(Leader())  # type: ignore[arg-type]
         assert isinstance(obs.proc, ProcSample) and isinstance(obs.proc_after, ProcSample)
         assert obs.proc.at_s is not None and obs.proc_after.at_s is not None
@@ -142,3 +145,19 @@ def test_an_overdue_step_brings_a_second_sweep_and_a_second_heartbeat_read(tmp_p
         assert obs.proc_after is None
 
     asyncio.run(asyncio.wait_for(rounds(), timeout=60))
+
+
+def test_the_second_sweep_waits_for_the_spin_bound_but_never_past_hang_spin_after_s() -> None:
+    cfg = DetectorConfig()  # hang_cpu_min_span_s 1, hang_spin_after_s 2
+    beat = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=8, longest_step_s=0.01)
+    assert second_sweep_at(beat, 100.4, 100.3, cfg) is None  # not overdue yet
+    # Swept at 100.6: the span's floor (101.6) is before the spin bound (102.0): wait for that.
+    assert second_sweep_at(beat, 100.7, 100.6, cfg) == pytest.approx(102.05)
+    # Swept at 103: the floor (104) is the later.
+    assert second_sweep_at(beat, 103.1, 103.0, cfg) == pytest.approx(104.05)
+    # A learned bound of 40 s: never more than hang_spin_after_s after the sweep.
+    slow = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=8, longest_step_s=10.0)
+    assert second_sweep_at(slow, 111.0, 111.0, cfg) == pytest.approx(113.05)
+    # Nothing held: nothing overdue.
+    idle = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=0, longest_step_s=0.01)
+    assert second_sweep_at(idle, 110.0, 110.0, cfg) is None
