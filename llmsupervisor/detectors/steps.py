@@ -19,7 +19,8 @@ from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 
 WORKER_TITLE = "VLLM::Worker"
-# A round's first sweep is taken as its canary is sent, a few milliseconds apart.
+# A round's first sweep is taken as its canary is sent, a few milliseconds apart: a sweep this
+# much before the canary was sent still counts as taken while it waited.
 SAME_ROUND_S = 0.5
 DISK_SLEEP = "disk-sleep"  # psutil.STATUS_DISK_SLEEP: waiting on I/O (a LoRA load from NFS)
 
@@ -31,7 +32,7 @@ def is_worker(p: ProcInfo) -> bool:
 @dataclass(frozen=True, slots=True)
 class Stuck:
     """The engine held work and completed no step since ``since_s`` (the last step, or when
-    the canary it had not picked up was sent); ``bound_s`` is the step time it has learned."""
+    the canary it had not picked up was sent); ``obs`` holds the heartbeat that says so."""
 
     obs: Observation
     beat: StepBeat
@@ -67,12 +68,11 @@ def find_stuck(window: ObservationWindow, now: float, cfg: DetectorConfig) -> St
 
 
 def span_in(
-    obs: Observation, window: ObservationWindow, now: float, cfg: DetectorConfig, since_s: float
+    window: ObservationWindow, now: float, cfg: DetectorConfig, since_s: float
 ) -> tuple[ProcSample, ProcSample] | None:
-    """Two sweeps at least ``hang_cpu_min_span_s`` apart, both taken while the engine was stuck
-    (after ``since_s``) and the newer one the newest: its CPU over them is its CPU while stuck.
-    An idle engine's canary is the exception: its sweeps are the ones around the missed canary
-    (the CPU before it is that of an idle engine either way)."""
+    """The newest sweep and the newest one at least ``hang_cpu_min_span_s`` before it, if that
+    one was taken while the engine was stuck (from ``since_s``, less ``SAME_ROUND_S``): the
+    engine's CPU between them is its CPU while stuck."""
     newest = next(sweeps_in(window, now, now - cfg.hang_cpu_max_span_s), None)
     if newest is None or newest.at_s is None:
         return None
@@ -106,7 +106,7 @@ def frozen_engine(
     bound_s = step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
     if now - stuck.since_s < (cfg.hang_cpu_min_span_s if stuck.idle else bound_s):
         return None
-    span = span_in(stuck.obs, window, now, cfg, stuck.since_s)
+    span = span_in(window, now, cfg, stuck.since_s)
     if span is None:
         return None
     older, newer = span
@@ -157,7 +157,7 @@ def spinning_engine(
     # An idle engine has no step under way that could be long: the canary's miss is the bound.
     if not stuck.idle and now - stuck.since_s < bound_s:
         return None
-    span = span_in(stuck.obs, window, now, cfg, stuck.since_s)
+    span = span_in(window, now, cfg, stuck.since_s)
     if span is None:
         return None
     older, newer = span
