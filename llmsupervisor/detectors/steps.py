@@ -97,7 +97,8 @@ def frozen_engine(
     server at (almost) no CPU while stuck: (stuck, CPU share, span).
 
     Why a busy engine cannot trip it: a working engine completes a step within a few of its own
-    longest steps, and computes meanwhile (CUDA spin-waits on a GPU, OpenMP on the CPU build).
+    longest steps, and computes meanwhile (CUDA spin-waits on a GPU, OpenMP on the CPU build;
+    an engine whose CUDA context was made to block rather than spin would need the bound raised).
     A process waiting on I/O (state D, a LoRA load from a network disk) defers it to the
     deadline rule."""
     stuck = find_stuck(window, now, cfg)
@@ -129,7 +130,7 @@ def frozen_engine(
 
 def poll_s(stuck: Stuck, older: ProcSample, cfg: DetectorConfig) -> float:
     """The Worker's CPU that is its poll for the next step (``hang_worker_poll_s`` after the
-    last step), within the span from ``older``: one core for the overlap. None on an idle
+    last step), within the span from ``older``: one core for the overlap. Nothing on an idle
     engine, whose Worker has long been asleep on its socket."""
     assert older.at_s is not None
     if stuck.idle:
