@@ -20,9 +20,10 @@ from typing import Any
 from llmsupervisor.config import EngineSpec, SupervisorSettings
 from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
-from llmsupervisor.engine.observer import canary_deadline_s
+from llmsupervisor.engine.observer import canary_deadline_s, second_sweep_at
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuProcess
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
@@ -150,6 +151,173 @@ def latency(
     return None
 
 
+API, CORE, WORKER = 4100, 4101, 4102
+TITLES = {API: "vllm serve", CORE: "VLLM::EngineCore", WORKER: "VLLM::Worker"}
+# CPU a second per process: serving 8 streams, idle, and each hang (issue 25).
+RATES = {
+    "load": {API: 0.3, CORE: 0.4, WORKER: 1.5},
+    "idle": {API: 0.01, CORE: 0.0, WORKER: 0.0},
+    "deadlock": {API: 0.01, CORE: 0.0, WORKER: 0.0},
+    "spin": {API: 0.01, CORE: 1.0, WORKER: 0.0},
+    "stopped": {API: 0.0, CORE: 0.0, WORKER: 0.0},
+}
+
+
+def _group(t: float, cpu: dict[int, float], stopped: frozenset[int]) -> ProcSample:
+    infos = tuple(
+        ProcInfo(
+            pid=pid,
+            title=TITLES[pid],
+            rss_bytes=1 << 30,
+            cpu_seconds=c,
+            status="stopped" if pid in stopped else "sleeping",
+            zombie=False,
+        )
+        for pid, c in sorted(cpu.items())
+    )
+    return ProcSample(
+        pgid=API,
+        processes=infos,
+        rss_bytes_total=len(infos) << 30,
+        cpu_seconds_total=sum(cpu.values()),
+        process_count=len(infos),
+        zombie_count=0,
+        at_s=t,
+    )
+
+
+def hang_latency(hang: str, load: str, t0: float, round_s: float = 0.0) -> tuple[float, str] | None:
+    """Simulated time from a hang at ``t0`` to the finding, with the observer's round as it is
+    (engine/observer.py): the sweep as the round starts; the canary (only while the heartbeat
+    shows no step) and /health (waited for at most hang_probe_late_s) with it; then the step
+    heartbeat; a second sweep after a miss, or hang_cpu_min_span_s after the first while a step
+    is overdue; the next round a tick after this one ended.
+
+    ``hang``: "deadlock" or "spin" in EngineCore, or "api-stopped" (SIGSTOP of the API server);
+    ``load``: "idle" or "load" (8 streams: a step every few ms, 8 requests held)."""
+    cpu = {API: 10.0, CORE: 20.0, WORKER: 30.0}
+    window = new_window(CFG)
+    t, done, done_s, scheduled_s, moved = 0.0, 0, 0.0, 0.0, True
+    late_s = min(SPEC.health_timeout_s, CFG.hang_probe_late_s)
+
+    def run(until_s: float) -> None:
+        # CPU from the last sweep to ``until_s``, in pieces around t0.
+        nonlocal last_cpu_s
+        pieces = (
+            (last_cpu_s, min(until_s, t0)),
+            (max(last_cpu_s, t0), min(until_s, t0 + SHM_BUSY_LOOP_S)),
+            (max(last_cpu_s, t0 + SHM_BUSY_LOOP_S), until_s),
+        )
+        for a, b in pieces:
+            if b <= a:
+                continue
+            state = load if a < t0 else ("stopped" if hang == "api-stopped" else hang)
+            if state == "stopped" or (hang == "api-stopped" and a >= t0):
+                rates = {**RATES[load], API: 0.0}
+            else:
+                rates = dict(RATES[state])
+                if load == "load" and a < t0 + SHM_BUSY_LOOP_S:
+                    rates[WORKER] = 1.0  # the Worker polls for its next step before it idles
+            for pid, r in rates.items():
+                cpu[pid] += r * (b - a)
+        last_cpu_s = until_s
+
+    last_cpu_s = 0.0
+    while t < t0 + 120:
+        t += TICK_S
+        hung = t >= t0
+        engine_hung = hung and hang != "api-stopped"
+        stopped = frozenset({API}) if hung and hang == "api-stopped" else frozenset()
+        run(t)
+        proc = _group(t, cpu, stopped)
+        canary = None
+        if not moved and load == "idle":
+            if engine_hung or stopped:
+                canary = replace(TIMEOUT, latency_s=DEADLINE_S)
+            else:
+                canary = OK
+                done, done_s, scheduled_s = done + 2, t + 0.02, t
+        health = replace(TIMEOUT, latency_s=late_s) if stopped else HEALTH_OK
+        # Under load the round's /health and /metrics take a while on a busy host.
+        took_s = max(
+            canary.latency_s if canary else 0.0, health.latency_s, round_s if load == "load" else 0.0
+        )
+        end = t + took_s
+        if load == "load" and not engine_hung and not stopped:
+            done, done_s, scheduled_s = done + 400, end, end
+        elif load == "load" and not engine_hung:
+            done, done_s, scheduled_s = done + 400, end, end  # the API server stopped: the core steps on
+        run(end)
+        after = _group(end + 0.01, cpu, stopped) if (canary and not canary.ok) or not health.ok else None
+        work = 8 if load == "load" else 0
+        if engine_hung and load == "load":
+            # Under load a step comes back every few ms: the last one just before the hang.
+            done_s = scheduled_s = min(max(done_s, t0), end)
+        last_done_s = min(done_s, t0) if engine_hung else done_s
+        probe = StepBeat(
+            pid=CORE,
+            scheduled=done,
+            done=done,
+            scheduled_s=last_done_s,
+            done_s=last_done_s,
+            work=work,
+            longest_step_s=0.05,
+        )
+        second_s = None if after is not None else second_sweep_at(probe, end, t, CFG)
+        if second_s is not None:  # a step overdue: the observer sweeps again (engine/observer.py)
+            end = max(end, second_s)
+            run(end)
+            after = _group(end, cpu, stopped)
+        beat = StepBeat(
+            pid=CORE,
+            scheduled=done,
+            done=done,
+            scheduled_s=min(scheduled_s, t0) if engine_hung else scheduled_s,
+            done_s=min(done_s, t0) if engine_hung else done_s,
+            work=work,
+            longest_step_s=0.05,
+        )
+        obs = Observation(
+            engine="gpu0",
+            at_s=end,
+            health=health,
+            canary=canary,
+            proc=proc,
+            proc_after=after,
+            heartbeat=beat,
+        )
+        previous = window.latest()
+        moved = (
+            previous is not None
+            and isinstance(previous.heartbeat, StepBeat)
+            and done > previous.heartbeat.done
+            and work > 0  # the observer: an idle engine's own canary steps are not progress
+        )
+        window.append(obs)
+        t = end
+        finding = detect_all(window, t, CFG)
+        hangs = [f for f in finding if f.kind is FindingKind.HANG]
+        if hangs and t >= t0:
+            return t - t0, str(hangs[0].evidence.get("rule"))
+    return None
+
+
+HANG_CASES: tuple[tuple[str, str, str], ...] = (
+    ("EngineCore deadlocked (0 % CPU)", "deadlock", "idle"),
+    ("EngineCore deadlocked (0 % CPU)", "deadlock", "load"),
+    ("EngineCore spinning (100 % CPU, no step)", "spin", "idle"),
+    ("EngineCore spinning (100 % CPU, no step)", "spin", "load"),
+    ("API server stopped (SIGSTOP)", "api-stopped", "idle"),
+)
+# vLLM 0.32's shm MessageQueue reader busy-loops this long after its last read before it waits
+# on a socket (distributed/device_communicators/shm_broadcast.py, SpinCondition busy_loop_s).
+SHM_BUSY_LOOP_S = 1.0
+# How long a loaded engine's round takes (its probes on a busy host): none, and most of a second.
+ROUND_S = (0.0, 0.4, 0.8)
+# Where in the tick the hang begins: the worst case is just after a round's sweep.
+PHASES = (0.01, 0.5, 1.0, 1.5, 1.99)
+
+
 SCENARIOS: tuple[tuple[str, str, FindingKind], ...] = (
     ("hang (worker frozen, gauges stale at 0: the SIGSTOP case)", "hang", FindingKind.HANG),
     ("hang with work queued (8 requests running, counters frozen)", "stall", FindingKind.HANG),
@@ -175,6 +343,22 @@ def main(out: Callable[[str], None] = print) -> None:
     for label, fault, kind in SCENARIOS:
         found = latency(fault, kind)
         out(f"| {label} | {kind.value} | {'not found' if found is None else f'{found:.0f} s'} |")
+    out("")
+    out("With the step heartbeat (issue 25), the hang beginning at each of")
+    out(f"{', '.join(f'{p:g}' for p in PHASES)} s into a {TICK_S:g} s tick, a loaded round taking")
+    out(f"{', '.join(f'{r:g}' for r in ROUND_S)} s:")
+    out("")
+    out("| hang | engine | rule | fastest | slowest |")
+    out("|---|---|---|---|---|")
+    for label, hang, load in HANG_CASES:
+        results = [hang_latency(hang, load, 900.0 + p, r) for p in PHASES for r in ROUND_S]
+        found = [r for r in results if r is not None]
+        rules = ", ".join(sorted({r[1] for r in found})) or "-"
+        if len(found) < len(results):
+            out(f"| {label} | {load} | {rules} | not always found | |")
+            continue
+        lat = [r[0] for r in found]
+        out(f"| {label} | {load} | {rules} | {min(lat):.1f} s | {max(lat):.1f} s |")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,18 @@ rules) supervises one real vLLM engine serving the tiny model of tests/lib/tiny_
 is injected ``--runs`` times (5 by default); the daemon finds it, restarts the engine, and the
 next run waits for READY again:
 
-    worker        SIGSTOP to the engine's ``VLLM::Worker`` process
-    engine core   SIGSTOP to its ``VLLM::EngineCore`` process
+    worker           SIGSTOP to the engine's ``VLLM::Worker`` process
+    core             SIGSTOP to its ``VLLM::EngineCore`` process
+    api              SIGSTOP to its API server (the process that answers HTTP)
+    core-deadlock    EngineCore's threads blocked on the GIL's lock, 0 % CPU (no signal: the
+                     injector of tests/lib/hang_injection/sitecustomize.py)
+    core-spin        EngineCore holding the GIL in a loop, 100 % CPU, no step
+    worker-deadlock, worker-spin   the same in the Worker
 
 each with the engine idle and under load (``--clients`` concurrent streaming completions). The
-latency is from the signal (wall clock, just before ``os.kill``) to the daemon's
-``finding hang`` log line (its own timestamp, to the millisecond).
+latency is from the signal or the injection (wall clock, just before ``os.kill``, or when the
+injector's trigger file appeared; the injector polls it every 50 ms, which the latency includes)
+to the daemon's ``finding hang`` log line (its own timestamp, to the millisecond).
 
 Then the false-finding run (``--busy-s``, 600 s by default): the same engine, never faulted,
 under ``--clients`` streaming clients, with one long prefill (the longest prompt the tiny
@@ -52,7 +58,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from llmsupervisor import process  # noqa: E402
 from tests.lib.daemon import Daemon, free_port, wait_for  # noqa: E402
+from tests.lib.hangs import hang_env, inject  # noqa: E402
 from tests.lib.vllm_env import VLLM_VENV, build_model, vllm_engine  # noqa: E402
+
+TITLES = {"worker": "VLLM::Worker", "core": "VLLM::EngineCore"}
+ROLES = {"core": "EngineCore", "worker": "Worker"}
 
 RESULTS = ROOT / "bench" / "results"
 READY_TIMEOUT_S = 900.0
@@ -140,7 +150,7 @@ def burners(n: int) -> Iterator[None]:
             p.join()
 
 
-def one_fault(d: Daemon, port: int, target: str, clients: int) -> dict[str, Any]:
+def one_fault(d: Daemon, port: int, target: str, clients: int, hangs: Path) -> dict[str, Any]:
     before = d.engine("e1")
     d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
     before = d.engine("e1")
@@ -148,11 +158,16 @@ def one_fault(d: Daemon, port: int, target: str, clients: int) -> dict[str, Any]
     try:
         if load is not None:
             time.sleep(8)  # the load is running and the counters move
-        prefix = "VLLM::Worker" if target == "worker" else "VLLM::EngineCore"
-        pid = titled(d, "e1", prefix)
         seen = len(d.log().splitlines())
-        fault_at = time.time()
-        os.kill(pid, signal.SIGSTOP)
+        process_, _, how = target.partition("-")
+        pid = None
+        if how:
+            fault_at = time.time()
+            inject(hangs, ROLES[process_], how)
+        else:
+            pid = d.engine("e1")["pid"] if process_ == "api" else titled(d, "e1", TITLES[process_])
+            fault_at = time.time()
+            os.kill(pid, signal.SIGSTOP)
         try:
 
             def found() -> str | None:
@@ -161,8 +176,9 @@ def one_fault(d: Daemon, port: int, target: str, clients: int) -> dict[str, Any]
 
             line = wait_for(found, timeout_s=FIND_TIMEOUT_S, what="the hang finding", poll_s=0.2)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
     finally:
         if load is not None:
             load.close()
@@ -205,7 +221,7 @@ def summary(latencies: Sequence[float]) -> dict[str, float | None]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| fault | engine | runs | finding | rule(s) | median | max |",
+        "| fault (--targets) | engine | runs | finding | rule(s) | median | max |",
         "|---|---|---|---|---|---|---|",
     ]
     for case in report["cases"]:
@@ -213,7 +229,7 @@ def markdown(report: dict[str, Any]) -> str:
         rules = sorted({str(r["rule"]) for r in case["runs"]})
         s = summary(lat)
         lines.append(
-            f"| SIGSTOP {case['target']} | {case['load']} | {len(lat)} | hang | {', '.join(rules)} "
+            f"| {case['target']} | {case['load']} | {len(lat)} | hang | {', '.join(rules)} "
             f"| {s['median_s']} s | {s['max_s']} s |"
         )
     ff = report.get("false_findings")
@@ -235,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8, help="streaming clients (loaded cases, busy run)")
     p.add_argument("--busy-s", type=float, default=600.0, help="the false-finding run's length (0: none)")
     p.add_argument("--burners", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    p.add_argument("--targets", default="worker,core")
+    p.add_argument("--targets", default="core,api,core-deadlock,core-spin")
     p.add_argument("--loads", default="idle,load")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -249,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     home.mkdir()
     port = free_port()
     engine = vllm_engine("e1", port, model, home)
+    hangs = tmp / "hang"
+    engine["env"] = {**engine["env"], **hang_env(hangs), "LLMSUP_HANG_SPIN_S": "60"}
     # A step as large as the longest prompt: the long prefill runs as one step.
     engine["args"] = {
         **engine["args"],
@@ -265,10 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     stem = args.out / f"detection-real-{started.strftime('%Y-%m-%dT%H%M%S')}"
     args.out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    # SIGSTOP of the API server or EngineCore under load is the same fact as idle (the stopped
+    # rule); the table has them idle only.
     cases = [
         {"target": target, "load": load, "runs": []}
         for load in args.loads.split(",")
         for target in args.targets.split(",")
+        if load == "idle" or "-" in target or target == "worker"
     ]
     report: dict[str, Any] = {
         "date": started.isoformat(timespec="seconds"),
@@ -288,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i in range(args.runs):
             for case in cases:
                 clients = args.clients if case["load"] == "load" else 0
-                run = one_fault(d, port, case["target"], clients)
+                run = one_fault(d, port, case["target"], clients, hangs)
                 case["runs"].append(run)
                 print(
                     f"{case['target']} {case['load']} #{i + 1}: {run['latency_s']} s ({run['rule']})",

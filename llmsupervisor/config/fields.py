@@ -115,6 +115,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     "log_probe_requests": Field(
         _boolean, "true: keep vLLM's access lines for the supervisor's own probes in the journal"
     ),
+    "step_heartbeat": Field(
+        _boolean,
+        "false: do not give vLLM the daemon's --scheduler-cls step heartbeat (hangs are then found "
+        "without it, some more slowly)",
+    ),
     "health_timeout_s": Field(_number(lo=0, lo_open=True), "deadline of each /health probe"),
     "metrics_interval_s": Field(
         _number(lo=0),

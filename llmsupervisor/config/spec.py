@@ -106,6 +106,9 @@ class EngineSpec:
     # Whether vLLM's access-log lines for the supervisor's own probes (/health, /metrics,
     # /v1/models) reach the journal; off, they are 85 % of all log lines.
     log_probe_requests: bool = False
+    # The step heartbeat (engine/heartbeat.py): --scheduler-cls with the daemon's plugin where the
+    # engine's vLLM takes it; false leaves the engine's scheduler alone (hangs found without it).
+    step_heartbeat: bool = True
     health_timeout_s: float = 5.0
     # A /metrics body larger than this is a parse failure, read no further (8 MiB; vLLM's ~60 kB).
     metrics_max_body_bytes: int = 8 * 1024 * 1024

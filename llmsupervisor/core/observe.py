@@ -27,6 +27,7 @@ from typing import TypeVar, cast
 
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
@@ -48,9 +49,15 @@ class Observation:
     # The engine's GPUs by NVML index; empty without NVML.
     gpus: Mapping[int, GpuSample | ProbeFailure] = field(default_factory=lambda: _EMPTY_GPUS)
     gpu_events: tuple[GpuEvent, ...] = ()  # on the engine's GPUs since the previous tick
-    proc: ProcSample | ProbeFailure | None = None
+    proc: ProcSample | ProbeFailure | None = None  # the sweep taken as the round began
+    # A second sweep, taken after a probe of the round missed its deadline (None otherwise): the
+    # hang rules read the engine's CPU across the miss without waiting a round.
+    proc_after: ProcSample | None = None
     # The engine's process group now: processes on its GPUs outside it are foreign.
     engine_pids: frozenset[int] = frozenset()
+    # The engine's step heartbeat, read after the round's other probes (probes/heartbeat.py);
+    # None: the engine writes none (an older vLLM, or the operator turned it off).
+    heartbeat: StepBeat | ProbeFailure | None = None
 
     def __post_init__(self) -> None:
         # A read-only view, so that a frozen Observation cannot be changed through its mapping.

@@ -120,11 +120,15 @@ class DetectorConfig:
     # moved) for this long, with at least ``hang_min_misses`` deadline misses (canary, /health or
     # /metrics timing out) since the last sign of life.
     # Work was queued at the last reading. vLLM V1 prefills in chunks of max-num-batched-tokens,
-    # and its step and token counters move at every step, which takes well under a second to a
-    # few seconds on a GPU: 12 s of frozen counters *and* missed canaries is a hang. Raise it for
-    # engines that prefill huge prompts in one step (chunked prefill off).
+    # a step takes well under a second to a few seconds on a GPU, but its token counters move
+    # only on steps that emit output: a chunked prefill of a long prompt leaves them still for
+    # as many steps as it has chunks (shared/docs/hang-detection.md §2), and an idle engine
+    # publishes nothing. The step heartbeat (engine/heartbeat.py) counts every step; without it,
+    # 12 s of frozen counters *and* missed canaries is a hang. Raise it for engines that prefill
+    # huge prompts in one step (chunked prefill off).
     hang_after_s: float = _setting(
-        "hang: no sign of life (canary, moving step/token counters) this long while work was queued", 12.0
+        "hang: no sign of life (canary, a step, moving step/token counters) this long while work was queued",
+        12.0,
     )
     # The last reading said nothing was running or waiting: a 1-token canary cannot take long.
     # This is the SIGSTOP case (gauges stale at 0), found within about 2 canary deadlines.
@@ -159,6 +163,44 @@ class DetectorConfig:
     )
     hang_cpu_max_span_s: float = _setting(
         "hang (CPU idle): and at most this (older readings say nothing of now)", 10.0, lo_open=True
+    )
+    # The rules that read the step heartbeat (issue 25, detectors/steps.py: frozen, spinning).
+    # A step is overdue when none completed for hang_step_factor x the engine's longest recent
+    # step (the heartbeat's own, decaying over a few hundred steps), and at least
+    # hang_spin_after_s for the spinning rule (hang_cpu_min_span_s for the frozen one).
+    hang_step_factor: float = _setting(
+        "hang (step heartbeat): a step is overdue after this x the engine's longest recent step", 4.0, lo=1
+    )
+    hang_spin_after_s: float = _setting(
+        "hang (spinning): and no step completed for at least this long", 2.0, lo_open=True
+    )
+    # Spinning: the engine's processes other than the API server used at least this share of a
+    # core meanwhile, and the processes that compute (vLLM's Worker, on a host without GPUs)
+    # under hang_cpu_idle_ratio: something spins, and it is not the model. A quarter, not a
+    # whole core: a spinning EngineCore got 66 % of one on the 2 shared cores of the real-vLLM
+    # tests; the Worker's stillness is what tells a spin from a forward, not this.
+    hang_spin_busy_ratio: float = _setting(
+        "hang (spinning): the engine's processes (API server aside) used this share of a core, "
+        "its Worker almost none",
+        0.25,
+        lo_open=True,
+        hi=1,
+    )
+    # vLLM's Worker polls its shared-memory queue for the next step this long after the last one
+    # before it sleeps on a socket (0.32: distributed/device_communicators/shm_broadcast.py,
+    # SpinCondition busy_loop_s=1): a core's worth of CPU in that second after the last step is
+    # the poll, not a forward, and the rules above allow for it.
+    hang_worker_poll_s: float = _setting(
+        "hang (step heartbeat): vLLM's Worker polls for its next step this long after the last "
+        "(a core's worth of CPU that is not a forward)",
+        1.0,
+    )
+    # The round waits this long for /health (at most health_timeout_s): later is a miss, and the
+    # round goes on, so a frozen API server costs a second a round, not the whole deadline.
+    hang_probe_late_s: float = _setting(
+        "hang: a /health answer later than this is a miss; the round waits no longer for it",
+        1.0,
+        lo_open=True,
     )
 
     # STALL: running + waiting > 0 in every reading while the counters stood still this long.

@@ -5,53 +5,48 @@ Busy is not dead (docs/vllm-notes.md §7): a slow canary while the step or token
 load, not a hang. These two are the only detectors that need no ``sustain_s``: each already
 needs its counters frozen for a stretch of readings.
 
-A HANG is found by the first of three rules (issue 16), fastest first:
+A HANG is found by the first of these rules (issues 16 and 25), fastest first:
 
 ``stopped``    a process of the group held by the kernel (SIGSTOP, a tracer) in two process
                sweeps ``hang_stopped_after_s`` apart, its CPU time unchanged, or in the sweep of
-               a round whose canary then missed its deadline: a fact, ~2-4 s;
+               a round whose canary or /health then missed its deadline: a fact;
+``frozen``     (step heartbeat) work outstanding, no step for the learned bound, and the
+               engine's processes (the API server aside) near 0 % CPU: a deadlock;
+``spinning``   (step heartbeat) work outstanding, no step for the learned bound, the engine's
+               processes busy and the one that computes (the Worker, CPU hosts) idle: a loop
+               that is not the model, e.g. a thread holding the GIL;
 ``cpu_idle``   a canary missed its deadline and the group used (almost) no CPU between the
-               sweeps around it: nothing is computing it (a deadlocked or frozen core), ~3-5 s;
+               sweeps around it: nothing is computing it (a deadlocked or frozen core);
 ``deadlines``  ``hang_min_misses`` deadline misses and no sign of life for ``hang_*after_s``:
-               the rule for what /proc cannot tell (an engine that spins while hung), 10-14 s.
+               the backstop for what the others cannot tell (a GPU engine spinning in a hung
+               kernel, whose CPU looks like a long step's), 10-14 s.
 
-None of them reads a busy engine as dead: a running engine is not stopped and burns CPU, and the
-deadline rule counts moving counters as life.
+None of them reads a busy engine as dead: a running engine is not stopped, completes a step at
+least every few of its own longest steps (the bound is learned from the heartbeat), and burns
+CPU in the process that computes. The heartbeat's steps are signs of life for the deadline rule:
+they continue through a long prefill, when the token counters stand still.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
+from llmsupervisor.detectors.steps import beat_progressed, frozen_engine, spinning_engine, step_bound_s
+from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
 K = FindingKind
 
 
-def _sweeps(window: ObservationWindow, now: float, oldest_s: float) -> Iterator[ProcSample]:
-    """The distinct process sweeps in the window, newest first, back to ``oldest_s``. Several
-    observations (and several engines) share one sweep; a sample without a time is skipped."""
-    last_at: float | None = None
-    for obs in newest_first(window, now):
-        if obs.at_s < oldest_s:
-            return
-        sample = obs.proc
-        if not isinstance(sample, ProcSample) or sample.at_s is None or sample.at_s == last_at:
-            continue
-        last_at = sample.at_s
-        yield sample
-
-
 def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[ProcInfo, float] | None:
     """A process stopped, CPU time unchanged, in sweeps ``hang_stopped_after_s`` apart: the
     process and the time of the oldest of those sweeps."""
-    sweeps = _sweeps(window, now, now - cfg.stale_after_s)
+    sweeps = sweeps_in(window, now, now - cfg.stale_after_s)
     newest = next(sweeps, None)
     if newest is None or newest.at_s is None:
         return None
@@ -72,29 +67,18 @@ def _stopped(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tupl
 
 
 def _stopped_at_miss(missed: list[Observation]) -> tuple[ProcInfo, float] | None:
-    """A process stopped in the sweep of a round whose canary then missed its deadline: the
-    sweep is taken as the round starts, the canary sent with it, so the stop came first and
-    the engine did not answer after it. One round instead of two sweeps a second apart."""
+    """A process stopped in the sweep of a round whose canary or /health then missed its
+    deadline: the sweep is taken as the round starts, the probes sent with it, so the stop came
+    first and the engine did not answer after it. One round instead of two sweeps a second apart."""
     for obs in missed:
         sample = obs.proc
-        if not check_timed_out(obs.canary) or not isinstance(sample, ProcSample):
+        late = check_timed_out(obs.canary) or check_timed_out(obs.health)
+        if not late or not isinstance(sample, ProcSample):
             continue
         held = [p for p in sample.processes if p.stopped and not p.zombie]
         if held:
             return held[0], sample.at_s if sample.at_s is not None else obs.at_s
     return None
-
-
-def _cpu_used_s(older: ProcSample, newer: ProcSample) -> float | None:
-    """CPU seconds the group's processes used between two sweeps, over the processes in both;
-    None if no process is in both with a readable CPU time."""
-    before = {p.pid: p.cpu_seconds for p in older.processes if p.cpu_seconds is not None}
-    used = [
-        p.cpu_seconds - before[p.pid]
-        for p in newer.processes
-        if p.cpu_seconds is not None and p.pid in before
-    ]
-    return sum(used) if used else None
 
 
 def _cpu_idle_through(
@@ -105,7 +89,7 @@ def _cpu_idle_through(
     assert miss.canary is not None
     sent_s = miss.at_s - miss.canary.latency_s
     after: ProcSample | None = None
-    for sample in _sweeps(window, now, miss.at_s - cfg.hang_cpu_max_span_s):
+    for sample in sweeps_in(window, now, miss.at_s - cfg.hang_cpu_max_span_s):
         assert sample.at_s is not None
         if sample.at_s >= miss.at_s:
             after = sample  # walking back: ends at the oldest sweep after the miss
@@ -116,7 +100,7 @@ def _cpu_idle_through(
         span_s = after.at_s - sample.at_s
         if not cfg.hang_cpu_min_span_s <= span_s <= cfg.hang_cpu_max_span_s:
             return None
-        used_s = _cpu_used_s(sample, after)
+        used_s = cpu_used_s(sample, after)
         if used_s is None or used_s > cfg.hang_cpu_idle_ratio * span_s:
             return None
         return used_s / span_s, span_s
@@ -157,10 +141,16 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     last_life_s: float | None = None
     missed: list[Observation] = []
     newer: tuple[Observation, EngineMetrics] | None = None  # the next newer reading
+    newer_beat: Observation | None = None  # the next newer observation with a heartbeat
     last_reading: EngineMetrics | None = None
     for obs in newest_first(window, now):  # back to the last sign of life
         newest = newest or obs
         oldest = obs
+        if isinstance(obs.heartbeat, StepBeat):
+            if newer_beat is not None and beat_progressed(obs, newer_beat):
+                last_life_s = newer_beat.at_s  # a step completed by the newer reading
+                break
+            newer_beat = obs
         if isinstance(obs.metrics, EngineMetrics):
             last_reading = last_reading or obs.metrics
             if newer is not None and counters_progressed(obs.metrics, newer[1]):
@@ -186,7 +176,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     evidence: dict[str, float | str] = {}
     stopped = _stopped(window, now, cfg) or _stopped_at_miss(missed)
     # The newest canary miss that a sweep has been taken after (the sweeps must bracket it).
-    newest_sweep = next(_sweeps(window, now, now - cfg.stale_after_s), None)
+    newest_sweep = next(sweeps_in(window, now, now - cfg.stale_after_s), None)
     canary_miss = next(
         (
             o
@@ -199,12 +189,36 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         None,
     )
     cpu_idle = None if canary_miss is None else _cpu_idle_through(window, now, cfg, canary_miss)
+    frozen = None if stopped is not None else frozen_engine(window, now, cfg)
+    spinning = None if stopped is not None or frozen is not None else spinning_engine(window, now, cfg)
     if stopped is not None:
         proc, frozen_since = stopped
         rule, limit_s = "stopped", cfg.hang_stopped_after_s
         evidence["stopped_pid"] = proc.pid
         evidence["stopped_process"] = proc.title[:80]
         why = f"process {proc.pid} ({proc.title[:40]}) stopped"
+    elif frozen is not None:
+        stuck, ratio, span_s = frozen
+        rule, limit_s = "frozen", step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
+        frozen_since = stuck.since_s
+        evidence.update(cpu_ratio=round(ratio, 4), cpu_span_s=round(span_s, 3), steps=stuck.beat.done)
+        what = "a canary waited" if stuck.idle else f"{stuck.beat.work} requests held"
+        why = f"no step for {now - stuck.since_s:.1f} s while {what}, the engine at {ratio:.1%} of a core"
+    elif spinning is not None:
+        stuck, ratio, worker_ratio, span_s = spinning
+        rule, limit_s = "spinning", step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
+        frozen_since = stuck.since_s
+        evidence.update(
+            cpu_ratio=round(ratio, 4),
+            worker_cpu_ratio=round(worker_ratio, 4),
+            cpu_span_s=round(span_s, 3),
+            steps=stuck.beat.done,
+        )
+        what = "a canary waited" if stuck.idle else f"{stuck.beat.work} requests held"
+        why = (
+            f"no step for {now - stuck.since_s:.1f} s while {what}, the engine busy ({ratio:.0%} of a "
+            f"core) and its Worker idle ({worker_ratio:.1%})"
+        )
     elif cpu_idle is not None and canary_miss is not None:
         rule, limit_s = "cpu_idle", cfg.hang_cpu_min_span_s
         evidence["cpu_ratio"] = round(cpu_idle[0], 4)

@@ -17,6 +17,7 @@ from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.placement import omp_threads_bind
 from llmsupervisor.engine.access_log import probe_access_flags
+from llmsupervisor.engine.heartbeat import heartbeat_launch, heartbeat_path
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.errors import PortHeld
 from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
@@ -94,6 +95,18 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     # In the loop, not a thread: a few stats and one small file read per vLLM installation,
     # cached for the daemon's life (engine/access_log.py).
     argv += probe_access_flags(spec.command, spec.args, log_probe_requests=spec.log_probe_requests)
+    # The step heartbeat (engine/heartbeat.py): the previous incarnation's file must not be read
+    # as this one's, so it goes before the spawn, whether or not this one writes one.
+    beat = heartbeat_path(procs.state_dir, spec.name)
+    try:
+        beat.unlink(missing_ok=True)
+    except OSError as exc:
+        return Launched(None, f"cannot remove {beat}: {exc.strerror or exc}")
+    beat_argv, beat_env = heartbeat_launch(
+        spec.command, spec.args, env, path=beat, enabled=spec.step_heartbeat
+    )
+    argv += beat_argv
+    env.update(beat_env)
     try:
         proc = procs.spawn(argv, env, cpus)
     except OSError as exc:

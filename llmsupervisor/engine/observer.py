@@ -14,12 +14,14 @@ import contextlib
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Final, Protocol, TypeVar
+from pathlib import Path
+from typing import Final, Protocol, TypeVar, cast
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.observe import Observation
+from llmsupervisor.core.observe import Observation, check_timed_out
 from llmsupervisor.detectors import (
+    DetectorConfig,
     Finding,
     FindingTracker,
     Severity,
@@ -28,11 +30,13 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
+from llmsupervisor.detectors.steps import idle_but_busy
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
 from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.heartbeat import StepBeat, read_heartbeat
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, window_quantile
 
@@ -49,6 +53,12 @@ FINDING_LOG_LEVEL: Final = {
 }
 
 
+# A step not back this long (and longer than the engine's longest recent one) while work is held
+# is overdue: a loaded engine steps every few milliseconds.
+OVERDUE_AFTER_S: Final = 0.5
+# A second sweep for an overdue step is taken this much later than hang_cpu_min_span_s after
+# the first, so that the span is not a hair short of it.
+SPAN_MARGIN_S: Final = 0.05
 # How many of the engine's latest successful canaries its live canary's deadline is learned from.
 CANARY_HISTORY: Final = 8
 # Rounds start tick_interval_s after the previous one ended, a little later than a multiple of
@@ -81,6 +91,18 @@ def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> 
     # The ceiling wins: a config that sets only live_canary_timeout_s below the floor's default
     # (tests use 0.5 s) gets that fixed deadline, as before the deadline was learned.
     return min(spec.live_canary_timeout_s, max(spec.live_canary_min_timeout_s, learned))
+
+
+def second_sweep_at(beat: StepBeat, now: float, swept_s: float, cfg: DetectorConfig) -> float | None:
+    """When to take a second sweep for a step that is overdue (work held, none back for longer
+    than the engine's longest recent step and OVERDUE_AFTER_S): hang_cpu_min_span_s after this
+    round's sweep (``swept_s``), or later, when the spinning rule's bound is reached, but never
+    more than hang_spin_after_s after the sweep. None when no step is overdue."""
+    if not (beat.work > 0 or beat.pending) or now - beat.done_s < max(OVERDUE_AFTER_S, beat.longest_step_s):
+        return None
+    spin_s = beat.done_s + max(cfg.hang_spin_after_s, cfg.hang_step_factor * beat.longest_step_s)
+    at_s = min(max(swept_s + cfg.hang_cpu_min_span_s, spin_s), swept_s + cfg.hang_spin_after_s)
+    return max(at_s, swept_s + cfg.hang_cpu_min_span_s) + SPAN_MARGIN_S
 
 
 class GpuSource(Protocol):
@@ -119,8 +141,36 @@ def _http_error(failure: ProbeFailure) -> HttpCheck:
     return HttpCheck(ok=False, detail=failure.detail, latency_s=0.0, failure="error")
 
 
+async def _unless_late(
+    call: Awaitable[EngineMetrics | ProbeFailure | None], health: asyncio.Future[HttpCheck | ProbeFailure]
+) -> EngineMetrics | ProbeFailure | None:
+    """``call``'s result, or a timeout as soon as the round's /health came back late: an API
+    server that cannot answer /health in time will not send 50 kB of /metrics either, and the
+    round should not wait out their longer deadline."""
+    task = asyncio.ensure_future(call)
+    try:
+        pending: set[asyncio.Future[object]] = {
+            cast("asyncio.Future[object]", task),
+            cast("asyncio.Future[object]", health),
+        }
+        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            answer = health.result()
+            if isinstance(answer, HttpCheck) and check_timed_out(answer):
+                return ProbeFailure("timeout", "not read: /health was late this round")
+        return await task
+    finally:
+        task.cancel()
+
+
+async def _now(call: Callable[[Path], _T], path: Path) -> _T:
+    return call(path)
+
+
 class GroupSampler(Protocol):
-    async def sample(self, pgid: int, *, timeout_s: float) -> host.ProcSample | ProbeFailure: ...
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> host.ProcSample | ProbeFailure: ...
 
 
 async def round_unless_interrupted(
@@ -162,8 +212,12 @@ class Observer:
         gpus: GpuSource,
         sweeper: GroupSampler,
         on_canary: Callable[[], None] = lambda: None,
+        heartbeat_path: Path | None = None,
     ) -> None:
         self._spec = spec
+        self._heartbeat_path = heartbeat_path
+        self._last_beat: StepBeat | None = None
+        self._beat_moved_since: int | None = None  # the steps done as of the round before
         self._on_canary = on_canary
         self._since_s = incarnation_started_s
         self._http = http
@@ -171,6 +225,7 @@ class Observer:
         self._sweeper = sweeper
         self._cfg = spec.detectors
         self.window = new_window(self._cfg)
+        self._canary_in_metrics = False  # the latest /metrics answered while a canary ran
         self.tracker = FindingTracker(self._cfg)
         self.findings: tuple[Finding, ...] = ()
         self.engine_pids: frozenset[int] = frozenset()
@@ -181,7 +236,6 @@ class Observer:
         self._previous_metrics: EngineMetrics | None = None
         self._last_canary_s = aio.now()  # the readiness canary just ran
         self._last_metrics_s: float | None = None
-        self._canary_in_metrics = False  # the latest /metrics answered while a canary ran
 
     def note_canary(self, latency_s: float | None) -> None:
         self.canary_latency_s = latency_s
@@ -201,19 +255,27 @@ class Observer:
         /health, /metrics and the process sweep still run with their deadlines, and the first
         round back in rotation sends a canary at once (docs/operations.md, "Hang detection")."""
         spec = self._spec
-        progressing = bool(
-            self._previous_metrics
-            and self._last_metrics
-            and counters_progressed(self._previous_metrics, self._last_metrics)
+        progressing = (
+            bool(
+                self._previous_metrics
+                and self._last_metrics
+                and counters_progressed(self._previous_metrics, self._last_metrics)
+            )
+            or self._beat_moved
         )
         now = aio.now()
         # While step counters move the engine is alive: a canary would only queue behind real
-        # work and read busy as dead (docs/vllm-notes.md §7).
+        # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
+        # they move through a long prefill, when vLLM's counters do not.
         run_canary = (
             spec.canary_kind != "none"
             and in_rotation
             and not progressing
-            and now - self._last_canary_s >= spec.canary_interval_s
+            and (
+                now - self._last_canary_s >= spec.canary_interval_s
+                # An idle engine burning CPU: ask it now (detectors/liveness.py).
+                or idle_but_busy(self.window, now, self._cfg)
+            )
         )
 
         run_metrics = (
@@ -228,6 +290,12 @@ class Observer:
             return None
 
         timeout_s = spec.health_timeout_s
+        # /health answers in milliseconds from a live API server; a frozen one would hold every
+        # round for the whole health_timeout_s (issue 25: 11.8 s to find a stopped API server).
+        # The round waits at most hang_probe_late_s for it: a late answer is a miss, and a miss
+        # is evidence for the hang rules, never a finding by itself. (/metrics keeps the full
+        # deadline: it is read every other round, and its 50 kB take longer on a loaded host.)
+        late_s = min(timeout_s, self._cfg.hang_probe_late_s)
         if run_metrics:
             # After the first read, each engine reads at its own phase of the interval (a
             # fraction of it from its name), so that engines that became READY together do not
@@ -251,15 +319,38 @@ class Observer:
                 self._canary_in_metrics = canary_running
             return got
 
+        health_t = asyncio.ensure_future(_guarded("health", self._http.health(timeout_s=late_s)))
         health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
-            _guarded("health", self._http.health(timeout_s=timeout_s)),
-            _guarded("metrics", metrics() if run_metrics else no_metrics()),
+            health_t,
+            _guarded(
+                "metrics",
+                _unless_late(metrics(), health_t) if run_metrics else no_metrics(),
+            ),
             _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
             _guarded("canary", canary() if run_canary else no_canary()),
         )
         health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
         canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
         metrics_r, proc_r = metrics_g, proc_g
+        at_s = aio.now()
+        beat = await self._heartbeat()
+        proc_after = None
+        missed = check_timed_out(canary_r) or check_timed_out(health_r)
+        overdue = self._step_overdue(beat, at_s, proc_r)
+        if missed or overdue is not None:
+            # A probe missed its deadline, or the engine holds work and no step came back for
+            # hang_cpu_min_span_s: a second sweep, so that the hang rules read the engine's CPU
+            # across it in this round, not a round later. For an overdue step, a span of
+            # hang_cpu_min_span_s after the first sweep (a wait only while a step is overdue),
+            # and the heartbeat read again after it: a step may have come back meanwhile.
+            if overdue is not None:
+                await asyncio.sleep(max(0.0, overdue - aio.now()))
+            after = await _guarded(
+                "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=at_s)
+            )
+            proc_after = after if isinstance(after, host.ProcSample) else None
+            if overdue is not None:
+                beat = await self._heartbeat()
         if canary_r is not None:
             self._last_canary_s = aio.now()
             if canary_r.ok:
@@ -271,7 +362,7 @@ class Observer:
             self.engine_pids = frozenset(proc_r.pids)
         obs = Observation(
             engine=spec.name,
-            at_s=aio.now(),
+            at_s=at_s,
             metrics=metrics_r,
             health=health_r,
             canary=canary_r,
@@ -279,11 +370,41 @@ class Observer:
             gpu_events=self._gpus.take_events(spec.gpus, since_s=self._since_s),
             proc=proc_r,
             engine_pids=self.engine_pids,
+            heartbeat=beat,
+            proc_after=proc_after,
         )
         self.window.append(obs)
         self._detect(obs.at_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
+
+    @property
+    def _beat_moved(self) -> bool:
+        return (
+            self._beat_moved_since is not None
+            and self._last_beat is not None
+            and (self._last_beat.done != self._beat_moved_since)
+        )
+
+    def _step_overdue(
+        self, beat: StepBeat | ProbeFailure | None, now: float, swept: host.ProcSample | ProbeFailure | None
+    ) -> float | None:
+        if not isinstance(beat, StepBeat) or not isinstance(swept, host.ProcSample) or swept.at_s is None:
+            return None
+        return second_sweep_at(beat, now, swept.at_s, self._cfg)
+
+    async def _heartbeat(self) -> StepBeat | ProbeFailure | None:
+        """The step heartbeat, read after the round's probes (so after its canary was sent)."""
+        if self._heartbeat_path is None:
+            return None
+        # In the loop, not a thread: one pread of a 72-byte record from a file in the daemon's own
+        # state dir (7-12 us, docs/benchmarks.md), cheaper than the hop to a thread.
+        beat = await _guarded("heartbeat", _now(read_heartbeat, self._heartbeat_path))
+        if isinstance(beat, StepBeat):
+            previous = self._last_beat
+            self._beat_moved_since = None if previous is None else previous.done
+            self._last_beat = beat
+        return beat
 
     def _detect(self, now: float) -> None:
         update = self.tracker.update(detect_all(self.window, now, self._cfg), now)

@@ -48,6 +48,7 @@ from llmsupervisor.engine.commands import (
     spec_taken,
 )
 from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, take_evidence
+from llmsupervisor.engine.heartbeat import heartbeat_path
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
 from llmsupervisor.engine.launch import launch
@@ -338,6 +339,7 @@ class EngineRunner:
             gpus=self._gpus,
             sweeper=self._sweeper,
             on_canary=self._tally.count_canary,
+            heartbeat_path=heartbeat_path(self._procs.state_dir, spec.name),
         )
         self._observer.note_canary(self._tally.canary_latency_s)
         self._inc = inc = turned_ready(inc, spec, now=aio.now(), uniform=self._rng.uniform)

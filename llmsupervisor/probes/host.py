@@ -201,9 +201,11 @@ class GroupSweeper:
         self._asked_s: dict[int, float] = {}  # pgid -> when an engine last asked for it
         self._sweep: _Sweep | None = None
 
-    def _current(self, pgid: int, now: float) -> _Sweep | None:
+    def _current(self, pgid: int, now: float, fresh_after_s: float | None) -> _Sweep | None:
         sweep = self._sweep
         if sweep is None or pgid not in sweep.pgids:
+            return None
+        if fresh_after_s is not None and sweep.started_s < fresh_after_s:
             return None
         if not sweep.task.done():
             return sweep  # in flight: its answer is the freshest there will be soon
@@ -211,15 +213,19 @@ class GroupSweeper:
             return None
         return sweep
 
-    async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
-        """Group ``pgid`` as the latest shared sweep saw it, or a timeout after ``timeout_s``.
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> ProcSample | ProbeFailure:
+        """Group ``pgid`` as the latest shared sweep saw it, or a timeout after ``timeout_s``;
+        with ``fresh_after_s``, from a sweep started no earlier than that (the hang rules want one
+        taken after a probe missed its deadline, not the one taken as the round began).
 
         A sweep that raises (``/proc`` unreadable: EMFILE when the daemon is out of descriptors)
         raises here, to every asker: the observation round's one catch-all counts it as
         ``proc_sweep`` wherever it raised (engine/observer.py), so it has one name."""
         now = self._monotonic()
         self._asked_s[pgid] = now
-        sweep = self._current(pgid, now)
+        sweep = self._current(pgid, now, fresh_after_s)
         if sweep is None:
             horizon = now - self.forget_after_s
             for old in [g for g, t in self._asked_s.items() if t < horizon]:

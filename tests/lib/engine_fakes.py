@@ -248,7 +248,9 @@ class FakeSweeper:
     _cpu_s: float = 1.0
     _last_s: float | None = None
 
-    async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> ProcSample | ProbeFailure:
         now = aio.now()
         if self._last_s is not None and not self.stopped:
             self._cpu_s += self.cpu_per_s * (now - self._last_s)

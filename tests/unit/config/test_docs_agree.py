@@ -45,10 +45,14 @@ def test_every_list_of_ladder_flags_in_the_docs_is_the_codes() -> None:
 
 
 def test_hang_detection_latency_is_stated_only_in_the_benchmarks() -> None:
+    """Stated in docs/benchmarks.md, where it is measured. The README's headline figure (issue 25:
+    it says which kind of hang) is the one exception, and only beside its link to that section."""
     for page in PAGES:
         if page.name == "benchmarks.md":
             continue
         for para in _paragraphs(page):
+            if page.name == "README.md" and "benchmarks.md#every-kind-of-hang" in para:
+                continue
             match = HANG_LATENCY.search(para)
             assert match is None, (
                 f"{page.relative_to(ROOT)} states a hang detection latency ({match.group(0)!r}):"

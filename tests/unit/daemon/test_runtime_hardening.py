@@ -85,7 +85,9 @@ class RaisingSweeper:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def sample(self, pgid: int, *, timeout_s: float) -> ProcSample | ProbeFailure:
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> ProcSample | ProbeFailure:
         self.calls += 1
         raise OSError(errno.EMFILE, "Too many open files")
 

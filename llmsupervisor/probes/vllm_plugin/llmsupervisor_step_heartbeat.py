@@ -1,0 +1,180 @@
+"""A step heartbeat from inside vLLM: the scheduler counts its steps into a small mmap'd file.
+
+vLLM's ``/metrics`` cannot tell a hang from a pause: its counters move only on steps that emit
+output (a long chunked prefill freezes them), and an idle engine publishes nothing (issue 25,
+shared/docs/hang-detection.md §2). This module is loaded by vLLM's own ``--scheduler-cls`` hook
+(0.32: ``SchedulerConfig.get_scheduler_cls`` resolves the dotted name and calls it with the
+scheduler's keyword arguments), which is also how Dynamo injects its per-step emitter.
+``scheduler`` is a factory, not a class: it subclasses the class vLLM would have used
+(``AsyncScheduler`` when async scheduling is on, else ``Scheduler``) so async scheduling stays as
+it was, and returns an instance of it.
+
+Each step writes four numbers into the file named by ``LLMSUPERVISOR_STEP_HEARTBEAT`` (the
+daemon removes it before each spawn): when a step was scheduled, when one completed, the
+requests the scheduler holds, and the longest recent step, with a sequence counter around each
+write so that a reader never takes a torn record (``read``). About a microsecond a step
+(docs/benchmarks.md, "Step heartbeat"). Nothing here may raise into vLLM: a file that cannot be
+made leaves the scheduler running without a heartbeat, and the daemon with today's rules.
+
+Runs in the engine's Python: the standard library and vLLM only (no ``llmsupervisor`` import).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import mmap
+import os
+import struct
+import time
+from typing import Any, Final
+
+ENV: Final = "LLMSUPERVISOR_STEP_HEARTBEAT"
+# The dotted name the daemon passes as --scheduler-cls.
+QUALNAME: Final = "llmsupervisor_step_heartbeat.scheduler"
+MAGIC: Final = 0x4C534842  # "LSHB"
+VERSION: Final = 1
+# magic, version, pid, (pad), seq, steps scheduled, steps done, last scheduled (monotonic s),
+# last done, requests held after the last step, (pad), longest recent step (s).
+LAYOUT: Final = struct.Struct("<IIIIQQQddIId")
+SIZE: Final = 4096  # one page; the record is the first LAYOUT.size bytes
+# The longest recent step decays by this factor a step: a long prefill is remembered for a few
+# hundred steps (a few seconds of decode), not forever.
+LONGEST_DECAY: Final = 0.995
+
+_SEQ_AT: Final = 16  # offset of seq in LAYOUT
+
+
+class Heartbeat:
+    """The writer: one per scheduler, in the EngineCore process."""
+
+    def __init__(self, path: str) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self._pid = os.getpid()
+        self._seq = 0
+        self.scheduled = 0
+        self.done = 0
+        self.scheduled_s = time.monotonic()
+        self.done_s = self.scheduled_s
+        self.work = 0
+        self.longest_s = 0.0
+        self._pending: collections.deque[float] = collections.deque(maxlen=8)
+        self._write()
+
+    def _write(self) -> None:
+        # Seqlock: odd while writing. The reader retries on an odd or changed seq.
+        self._seq += 1
+        struct.pack_into("<Q", self._map, _SEQ_AT, self._seq)
+        self._seq += 1
+        LAYOUT.pack_into(
+            self._map,
+            0,
+            MAGIC,
+            VERSION,
+            self._pid,
+            0,
+            self._seq,
+            self.scheduled,
+            self.done,
+            self.scheduled_s,
+            self.done_s,
+            self.work,
+            0,
+            self.longest_s,
+        )
+
+    def on_schedule(self, work: int) -> None:
+        now = time.monotonic()
+        self.scheduled += 1
+        self.scheduled_s = now
+        self.work = work
+        self._pending.append(now)
+        self._write()
+
+    def on_done(self, work: int) -> None:
+        now = time.monotonic()
+        started_s = self._pending.popleft() if self._pending else now
+        # A step's time: from when it was scheduled, or the previous one was done if later
+        # (async scheduling schedules the next step while this one runs).
+        step_s = now - max(started_s, self.done_s)
+        self.longest_s = max(step_s, self.longest_s * LONGEST_DECAY)
+        self.done += 1
+        self.done_s = now
+        self.work = work
+        self._write()
+
+
+def _held(sched: Any) -> int:
+    """The requests the scheduler means to step: vLLM's own count, which leaves out what a pause
+    (``/pause``, sleep mode) holds back, so that a paused engine does not read as stuck."""
+    try:
+        return int(sched.get_num_unfinished_requests())
+    except Exception:
+        return 0
+
+
+_classes: dict[type, type] = {}
+
+
+def _with_heartbeat(base: type) -> type:
+    """``base`` with a heartbeat at each ``schedule`` and ``update_from_output``."""
+    cls = _classes.get(base)
+    if cls is not None:
+        return cls
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        base.__init__(self, *args, **kwargs)  # type: ignore[misc]
+        self._llmsup_beat = None
+        path = os.environ.get(ENV)
+        if path:
+            # No heartbeat if the file cannot be made: the daemon keeps its rules without one.
+            with contextlib.suppress(OSError):
+                self._llmsup_beat = Heartbeat(path)
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = base.schedule(self, *args, **kwargs)  # type: ignore[attr-defined]
+        beat = self._llmsup_beat
+        if beat is not None:
+            beat.on_schedule(_held(self))
+        return out
+
+    def update_from_output(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = base.update_from_output(self, *args, **kwargs)  # type: ignore[attr-defined]
+        beat = self._llmsup_beat
+        if beat is not None:
+            beat.on_done(_held(self))
+        return out
+
+    cls = type(
+        f"Heartbeat{base.__name__}",
+        (base,),
+        {"__init__": __init__, "schedule": schedule, "update_from_output": update_from_output},
+    )
+    _classes[base] = cls
+    return cls
+
+
+def base_scheduler(vllm_config: Any) -> type:
+    """The class vLLM would have used without ``--scheduler-cls`` (SchedulerConfig, 0.32)."""
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        module, name = "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"
+    else:
+        module, name = "vllm.v1.core.sched.scheduler", "Scheduler"
+    found: type = getattr(importlib.import_module(module), name)
+    return found
+
+
+def scheduler(*args: Any, **kwargs: Any) -> Any:
+    """What ``--scheduler-cls llmsupervisor_step_heartbeat.scheduler`` resolves to: vLLM calls
+    it as it would call the scheduler class."""
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    return _with_heartbeat(base_scheduler(vllm_config))(*args, **kwargs)
+
+
+__all__ = ["ENV", "LAYOUT", "MAGIC", "QUALNAME", "SIZE", "VERSION", "Heartbeat", "scheduler"]

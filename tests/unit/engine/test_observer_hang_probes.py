@@ -1,0 +1,163 @@
+"""The observer's part in finding hangs fast (issue 25): a late /health ends the round's wait
+for it and for /metrics, a miss brings a second process sweep, and the heartbeat is read after
+the round's probes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.observe import check_timed_out
+from llmsupervisor.detectors import DetectorConfig
+from llmsupervisor.engine.observer import OVERDUE_AFTER_S, NoGpus, Observer, second_sweep_at
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.health import HttpCheck
+from llmsupervisor.probes.heartbeat import StepBeat
+from llmsupervisor.probes.host import ProcSample
+from llmsupervisor.probes.vllm_metrics import EngineMetrics
+from llmsupervisor.probes.vllm_plugin.llmsupervisor_step_heartbeat import Heartbeat
+from tests.lib.engine_fakes import FakeSweeper
+
+
+@dataclass
+class FrozenApiServer:
+    """An API server that answers nothing: each probe waits out the deadline it was given."""
+
+    deadlines_s: dict[str, float] = field(default_factory=dict)
+
+    async def _wait(self, what: str, timeout_s: float) -> HttpCheck:
+        self.deadlines_s[what] = timeout_s
+        await asyncio.sleep(timeout_s)
+        return HttpCheck(ok=False, detail="timed out", latency_s=timeout_s, failure="timeout")
+
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        return await self._wait("health", timeout_s)
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        return await self._wait("canary", timeout_s)
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        self.deadlines_s["metrics"] = timeout_s
+        await asyncio.sleep(3600)  # would hold the round for its whole deadline
+        raise AssertionError("not reached")
+
+
+class Leader:
+    """The spawned API server, as far as a round reads it (its group)."""
+
+    pid = pgid = 4100
+
+
+@dataclass
+class CountingSweeper(FakeSweeper):
+    fresh: list[float | None] = field(default_factory=list)
+
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> ProcSample | ProbeFailure:
+        self.fresh.append(fresh_after_s)
+        return await super().sample(pgid, timeout_s=timeout_s, fresh_after_s=fresh_after_s)
+
+
+def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_s(tmp_path: Path) -> None:
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        health_timeout_s=30.0,
+        live_canary_timeout_s=0.05,
+        canary_interval_s=0.0,
+        detectors=DetectorConfig(hang_probe_late_s=0.05),
+    )
+    Heartbeat(str(tmp_path / "beat")).on_schedule(0)
+    http = FrozenApiServer()
+    sweeper = CountingSweeper()
+
+    async def one_round() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=http,  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=sweeper,
+            heartbeat_path=tmp_path / "beat",
+        )
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert check_timed_out(obs.health)
+        assert http.deadlines_s["health"] == 0.05  # hang_probe_late_s, not health_timeout_s
+        assert isinstance(obs.metrics, ProbeFailure) and "late" in obs.metrics.detail
+        # The miss brought a second sweep, from after the probes.
+        assert isinstance(obs.proc_after, ProcSample) and sweeper.fresh[-1] is not None
+        assert isinstance(obs.heartbeat, StepBeat) and obs.heartbeat.pending
+
+    asyncio.run(asyncio.wait_for(one_round(), timeout=60))
+
+
+class AnsweringApiServer:
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        return HttpCheck(ok=True, detail="HTTP 200", latency_s=0.001, status_code=200)
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        return HttpCheck(ok=True, detail="completed", latency_s=0.001, status_code=200)
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        return ProbeFailure("connect", "not scripted")
+
+
+def test_an_overdue_step_brings_a_second_sweep_and_a_second_heartbeat_read(tmp_path: Path) -> None:
+    # Work held and no step back for OVERDUE_AFTER_S: the round sweeps again at least
+    # hang_cpu_min_span_s after its first sweep, so the hang rules have a span of the stuck
+    # engine's CPU this round.
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        detectors=DetectorConfig(hang_cpu_min_span_s=0.01, hang_spin_after_s=0.01),
+    )
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_schedule(8)
+    beat.on_done(8)  # 8 requests held, the last step back now
+    sweeper = CountingSweeper()
+
+    async def rounds() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=AnsweringApiServer(),  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=sweeper,
+            heartbeat_path=tmp_path / "beat",
+        )
+        await asyncio.sleep(OVERDUE_AFTER_S + 0.05)  # overdue
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert isinstance(obs.proc, ProcSample) and isinstance(obs.proc_after, ProcSample)
+        assert obs.proc.at_s is not None and obs.proc_after.at_s is not None
+        assert obs.proc_after.at_s - obs.proc.at_s >= 0.01
+        beat.on_schedule(8)
+        beat.on_done(8)  # a step back: not overdue, one sweep
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert obs.proc_after is None
+
+    asyncio.run(asyncio.wait_for(rounds(), timeout=60))
+
+
+def test_the_second_sweep_waits_for_the_spin_bound_but_never_past_hang_spin_after_s() -> None:
+    cfg = DetectorConfig()  # hang_cpu_min_span_s 1, hang_spin_after_s 2
+    beat = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=8, longest_step_s=0.01)
+    assert second_sweep_at(beat, 100.4, 100.3, cfg) is None  # not overdue yet
+    # Swept at 100.6: the span's floor (101.6) is before the spin bound (102.0): wait for that.
+    assert second_sweep_at(beat, 100.7, 100.6, cfg) == pytest.approx(102.05)
+    # Swept at 103: the floor (104) is the later.
+    assert second_sweep_at(beat, 103.1, 103.0, cfg) == pytest.approx(104.05)
+    # A learned bound of 40 s: never more than hang_spin_after_s after the sweep.
+    slow = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=8, longest_step_s=10.0)
+    assert second_sweep_at(slow, 111.0, 111.0, cfg) == pytest.approx(113.05)
+    # Nothing held: nothing overdue.
+    idle = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=0, longest_step_s=0.01)
+    assert second_sweep_at(idle, 110.0, 110.0, cfg) is None

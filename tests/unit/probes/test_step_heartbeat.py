@@ -1,0 +1,115 @@
+"""The step heartbeat: the plugin's writer, the daemon's reader, and when the daemon adds it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmsupervisor.engine.heartbeat import FLAG, PLUGIN_DIR, heartbeat_launch, vllm_resolves_scheduler
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.heartbeat import StepBeat, parse, read_heartbeat
+from llmsupervisor.probes.vllm_plugin.llmsupervisor_step_heartbeat import (
+    ENV,
+    LAYOUT,
+    QUALNAME,
+    Heartbeat,
+)
+
+
+def test_the_writer_counts_steps_and_the_reader_reads_them(tmp_path: Path) -> None:
+    path = tmp_path / "beat"
+    beat = Heartbeat(str(path))
+    first = read_heartbeat(path)
+    assert isinstance(first, StepBeat)
+    assert (first.pid, first.scheduled, first.done, first.work) == (os.getpid(), 0, 0, 0)
+    beat.on_schedule(3)
+    mid = read_heartbeat(path)
+    assert isinstance(mid, StepBeat) and mid.pending and mid.work == 3
+    beat.on_done(2)
+    done = read_heartbeat(path)
+    assert isinstance(done, StepBeat) and not done.pending
+    assert (done.scheduled, done.done, done.work) == (1, 1, 2)
+    assert done.done_s >= done.scheduled_s and done.longest_step_s >= 0
+
+
+def test_async_scheduling_two_steps_in_flight_time_each_from_its_start(tmp_path: Path) -> None:
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_schedule(1)
+    beat.on_schedule(1)  # async scheduling: the next step is scheduled before this one is back
+    beat.on_done(1)
+    beat.on_done(0)
+    got = read_heartbeat(tmp_path / "beat")
+    assert isinstance(got, StepBeat) and (got.scheduled, got.done) == (2, 2)
+
+
+def test_the_longest_step_decays(tmp_path: Path) -> None:
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.longest_s = 2.0
+    for _ in range(1000):
+        beat.on_schedule(1)
+        beat.on_done(1)
+    assert beat.longest_s < 0.02  # 2 s x 0.995^1000, plus the microseconds of these steps
+
+
+def test_no_file_is_no_heartbeat_and_a_torn_or_foreign_record_is_a_failure(tmp_path: Path) -> None:
+    assert read_heartbeat(tmp_path / "absent") is None
+    (tmp_path / "zeros").write_bytes(bytes(4096))  # created, not yet written
+    assert isinstance(read_heartbeat(tmp_path / "zeros"), ProbeFailure)
+    beat = Heartbeat(str(tmp_path / "beat"))
+    record = bytearray((tmp_path / "beat").read_bytes()[: LAYOUT.size])
+    assert parse(bytes(record)) is not None
+    record[16] |= 1  # the sequence odd: the writer was mid-record
+    assert parse(bytes(record)) is None
+    assert parse(bytes(record[:10])) is None
+    del beat
+
+
+def test_the_plugin_module_imports_without_vllm_or_llmsupervisor() -> None:
+    # The engine's Python has neither the daemon's package nor (for this check) anything but the
+    # standard library: the module must import from the plugin folder alone.
+    keep = "[p for p in sys.path if 'site-packages' not in p]"
+    code = f"import sys; sys.path[:] = [{str(PLUGIN_DIR)!r}] + {keep}; "
+    code += "import llmsupervisor_step_heartbeat as m; print(m.QUALNAME)"
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == QUALNAME
+
+
+def _vllm(tmp_path: Path, resolver: bool) -> str:
+    """A fake vLLM installation: bin/python and a config/scheduler.py with or without 0.32's
+    resolver."""
+    config = tmp_path / "lib" / "python3.11" / "site-packages" / "vllm" / "config"
+    config.mkdir(parents=True)
+    (config / "scheduler.py").write_text("def get_scheduler_cls(self): ...\n" if resolver else "x = 1\n")
+    (tmp_path / "bin").mkdir()
+    python = tmp_path / "bin" / "python"
+    python.write_text("")
+    return str(python)
+
+
+@pytest.mark.parametrize(
+    ("resolver", "args", "enabled", "added"),
+    [
+        (True, {}, True, True),
+        (False, {}, True, False),  # vLLM 0.11: async scheduling would replace the class
+        (True, {FLAG: "my.Scheduler"}, True, False),  # the operator's own scheduler
+        (True, {}, False, False),  # step_heartbeat: false
+    ],
+)
+def test_the_flag_is_added_only_where_vllm_takes_it_and_nobody_chose_otherwise(
+    tmp_path: Path, resolver: bool, args: dict[str, str], enabled: bool, added: bool
+) -> None:
+    python = _vllm(tmp_path, resolver)
+    beat = tmp_path / "state" / "step-heartbeat"
+    argv, env = heartbeat_launch(
+        [python, "-m", "vllm"], args, {"PYTHONPATH": "/opt/x"}, path=beat, enabled=enabled
+    )
+    assert vllm_resolves_scheduler(python) is resolver
+    if not added:
+        assert (argv, env) == ([], {})
+        return
+    assert argv == ["--" + FLAG, QUALNAME]
+    assert env == {ENV: str(beat), "PYTHONPATH": f"{PLUGIN_DIR}{os.pathsep}/opt/x"}
