@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
+from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.http_api import HttpApi, Response
@@ -102,6 +103,8 @@ def http_api(
         if leaf != "ready" or status is None:
             return _json(404, {"error": f"no such endpoint: /engines/{rest}"})
         body = {"engine": name, "state": status.state.value, "reason": status.state_reason}
+        if (unresponsive := status.unresponsive) is not None and status.state is EngineState.READY:
+            body["reason"] = unresponsive  # READY, yet a hang is suspected or found: out
         blocked = engine_blocked(status.spec.gpus, node_conditions())
         if blocked is not None:
             body["reason"] = blocked.describe()

@@ -27,6 +27,7 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
+from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
@@ -143,6 +144,8 @@ class Observer:
         self.window = new_window(self._cfg)
         self.tracker = FindingTracker(self._cfg)
         self.findings: tuple[Finding, ...] = ()
+        # Why a hang is suspected, before a HANG finding proves it: the load balancer's cue.
+        self.suspect: str | None = None
         self.engine_pids: frozenset[int] = frozenset()
         self.canary_latency_s: float | None = None
         self.served: ServedLoad | None = None  # the last minute's traffic, canaries taken out
@@ -232,6 +235,7 @@ class Observer:
         )
         self.window.append(obs)
         self._detect(obs.at_s)
+        self._suspect(obs.at_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
 
@@ -256,6 +260,18 @@ class Observer:
                 extra={"engine": self._spec.name, "event": "finding"},
             )
         self.findings = tuple(update.active)
+
+    def _suspect(self, now: float) -> None:
+        suspect = hang_suspected(self.window, now, self._cfg)
+        if suspect is not None and self.suspect is None:
+            log.warning(
+                "hang suspected, out of rotation until it answers: %s",
+                suspect,
+                extra={"engine": self._spec.name, "event": "finding"},
+            )
+        elif suspect is None and self.suspect is not None:
+            log.info("hang no longer suspected", extra={"engine": self._spec.name, "event": "finding"})
+        self.suspect = suspect
 
     def load(self) -> EngineLoad | None:
         """The latest gauges and the TTFT p95 of the last ``LOAD_WINDOW_S`` (None before the
@@ -291,3 +307,4 @@ class Observer:
                 extra={"engine": self._spec.name, "event": "finding"},
             )
         self.findings = ()
+        self.suspect = None

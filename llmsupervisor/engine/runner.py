@@ -182,6 +182,7 @@ class EngineRunner:
             final=d.final,
             busy=d.restart is not None or self._repair.running or stop_pending or self._acting,
             findings=self._observer.findings if self._observer is not None else (),
+            suspect=self._observer.suspect if self._observer is not None else None,
             ladder_step=self._inc.step if self._inc is not None else self._ladder.step,
             ladder_steps=len(spec.ladder),
             start_failed_oom=self._start_failed_oom,
