@@ -55,8 +55,12 @@ HAPROXY_CFG = """\
 global
     maxconn 256
     stats socket {stats_socket} level admin
+    log stdout format raw local0 info   # the test's: every request not answered normally
 defaults
     mode http
+    log global
+    option httplog
+    option dontlog-normal
     timeout connect 1s
     timeout client 300s
     # Longer than the longest non-streamed answer: a hung engine is bounded by the daemon (the
@@ -65,10 +69,10 @@ defaults
     timeout check 2s
     # L7 retries: a request that has received no byte of an answer is sent again, to another
     # server (redispatch), when its connection fails, is closed without an answer (a killed
-    # engine), times out, or gets 503.
+    # engine), times out, or gets 503 or 500 (vLLM's answer to a request whose EngineCore died).
     retries 3
     option redispatch 1
-    retry-on conn-failure empty-response response-timeout 503
+    retry-on conn-failure empty-response response-timeout 500 503
 frontend llm
     bind 127.0.0.1:{frontend_port}
     default_backend engines
@@ -92,7 +96,12 @@ class Outcomes:
     def add(self, outcome: str, detail: str = "", wait_s: float | None = None) -> None:
         self.counts[outcome] += 1
         if outcome != "ok":
-            self.details.append(f"{time.strftime('%H:%M:%S')} {outcome} {detail[:160]}")
+            line = f"{time.strftime('%H:%M:%S')} {outcome} {detail[:160]}"
+            # Failures first: they are what a failed assertion must show.
+            if outcome.startswith("cut"):
+                self.details.append(line)
+            else:
+                self.details.insert(0, line)
         if wait_s is not None:
             self.waits_s.append(wait_s)
 
@@ -120,31 +129,33 @@ class MixedLoad:
         try:
             if not stream:
                 resp = client.completions.create(**args)
-                wait_s = time.monotonic() - sent
+                answered_s = time.monotonic() - sent
                 choice = resp.choices[0]
-                tokens = resp.usage.completion_tokens if resp.usage else None
-                if choice.finish_reason != "length" or tokens != MAX_TOKENS:
-                    return "truncated", f"{choice.finish_reason} {tokens}", wait_s
-                return "ok", "", wait_s
-            chunks = client.completions.create(stream=True, **args)
+                used = resp.usage.completion_tokens if resp.usage else None
+                if choice.finish_reason != "length" or used != MAX_TOKENS:
+                    return "truncated", f"{choice.finish_reason} {used}", answered_s
+                return "ok", "", answered_s
+            chunks = client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
         except openai.APIStatusError as exc:
             return "failed", f"HTTP {exc.status_code} {str(exc)[:100]}", None
         except openai.APIError as exc:
             return "failed", f"{type(exc).__name__} {exc}", None
         wait_s: float | None = None
-        tokens, finish = 0, None
+        text, finish, tokens = "", None, None
         try:
             for chunk in chunks:
                 if chunk.choices and chunk.choices[0].text:
-                    tokens += 1
+                    text += chunk.choices[0].text
                     if wait_s is None:
                         wait_s = time.monotonic() - sent
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.choices[0].finish_reason
+                if chunk.usage is not None:  # the last chunk, with stream_options.include_usage
+                    tokens = chunk.usage.completion_tokens
         except Exception as exc:  # a stream that broke, whatever the client raised for it
-            return ("cut" if tokens else "cut_before_token"), f"{type(exc).__name__} {exc}", wait_s
-        if finish != "length" or tokens < MAX_TOKENS:
-            return ("cut" if tokens else "cut_before_token"), f"ended {finish} after {tokens}", wait_s
+            return ("cut" if text else "cut_before_token"), f"{type(exc).__name__} {exc}", wait_s
+        if finish != "length" or tokens != MAX_TOKENS:
+            return ("cut" if text else "cut_before_token"), f"ended {finish} after {tokens} tokens", wait_s
         return "ok", "", wait_s
 
     def _run(self, stream: bool) -> None:
