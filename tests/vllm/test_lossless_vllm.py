@@ -72,6 +72,9 @@ defaults
     # engine), times out, or gets 503 or 500 (vLLM's answer to a request whose EngineCore died).
     retries 3
     option redispatch 1
+    # The whole request in HAProxy's buffer before a server is picked, so that every retry can
+    # resend all of it (a completion request is a few kB; tune.bufsize is 16 kB).
+    option http-buffer-request
     retry-on conn-failure empty-response response-timeout 500 503
 frontend llm
     bind 127.0.0.1:{frontend_port}
@@ -362,6 +365,7 @@ def run_fault(
         before = d.engine(victim)
         with Sampler(sessions) as sampler:
             fault(int(before["pid"]))
+            fault_at = time.time()
             d.wait_state(victim, "ready", timeout_s=READY_TIMEOUT_S, restarts=before["restarts"] + 1)
         ok_then = load.ok()
         wait_for(lambda: load.ok() >= ok_then + 24, timeout_s=300, what="load after the fault")
@@ -373,7 +377,8 @@ def run_fault(
         if " -> " in line or "suspected" in line or "finding hang" in line
     )
     print(
-        f"\n{via} {victim}: {dict(out.counts)}; sessions on {victim} <= {sampler.most}; "
+        f"\nfault at {time.strftime('%H:%M:%S', time.localtime(fault_at))}.{int(fault_at % 1 * 1000):03d} "
+        f"{via} {victim}: {dict(out.counts)}; sessions on {victim} <= {sampler.most}; "
         f"slowest first byte {max(out.waits_s):.1f} s\n" + "\n".join(out.details[:20])
     )
     return out, sampler.most, transitions
