@@ -55,5 +55,5 @@ def hang_suspected(window: ObservationWindow, now: float, cfg: DetectorConfig) -
         if isinstance(obs.proc, ProcSample):
             held = [p for p in obs.proc.processes if p.stopped and not p.zombie]
             if held:
-                return f"process {held[0].pid} ({held[0].title[:40]}) stopped"
+                return f"process {held[0].pid} ({held[0].title.strip()[:40]}) stopped"
     return None
