@@ -76,7 +76,7 @@ defaults
     timeout check 2s
     # L7 retries: a request that has received no byte of an answer is sent again, to another
     # server (redispatch), when its connection fails, is closed without an answer (a killed
-    # engine), times out, or gets 503 or 500 (vLLM's answer to a request whose EngineCore died).
+    # engine), times out, or gets 503 or 500 (vLLM 0.32 answers EngineDeadError with 500).
     retries 3
     option redispatch 1
     # The whole request in HAProxy's buffer before a server is picked, so that every retry can
