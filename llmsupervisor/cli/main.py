@@ -206,6 +206,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     completion.add_argument("shell", choices=("bash", "zsh"))
     sub.add_parser("man", help="print the man page (roff): llm-supervisor man | man -l -")
+    sync = sub.add_parser(
+        "router-sync",
+        help="keep a vLLM router's workers to the engines in rotation (docs/load-balancers.md)",
+    )
+    sync.add_argument("--daemon", required=True, metavar="URL", help="the daemon's HTTP listener")
+    sync.add_argument("--router", required=True, metavar="URL", help="the vllm-router's address")
+    sync.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an engine and its URL as the router reaches it; repeatable (default: every engine,"
+        " at http://ENGINE_HOST:PORT)",
+    )
+    sync.add_argument("--engine-host", default="127.0.0.1", help="without --worker (default 127.0.0.1)")
+    sync.add_argument(
+        "--interval", type=float, default=0.25, metavar="SECONDS", help="between passes (default 0.25)"
+    )
     return parser
 
 
@@ -423,6 +441,19 @@ def main(argv: list[str] | None = None) -> int:
         from llmsupervisor.cli.gpu import gpu_clear
 
         return gpu_clear(args.config, args.uuids)
+    if args.command == "router-sync":
+        from llmsupervisor.cli import router_sync
+
+        try:
+            workers = router_sync.parse_workers(args.worker)
+        except ValueError as exc:
+            print(f"llm-supervisor: {exc}", file=sys.stderr)
+            return 2
+        sync = router_sync.RouterSync(args.daemon, args.router, workers=workers, engine_host=args.engine_host)
+        try:
+            return router_sync.run(sync, interval_s=max(0.05, args.interval), err=sys.stderr)
+        except KeyboardInterrupt:
+            return 0
     if args.command == "schema":
         from llmsupervisor.config.schema import schema_text
 

@@ -10,10 +10,18 @@ engine                             reply                HAProxy does
 =================================  ===================  =========================================
 READY, in rotation                 ``ready up NN%``     serve it, at NN% of its configured weight
 SHEDDING, DRAINING (any reason)    ``drain``            no new sessions; in-flight ones finish
+READY, a hang suspected            ``drain``            the same, from the first missed canary
+READY, a HANG or STALL found       ``down``             marked down, before the stacks and kill
 STOPPED, FATAL                     ``maint``            out until the agent says ``ready``
 on a GPU under a node condition    ``maint``            out until the node is repaired
 STARTING, BACKOFF, STOPPING, ...   ``down``             marked down
 =================================  ===================  =========================================
+
+A hang is suspected (detectors/suspect.py) at its first sign, a canary without an answer or a
+stopped process, seconds before a HANG rule proves it and the daemon takes the stacks and kills
+the engine: from then on HAProxy sends new requests to the peers, and only the requests already
+sent wait (with ``retry-on empty-response``, HAProxy resends those that got no byte when the kill
+closes their connections; docs/load-balancers.md).
 
 ``ready`` clears a DRAIN or MAINT that an earlier reply set, so an engine that comes back is
 served again without an operator. The weight ``NN%`` drops below 100 for an engine that serves
@@ -48,6 +56,7 @@ MIN_WEIGHT_PERCENT: Final = 1  # 0% would be a drain, which is the state machine
 KV_BUSY_RATIO: Final = 0.9
 
 _THROTTLED: Final = frozenset({FindingKind.THERMAL, FindingKind.POWER_THROTTLE})
+_UNRESPONSIVE: Final = frozenset({FindingKind.HANG, FindingKind.STALL})
 _DEGRADED: Final = frozenset(
     {
         FindingKind.DEGRADATION_THROUGHPUT,
@@ -85,6 +94,10 @@ def agent_reply(status: EngineStatus | None, conditions: tuple[NodeCondition, ..
         return "maint"  # its GPU is the node's problem now (core/node_condition.py)
     if status.in_rotation:
         return f"ready up {weight_percent(status)}%"
+    if status.state is EngineState.READY and status.task_failed is None:
+        # Out of rotation while READY: unresponsive (engine/status.py). A suspicion may be
+        # false (it clears at the next answer): drain. A HANG or STALL found is not: down.
+        return "down" if {f.kind for f in status.findings} & _UNRESPONSIVE else "drain"
     if status.state in (EngineState.SHEDDING, EngineState.DRAINING):
         return "drain"
     if status.state in (EngineState.STOPPED, EngineState.FATAL):

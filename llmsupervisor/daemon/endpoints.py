@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
+from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.exporter import Exporter
 from llmsupervisor.daemon.status import held_by_operator
 from llmsupervisor.engine.status import EngineStatus
@@ -115,6 +116,8 @@ def http_api(
             names = [s.name for s in now]
             return error(404, f"no engine named {name!r}; engines: {', '.join(names)}", engines=names)
         body = {"engine": name, "state": status.state.value, "reason": status.state_reason}
+        if (unresponsive := status.unresponsive) is not None and status.state is EngineState.READY:
+            body["reason"] = unresponsive  # READY, yet a hang is suspected or found: out
         blocked = engine_blocked(status.spec.gpus, node_conditions())
         if blocked is not None:
             body["reason"] = blocked.describe()

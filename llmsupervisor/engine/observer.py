@@ -31,6 +31,7 @@ from llmsupervisor.detectors import (
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
 from llmsupervisor.detectors.steps import idle_but_busy
+from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
@@ -228,6 +229,8 @@ class Observer:
         self._canary_in_metrics = False  # the latest /metrics answered while a canary ran
         self.tracker = FindingTracker(self._cfg)
         self.findings: tuple[Finding, ...] = ()
+        # Why a hang is suspected, before a HANG finding proves it: the load balancer's cue.
+        self.suspect: str | None = None
         self.engine_pids: frozenset[int] = frozenset()
         self.canary_latency_s: float | None = None
         self.served: ServedLoad | None = None  # the last minute's traffic, canaries taken out
@@ -375,6 +378,7 @@ class Observer:
         )
         self.window.append(obs)
         self._detect(obs.at_s)
+        self._suspect(obs.at_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
 
@@ -428,6 +432,18 @@ class Observer:
             )
         self.findings = tuple(update.active)
 
+    def _suspect(self, now: float) -> None:
+        suspect = hang_suspected(self.window, now, self._cfg)
+        if suspect is not None and self.suspect is None:
+            log.warning(
+                "hang suspected, out of rotation until it answers: %s",
+                suspect,
+                extra={"engine": self._spec.name, "event": "finding"},
+            )
+        elif suspect is None and self.suspect is not None:
+            log.info("hang no longer suspected", extra={"engine": self._spec.name, "event": "finding"})
+        self.suspect = suspect
+
     def load(self) -> EngineLoad | None:
         """The latest gauges and the TTFT p95 of the last ``LOAD_WINDOW_S`` (None before the
         first scrape)."""
@@ -465,3 +481,4 @@ class Observer:
                 extra={"engine": self._spec.name, "event": "finding"},
             )
         self.findings = ()
+        self.suspect = None

@@ -20,11 +20,14 @@ from typing import Protocol
 
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import SERVING, EngineState
-from llmsupervisor.detectors import Finding
+from llmsupervisor.detectors import Finding, FindingKind
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.commands import Desired
 from llmsupervisor.engine.ledger import Ledger, RestartRecord
 from llmsupervisor.engine.output import OutputSeen, later_phase
+
+# Findings after which a READY engine answers nothing: out of rotation before the kill.
+_UNRESPONSIVE: frozenset[FindingKind] = frozenset({FindingKind.HANG, FindingKind.STALL})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +81,8 @@ class EngineStatus:
     # serving engine): the policy leaves the engine alone until it is done.
     busy: bool = False
     findings: tuple[Finding, ...] = ()
+    # Why a hang is suspected (detectors/suspect.py), before a finding proves it; None otherwise.
+    suspect: str | None = None
     ladder_step: int = 0  # the running incarnation's step; without one, the next spawn's
     ladder_steps: int = 0
     start_failed_oom: bool = False  # the last start ran out of memory
@@ -109,8 +114,21 @@ class EngineStatus:
 
     @property
     def in_rotation(self) -> bool:
-        """Whether a load balancer should send this engine traffic."""
-        return self.state is EngineState.READY and self.task_failed is None
+        """Whether a load balancer should send this engine traffic: READY, and no hang suspected
+        or found. A hung engine is killed only after its stacks are taken; until then every
+        request sent to it waits for nothing, while its peers would answer it."""
+        return self.state is EngineState.READY and self.task_failed is None and self.unresponsive is None
+
+    @property
+    def unresponsive(self) -> str | None:
+        """Why a READY engine should get no new requests though it still runs: a hang or stall
+        found (the restart follows within a tick), or a hang suspected; None otherwise."""
+        broken = next((f for f in self.findings if f.kind in _UNRESPONSIVE), None)
+        if broken is not None:
+            return f"{broken.kind.value}: {broken.summary}"
+        if self.suspect is not None:
+            return f"hang suspected: {self.suspect}"
+        return None
 
     @property
     def ready_since_s(self) -> float | None:
@@ -159,6 +177,7 @@ class ObserverView(Protocol):
     """What a status reads of the live incarnation's observer (engine/observer.py)."""
 
     findings: tuple[Finding, ...]
+    suspect: str | None  # why a hang is suspected (detectors/suspect.py), before a finding
     served: ServedLoad | None
     canary_latency_s: float | None
 
@@ -207,6 +226,7 @@ def build_status(
         final=d.final,
         busy=d.restart is not None or resetting or stop_pending or acting,
         findings=observer.findings if observer is not None else (),
+        suspect=observer.suspect if observer is not None else None,
         ladder_step=incarnation.step if incarnation is not None else next_step,
         ladder_steps=len(spec.ladder),
         start_failed_oom=start.failed_oom,

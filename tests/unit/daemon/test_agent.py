@@ -48,6 +48,16 @@ def test_reply_by_state(engine: EngineStatus | None, reply: str) -> None:
     assert agent_reply(engine) == reply
 
 
+def test_a_hang_suspected_drains_and_a_hang_found_takes_it_down_before_the_kill() -> None:
+    """Issue 27: new requests go to the peers from the first missed canary, not after the kill."""
+    suspected = status(suspect="a canary got no answer in 1.0 s")
+    assert not suspected.in_rotation and agent_reply(suspected) == "drain"
+    assert agent_reply(status(findings=(finding(FindingKind.HANG),))) == "down"
+    assert agent_reply(status(findings=(finding(FindingKind.STALL),), suspect="x")) == "down"
+    # Cleared at the next answer: served again, no operator needed.
+    assert agent_reply(status(suspect=None)) == "ready up 100%"
+
+
 def test_weight_drops_for_an_engine_that_serves_worse() -> None:
     assert weight_percent(status(ladder_step=1, ladder_steps=3)) == 75
     assert weight_percent(status(ladder_step=3, ladder_steps=3)) == 25

@@ -156,3 +156,25 @@ def test_load_gauges_are_exported_while_known() -> None:
     assert 'llmsupervisor_engine_ttft_p95_seconds{engine="a"} 0.25' in text
     assert 'engine="b"} 1.0' in text  # b is exported, but no load series for it:
     assert 'llmsupervisor_engine_requests_waiting{engine="b"}' not in text
+
+
+def test_a_ready_engine_with_a_hang_suspected_or_found_is_out_at_once() -> None:
+    """Before the stacks and the kill (issue 27): the balancer stops sending from the first sign."""
+    from llmsupervisor.detectors import Finding, FindingKind, Severity
+
+    suspected = status("a", suspect="a canary got no answer in 1.0 s")
+    got = serve_endpoints((suspected,))
+    assert got["/engines/a/ready"] == (
+        503,
+        {"engine": "a", "state": "ready", "reason": "hang suspected: a canary got no answer in 1.0 s"},
+    )
+    hang = Finding(
+        engine="a",
+        kind=FindingKind.HANG,
+        severity=Severity.CRITICAL,
+        evidence={},
+        since_s=0.0,
+        summary="hung",
+    )
+    assert serve_endpoints((status("a", findings=(hang,)),))["/engines/a/ready"][1]["reason"] == "hang: hung"
+    assert serve_endpoints((status("a"),))["/engines/a/ready"][0] == 200
