@@ -71,7 +71,8 @@ def register_secret(value: str) -> None:
 
 
 def _mask_assign(match: re.Match[str]) -> str:
-    if not secret_env_name(match.group("name")):
+    # "-" is the placeholder for "not set" (a reload's "env.HF_TOKEN: - -> ***"), not a secret.
+    if not secret_env_name(match.group("name")) or match.group("value") in ("-", MASK):
         return match.group(0)
     return f"{match.group('name')}{match.group('sep')}{match.group('q')}{MASK}"
 
