@@ -1294,7 +1294,12 @@ def check_daemon(proof: Proof, r: Result) -> None:
                 d.http_url, "llmsupervisor_gpu_memory_reserved_bytes", gpu=str(gpu)
             ),
             "engine_info": metric(
-                d.http_url, "llmsupervisor_engine_info", engine="gpu0", port=str(port), gpus=str(gpu)
+                d.http_url,
+                "llmsupervisor_engine_info",
+                engine="gpu0",
+                port=str(port),
+                gpus=str(gpu),
+                model=str(d.engine("gpu0")["model"]),
             ),
         }
         used_metric = r.data["metrics"]["gpu_memory_used_bytes"]
