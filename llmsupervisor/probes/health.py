@@ -145,17 +145,27 @@ def _noting(own: OwnAddresses | None) -> dict[str, Any]:
 
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event == "connection.connect_tcp.complete":
-            stream = info.get("return_value")
-            if stream is not None:
-                own.note(stream.get_extra_info("client_addr"), time.monotonic())
+            _note_stream(own, info.get("return_value"))
 
     return {"trace": trace}
 
 
 def _note_answer(own: OwnAddresses | None, resp: httpx.Response) -> None:
-    stream = resp.extensions.get("network_stream")
-    if own is not None and stream is not None:
-        own.note(stream.get_extra_info("client_addr"), time.monotonic())
+    if own is not None:
+        _note_stream(own, resp.extensions.get("network_stream"))
+
+
+def _note_stream(own: OwnAddresses, stream: Any) -> None:
+    """The connection's local address, noted as the canary's. A connection the engine already
+    closed (it answered and died) has no address left: getsockname raises EBADF, and the
+    canary's answer must not be lost to that (a crash loop read as a dead runner task)."""
+    if stream is None:
+        return
+    try:
+        address = stream.get_extra_info("client_addr")
+    except OSError:
+        return
+    own.note(address, time.monotonic())
 
 
 def auth_headers(api_key: str | None) -> dict[str, str] | None:

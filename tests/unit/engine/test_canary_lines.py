@@ -155,3 +155,17 @@ def test_the_stats_line_of_an_engine_with_nothing_running_is_thinned(
     with caplog.at_level(logging.INFO, logger="llmsupervisor.engine.output"):
         asyncio.run(go())
     assert [r.getMessage() for r in caplog.records] == [idle, busy, busy]
+
+
+def test_a_connection_the_engine_closed_does_not_lose_the_canarys_answer() -> None:
+    """A crashing engine answers and closes: getsockname on that socket raises EBADF. That must
+    not escape the canary (it killed the runner task: "runner task died: OSError(9, ...)")."""
+    from llmsupervisor.probes.health import _note_stream
+
+    class Closed:
+        def get_extra_info(self, name: str) -> object:
+            raise OSError(9, "Bad file descriptor")
+
+    own = OwnAddresses()
+    _note_stream(own, Closed())  # no exception
+    _note_stream(own, None)
