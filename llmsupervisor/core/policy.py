@@ -402,23 +402,33 @@ def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fle
             if isinstance(rolled, Deferred):
                 deferred.append(rolled)
             elif rolled is not None:
-                if not rolled.planned or not back_in_rotation(view, now_s):
-                    actions.append(rolled)  # out of rotation already: costs no capacity
+                if rolled.planned and view.state is S.READY and not back_in_rotation(view, now_s):
+                    # READY again only rotation_grace_s ago: it serves, and it is counted as out
+                    # of rotation until the balancer is sure of it; restarting it now would be
+                    # free by that count and take a second engine out (two engines that became
+                    # READY together were both restarted with max_unavailable 1). Its turn comes
+                    # when it is back in rotation, under the capacity check below.
+                    deferred.append(
+                        Deferred(name, rolled.kind, rolled.reason, "back in rotation only just now")
+                    )
+                elif not rolled.planned or not back_in_rotation(view, now_s):
+                    actions.append(rolled)  # out of rotation already (shedding, not serving): free
                     continue
-                if unavailable < fleet.max_unavailable:
+                elif unavailable < fleet.max_unavailable:
                     unavailable += 1
                     in_rotation -= 1
                     actions.append(rolled)
                     continue
-                deferred.append(
-                    Deferred(
-                        name,
-                        rolled.kind,
-                        rolled.reason,
-                        f"max_unavailable={fleet.max_unavailable}: "
-                        f"{unavailable} engine(s) already out of rotation",
+                else:
+                    deferred.append(
+                        Deferred(
+                            name,
+                            rolled.kind,
+                            rolled.reason,
+                            f"max_unavailable={fleet.max_unavailable}: "
+                            f"{unavailable} engine(s) already out of rotation",
+                        )
                     )
-                )
             # Not rolled now: the engine's automatic rules still apply, on its old spec.
         if not view.rules.automatic:
             continue

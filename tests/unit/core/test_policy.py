@@ -317,6 +317,24 @@ def test_config_roll_and_a_due_schedule_take_one_engine_out_at_a_time() -> None:
     assert kinds(run(back, e2, e3).actions) == [("e2", A.CONFIG_RESTART, "config_change")]
 
 
+def test_two_engines_just_ready_together_are_not_both_rolled() -> None:
+    """Seen in CI (tests/vllm/test_haproxy_vllm.py): two engines READY in the same second, a
+    reload 5 s later with rotation_grace_s 5: both were "not yet back in rotation", so restarting
+    each counted as free, and both were drained at once with max_unavailable=1. An engine that
+    serves waits for its grace to end, then takes its turn under the capacity check."""
+    grace = EngineRules(rotation_grace_s=5.0)
+    e1 = view("e1", config_pending=True, rules=grace, ready_since_s=9_997.0)
+    e2 = view("e2", config_pending=True, rules=grace, ready_since_s=9_997.0)
+    early = run(e1, e2)
+    assert early.actions == ()
+    assert [(d.engine, d.why) for d in early.deferred] == [
+        ("e1", "back in rotation only just now"),
+        ("e2", "back in rotation only just now"),
+    ]
+    later = run(e1, e2, now_s=10_003.0)
+    assert kinds(later.actions) == [("e1", A.CONFIG_RESTART, "config_change")]
+
+
 def test_a_config_restart_waits_for_a_command_not_yet_taken() -> None:
     """The policy sent e3 a scheduled restart that its runner has not taken (pending: busy):
     e3 counts as out, so the roll waits (the reload's own check did not see it)."""
