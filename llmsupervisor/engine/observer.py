@@ -385,8 +385,11 @@ class Observer:
             health_after=health_after,
         )
         self.window.append(obs)
-        self._detect(obs.at_s)
-        self._suspect(obs.at_s)
+        # Now, not at_s: a round that asked /health again or swept again after a miss ends a
+        # second or two after its probes, and the rules read how long the engine has been stuck.
+        decided_s = aio.now()
+        self._detect(decided_s)
+        self._suspect(decided_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
 
