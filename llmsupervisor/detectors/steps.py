@@ -134,12 +134,14 @@ def frozen_engine(
 
 def poll_s(stuck: Stuck, older: ProcSample, cfg: DetectorConfig) -> float:
     """The Worker's CPU that is its poll for the next step (``hang_worker_poll_s`` after the
-    last step), within the span from ``older``: one core for the overlap. Nothing on an idle
-    engine, whose Worker has long been asleep on its socket."""
+    last step came back), within the span from ``older``: one core for the overlap. Nothing on
+    an idle engine, whose Worker has long been asleep on its socket. Counted from the last step
+    done, not from one scheduled since: a Worker handed a step computes it, and that CPU is a
+    forward's (or a spin's: the overdue rule's), not a poll's."""
     assert older.at_s is not None
     if stuck.idle:
         return 0.0
-    return max(0.0, stuck.since_s + cfg.hang_worker_poll_s - older.at_s)
+    return max(0.0, stuck.beat.done_s + cfg.hang_worker_poll_s - older.at_s)
 
 
 def spinning_engine(

@@ -255,3 +255,32 @@ def test_a_gpu_engine_s_busy_worker_is_left_to_the_deadline_rule() -> None:
 def test_a_step_of_unknown_size_is_left_to_the_deadline_rule() -> None:
     found = first_hang(step_rounds(hang_s=10.0, until_s=20.0, tokens=0, per_token_s=0.0))
     assert found is None or found[1]["rule"] != "overdue"
+
+
+def test_a_worker_spinning_on_an_idle_engine_s_canary_is_overdue_not_frozen() -> None:
+    # Seen on the real CPU build: the canary's step went to the Worker, which spun. The Worker's
+    # poll allowance runs from the last step *done* (long ago), so its CPU now is not a poll,
+    # and the engine is not "frozen at 99.9 % of a core".
+    engine, out = Engine(), []
+    for t in (0.0, 2.0, 4.0, 6.0, 8.0):
+        beat = StepBeat(
+            pid=CORE, scheduled=4, done=4, scheduled_s=0.0, done_s=0.0, work=0, longest_step_s=0.05
+        )
+        proc = sweep(t, engine.run(t, IDLE), {})
+        out.append(Observation(engine="e1", at_s=t + 0.01, health=HEALTH_OK, proc=proc, heartbeat=beat))
+    for t in (10.0, 12.0, 14.0, 16.0):
+        beat = StepBeat(
+            pid=CORE, scheduled=5, done=4, scheduled_s=9.5, done_s=0.0, work=1, longest_step_s=0.05,
+            tokens_pending=3, per_token_s=0.01,
+        )  # fmt: skip
+        first = sweep(t, engine.run(t, WORKER_SPIN), {})
+        second = sweep(t + 1.0, engine.run(t + 1.0, WORKER_SPIN), {})
+        out.append(
+            Observation(
+                engine="e1", at_s=t + 0.01, health=HEALTH_OK, proc=first, proc_after=second, heartbeat=beat
+            )
+        )
+    found = first_hang(out)
+    assert found is not None
+    at_s, evidence = found
+    assert evidence["rule"] == "overdue" and at_s - 9.5 <= 4.6
