@@ -270,11 +270,12 @@ def test_a_worker_spinning_on_an_idle_engine_s_canary_is_overdue_not_frozen() ->
         out.append(Observation(engine="e1", at_s=t + 0.01, health=HEALTH_OK, proc=proc, heartbeat=beat))
     for t in (10.0, 12.0, 14.0, 16.0):
         beat = StepBeat(
-            pid=CORE, scheduled=5, done=4, scheduled_s=9.5, done_s=0.0, work=1, longest_step_s=0.05,
+            pid=CORE, scheduled=5, done=4, scheduled_s=10.0, done_s=0.0, work=1, longest_step_s=0.05,
             tokens_pending=3, per_token_s=0.01,
         )  # fmt: skip
-        first = sweep(t, engine.run(t, WORKER_SPIN), {})
-        second = sweep(t + 1.0, engine.run(t + 1.0, WORKER_SPIN), {})
+        spin = {API: 0.02, CORE: 0.0, WORKER: 0.999}  # EngineCore waits on the Worker's answer
+        first = sweep(t, engine.run(t, spin), {})
+        second = sweep(t + 1.0, engine.run(t + 1.0, spin), {})
         out.append(
             Observation(
                 engine="e1", at_s=t + 0.01, health=HEALTH_OK, proc=first, proc_after=second, heartbeat=beat
@@ -283,4 +284,4 @@ def test_a_worker_spinning_on_an_idle_engine_s_canary_is_overdue_not_frozen() ->
     found = first_hang(out)
     assert found is not None
     at_s, evidence = found
-    assert evidence["rule"] == "overdue" and at_s - 9.5 <= 4.6
+    assert evidence["rule"] == "overdue" and at_s - 10.0 <= 4.1
