@@ -91,6 +91,8 @@ def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_
         assert check_timed_out(obs.health)
         assert http.deadlines_s["health"] == 0.05  # hang_probe_late_s, not health_timeout_s
         assert isinstance(obs.metrics, ProbeFailure) and "late" in obs.metrics.detail
+        # /health asked again at once: two misses in one round for the front rule.
+        assert check_timed_out(obs.health_after)
         # The miss brought a second sweep, from after the probes.
         assert isinstance(obs.proc_after, ProcSample) and sweeper.fresh[-1] is not None
         assert isinstance(obs.heartbeat, StepBeat) and obs.heartbeat.pending
