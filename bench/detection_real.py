@@ -97,9 +97,11 @@ TARGETS = {
 ISSUE_TARGETS = tuple(t for t in TARGETS if t != "worker")  # issue 25's table
 LOADS = ("idle", "load")
 # Seconds one run takes, READY to READY, until the result file has runs of that load to go by:
-# measured on the 2-vCPU build host on 2026-11-26 (docs/benchmarks.md, "Every kind of hang").
-DEFAULT_RUN_S = {"idle": 40.0, "load": 55.0}
-DEFAULT_STARTUP_S = 60.0  # the daemon's start to the engine's first READY (warm compile cache)
+# the medians of the smoke on the 2-vCPU build host on 2026-11-26 (docs/benchmarks.md, "Every
+# kind of hang"): the latency, 8 s of load before the hang when loaded, ~28 s from the finding
+# to READY again.
+DEFAULT_RUN_S = {"idle": 36.0, "load": 46.0}
+DEFAULT_STARTUP_S = 30.0  # the daemon's start to the engine's first READY (25 s, warm compile cache)
 CLEANUP_S = 15.0  # the daemon and the engine SIGKILLed, the files written: --budget-s keeps it free
 
 RESULTS = ROOT / "bench" / "results"
@@ -349,7 +351,7 @@ def estimate_s(report: dict[str, Any], runs: int, busy_s: float) -> tuple[int, f
     left = [(c["load"], max(0, runs - len(c["runs"]))) for c in report["cases"]]
     total = DEFAULT_STARTUP_S + sum(per_run[load] * n for load, n in left)
     if busy_s > 0 and report.get("false_findings") is None:
-        total += busy_s + per_run["idle"]  # and the engine's READY again after it
+        total += busy_s  # the engine is not restarted after it
     return sum(n for _, n in left), total
 
 
@@ -482,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 save()
             if i == 0 and args.busy_s > 0 and report.get("false_findings") is None:
-                if not fits(args.busy_s + seconds_per_run(report)["idle"]):
+                if not fits(args.busy_s):
                     print("budget: no time left for the false-finding run", flush=True)
                     continue
                 ff = false_findings(d, port, busy_s=args.busy_s, clients=args.clients, burners_n=args.burners)
