@@ -339,10 +339,12 @@ class Observer:
         beat = await self._heartbeat()
         proc_after = None
         health_after: HttpCheck | None = None
-        if check_timed_out(health_r):
+        stopped = isinstance(proc_r, host.ProcSample) and any(p.stopped for p in proc_r.processes)
+        if check_timed_out(health_r) and not stopped:
             # Late: ask again at once, so that a held API server loop is two misses and
             # hang_front_after_s old within this round (detectors/front.py), and the second
-            # sweep below spans both.
+            # sweep below spans both. Not when the round's sweep shows a process stopped: the
+            # stopped rule decides now, and a second wait would only delay it.
             again = await _guarded("health", self._http.health(timeout_s=late_s))
             health_after = _http_error(again) if isinstance(again, ProbeFailure) else again
         missed = check_timed_out(canary_r) or check_timed_out(health_r)
