@@ -62,6 +62,9 @@ class Observation:
     # same round, sent when the first gave up, is what the ``front`` rule needs
     # (detectors/front.py).
     health_after: HttpCheck | None = None
+    # The heartbeat as the round's probes ended, when /health was late and the heartbeat was read
+    # again after the second /health (``heartbeat`` is then that later read); None otherwise.
+    heartbeat_at_miss: StepBeat | ProbeFailure | None = None
 
     def __post_init__(self) -> None:
         # A read-only view, so that a frozen Observation cannot be changed through its mapping.

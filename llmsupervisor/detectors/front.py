@@ -12,8 +12,9 @@ has been held that long. What the API server's process did meanwhile says how:
                 however loaded, burns CPU; one starved of CPU on a saturated host is runnable,
                 not asleep.
 ``spinning``    at least ``hang_spin_busy_ratio`` of a core, and no request handed to the
-                scheduler across the span (the step heartbeat's ``added`` count): it burns a
-                core and admits nothing. A loop held up by load is loaded by requests it admits.
+                scheduler since the first miss (the step heartbeat's ``added`` count, read as
+                the misses began and again after them): it burns a core and admits nothing. A
+                loop held up by load is loaded by requests it admits.
 
 A process stopped (SIGSTOP) is the ``stopped`` rule's, one waiting on a disk (state D) is left
 to the deadline rule, and so is anything between the two CPU shares. Without the heartbeat only
@@ -65,19 +66,21 @@ def _health_misses(window: ObservationWindow, now: float, cfg: DetectorConfig) -
     return (first_sent_s, misses) if first_sent_s is not None else None
 
 
-def _beats(window: ObservationWindow, now: float, before_s: float) -> tuple[StepBeat, StepBeat] | None:
-    """The newest heartbeat and the newest read before ``before_s``, from one writer: what the
-    scheduler had been handed before the span and since."""
-    newest: StepBeat | None = None
+def _beats(window: ObservationWindow, now: float, since_s: float) -> tuple[StepBeat, StepBeat] | None:
+    """The oldest heartbeat read since ``since_s`` (the first missed /health was sent) and the
+    newest, from one writer: what the scheduler was handed while the API server did not answer.
+    A round that asked /health again read the heartbeat twice: as its probes ended (at_s) and at
+    its end."""
+    reads: list[StepBeat] = []  # newest first
     for obs in newest_first(window, now):
-        beat = obs.heartbeat
-        if not isinstance(beat, StepBeat):
-            continue
-        if newest is None:
-            newest = beat
-        elif obs.at_s < before_s:
-            return (beat, newest) if beat.pid == newest.pid else None
-    return None
+        if obs.at_s < since_s:
+            break
+        for beat in (obs.heartbeat, obs.heartbeat_at_miss):
+            if isinstance(beat, StepBeat):
+                reads.append(beat)
+    if len(reads) < 2 or reads[0].pid != reads[-1].pid:
+        return None
+    return reads[-1], reads[0]
 
 
 def _span(
@@ -122,7 +125,7 @@ def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Fr
         return FrontHang("deadlocked", front.pid, since_s, misses, ratio, span_s)
     if used_s < cfg.hang_spin_busy_ratio * span_s:
         return None
-    beats = _beats(window, now, older.at_s)
+    beats = _beats(window, now, since_s)
     if beats is None or beats[1].added != beats[0].added:
         return None  # no heartbeat, or requests still admitted: a loaded loop, not a stuck one
     return FrontHang("spinning", front.pid, since_s, misses, ratio, span_s)

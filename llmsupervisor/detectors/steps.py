@@ -222,18 +222,28 @@ def overdue_step(
     return stuck, bound_s, worker_s / span_s, span_s
 
 
-def idle_but_busy(window: ObservationWindow, now: float, cfg: DetectorConfig) -> bool:
-    """The heartbeat says the engine holds nothing, yet its processes other than the API server
-    used at least ``hang_spin_busy_ratio`` of a core over the last two sweeps: an idle EngineCore
-    blocks at ~0 %, so something spins. The observer sends its canary now rather than at
-    ``canary_interval_s``: the spinning rule needs a request the engine fails to pick up."""
+def idle_by_heartbeat(window: ObservationWindow, now: float) -> bool:
+    """The newest heartbeat says the engine holds nothing and has no step under way."""
     obs = next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
     if obs is None or not isinstance(obs.heartbeat, StepBeat):
         return False
-    if obs.heartbeat.work > 0 or obs.heartbeat.pending:
+    return obs.heartbeat.work == 0 and not obs.heartbeat.pending
+
+
+def idle_but_busy(
+    window: ObservationWindow, now: float, cfg: DetectorConfig, fresh: ProcSample | None = None
+) -> bool:
+    """The heartbeat says the engine holds nothing, yet its processes other than the API server
+    used at least ``hang_spin_busy_ratio`` of a core over the last two sweeps (``fresh``, this
+    round's, and the window's newest; else the window's two newest): an idle EngineCore blocks
+    at ~0 %, and so does an idle Worker once its poll is over, so something spins. The observer
+    sends its canary now rather than at ``canary_interval_s``: the spinning and overdue rules
+    need a request the engine fails to step."""
+    if not idle_by_heartbeat(window, now):
         return False
     sweeps = sweeps_in(window, now, now - cfg.hang_cpu_max_span_s)
-    newer, older = next(sweeps, None), next(sweeps, None)
+    newer = fresh if fresh is not None and fresh.at_s is not None else next(sweeps, None)
+    older = next(sweeps, None)
     if newer is None or older is None or newer.at_s is None or older.at_s is None:
         return False
     span_s = newer.at_s - older.at_s
@@ -252,6 +262,7 @@ __all__ = [
     "beat_progressed",
     "frozen_engine",
     "idle_but_busy",
+    "idle_by_heartbeat",
     "overdue_step",
     "spinning_engine",
     "step_bound_s",

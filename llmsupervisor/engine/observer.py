@@ -30,7 +30,7 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
-from llmsupervisor.detectors.steps import idle_but_busy, step_bound_s
+from llmsupervisor.detectors.steps import idle_but_busy, idle_by_heartbeat, step_bound_s
 from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
@@ -168,6 +168,11 @@ async def _now(call: Callable[[Path], _T], path: Path) -> _T:
     return call(path)
 
 
+async def _value(value: _T) -> _T:
+    """A result the round already has, where gather wants an awaitable."""
+    return value
+
+
 class GroupSampler(Protocol):
     async def sample(
         self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
@@ -270,16 +275,21 @@ class Observer:
         # While step counters move the engine is alive: a canary would only queue behind real
         # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
         # they move through a long prefill, when vLLM's counters do not.
-        run_canary = (
-            spec.canary_kind != "none"
-            and in_rotation
-            and not progressing
-            and (
-                now - self._last_canary_s >= spec.canary_interval_s
-                # An idle engine burning CPU: ask it now (detectors/liveness.py).
-                or idle_but_busy(self.window, now, self._cfg)
-            )
-        )
+        may_ask = spec.canary_kind != "none" and in_rotation and not progressing
+        timeout_s = spec.health_timeout_s
+        swept: host.ProcSample | ProbeFailure | None = None
+        if may_ask and now - self._last_canary_s >= spec.canary_interval_s:
+            run_canary = True
+        elif may_ask and idle_by_heartbeat(self.window, now):
+            # An idle engine, no canary due: this round's sweep first, so that one burning CPU
+            # with nothing to do (a spinning Worker, an EngineCore looping) is asked in this
+            # round, not the next (detectors/steps.py, idle_but_busy). A busy engine's round
+            # keeps its probes and its sweep together.
+            swept = await _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
+            fresh = swept if isinstance(swept, host.ProcSample) else None
+            run_canary = idle_but_busy(self.window, now, self._cfg, fresh)
+        else:
+            run_canary = False
 
         run_metrics = (
             self._last_metrics_s is None
@@ -292,7 +302,6 @@ class Observer:
         async def no_metrics() -> EngineMetrics | ProbeFailure | None:
             return None
 
-        timeout_s = spec.health_timeout_s
         # /health answers in milliseconds from a live API server; a frozen one would hold every
         # round for the whole health_timeout_s (issue 25: 11.8 s to find a stopped API server).
         # The round waits at most hang_probe_late_s for it: a late answer is a miss, and a miss
@@ -329,7 +338,9 @@ class Observer:
                 "metrics",
                 _unless_late(metrics(), health_t) if run_metrics else no_metrics(),
             ),
-            _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s)),
+            _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
+            if swept is None
+            else _value(swept),
             _guarded("canary", canary() if run_canary else no_canary()),
         )
         health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
@@ -339,6 +350,7 @@ class Observer:
         beat = await self._heartbeat()
         proc_after = None
         health_after: HttpCheck | None = None
+        beat_at_miss: StepBeat | ProbeFailure | None = None
         stopped = isinstance(proc_r, host.ProcSample) and any(p.stopped for p in proc_r.processes)
         if check_timed_out(health_r) and not stopped:
             # Late: ask again at once, so that a held API server loop is two misses and
@@ -347,6 +359,9 @@ class Observer:
             # stopped rule decides now, and a second wait would only delay it.
             again = await _guarded("health", self._http.health(timeout_s=late_s))
             health_after = _http_error(again) if isinstance(again, ProbeFailure) else again
+            # And the heartbeat again: whether the API server handed the scheduler anything
+            # while it did not answer (the front rule's "admits nothing").
+            beat_at_miss, beat = beat, await self._heartbeat()
         missed = check_timed_out(canary_r) or check_timed_out(health_r)
         overdue = self._step_overdue(beat, at_s, proc_r)
         if missed or overdue is not None:
@@ -385,6 +400,7 @@ class Observer:
             heartbeat=beat,
             proc_after=proc_after,
             health_after=health_after,
+            heartbeat_at_miss=beat_at_miss,
         )
         self.window.append(obs)
         # Now, not at_s: a round that asked /health again or swept again after a miss ends a

@@ -11,6 +11,7 @@ after a miss or an overdue step, the heartbeat read after the round's probes. Th
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, detect_hang, new_window
@@ -101,8 +102,8 @@ def front_rounds(
         held = t >= hang_s or late_before
         rate = {API: api_rate, CORE: 0.0, WORKER: 0.0} if held else IDLE
         first = sweep(t, engine.run(t, rate), {API: api_status} if held else {})
-        if admitting:
-            added += 5
+        if admitting or not held:
+            added += 5  # a loaded API server admits requests; before the hang, canaries too
         beat = StepBeat(
             pid=CORE, scheduled=100, done=100, scheduled_s=0.0, done_s=0.0, work=0, longest_step_s=0.05,
             added=added,
@@ -120,7 +121,8 @@ def front_rounds(
                 health_after=LATE,
                 proc=first,
                 proc_after=second,
-                heartbeat=beat,
+                heartbeat=replace(beat, added=added + 5) if admitting else beat,  # read again at the end
+                heartbeat_at_miss=beat,  # read as the probes ended
             )
         )
         t += 4.0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import check_timed_out
 from llmsupervisor.detectors import DetectorConfig
@@ -17,7 +18,7 @@ from llmsupervisor.engine.observer import OVERDUE_AFTER_S, NoGpus, Observer, sec
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
-from llmsupervisor.probes.host import ProcSample
+from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 from llmsupervisor.probes.vllm_plugin.llmsupervisor_step_heartbeat import Heartbeat
 from tests.lib.engine_fakes import FakeSweeper
@@ -192,3 +193,69 @@ def test_a_stopped_process_in_the_round_s_sweep_is_not_asked_again(tmp_path: Pat
         assert check_timed_out(obs.health) and obs.health_after is None
 
     asyncio.run(asyncio.wait_for(one_round(), timeout=60))
+
+
+@dataclass
+class IdleButBusySweeper:
+    """The API server at rest and a Worker burning a core: an idle engine that spins."""
+
+    async def sample(
+        self, pgid: int, *, timeout_s: float, fresh_after_s: float | None = None
+    ) -> ProcSample | ProbeFailure:
+        now = aio.now()
+        infos = (
+            ProcInfo(
+                pid=pgid, title="vllm serve", rss_bytes=1, cpu_seconds=1.0, status="sleeping", zombie=False
+            ),
+            ProcInfo(
+                pid=pgid + 2,
+                title="VLLM::Worker",
+                rss_bytes=1,
+                cpu_seconds=now,
+                status="running",
+                zombie=False,
+            ),
+        )
+        return ProcSample(
+            pgid=pgid,
+            processes=infos,
+            rss_bytes_total=2,
+            cpu_seconds_total=1.0 + now,
+            process_count=2,
+            zombie_count=0,
+            at_s=now,
+        )
+
+
+class CountingCanaries(AnsweringApiServer):
+    def __init__(self) -> None:
+        self.canaries = 0
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        self.canaries += 1
+        return await super().canary(timeout_s=timeout_s)
+
+
+def test_an_idle_engine_that_burns_cpu_is_asked_in_the_round_that_sees_it(tmp_path: Path) -> None:
+    # The round's sweep is taken before its probes when the heartbeat says idle and no canary
+    # is due: a Worker spinning with nothing to do gets its canary this round, not the next.
+    spec = EngineSpec(name="e1", model="m", gpus=(), port=8001, canary_interval_s=3600.0)
+    Heartbeat(str(tmp_path / "beat"))  # idle: nothing held, nothing under way
+    http = CountingCanaries()
+
+    async def two_rounds() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=http,  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=IdleButBusySweeper(),
+            heartbeat_path=tmp_path / "beat",
+        )
+        await observer.round(Leader())  # type: ignore[arg-type]
+        assert http.canaries == 0  # one sweep: no span yet
+        await asyncio.sleep(0.2)
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert http.canaries == 1 and obs.canary is not None and obs.canary.ok
+
+    asyncio.run(asyncio.wait_for(two_rounds(), timeout=60))
