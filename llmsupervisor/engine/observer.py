@@ -101,7 +101,10 @@ def second_sweep_at(beat: StepBeat, now: float, swept_s: float, cfg: DetectorCon
     more than hang_spin_after_s after the sweep. None when no step is overdue."""
     if not (beat.work > 0 or beat.pending) or now - beat.done_s < max(OVERDUE_AFTER_S, beat.expected_step_s):
         return None
-    spin_s = beat.done_s + step_bound_s(beat, cfg.hang_spin_after_s, cfg)
+    # The rules count a step under way from when it was scheduled (detectors/steps.py,
+    # find_stuck): on an idle engine that is the canary's step, long after the last one done.
+    stuck_since_s = max(beat.done_s, beat.scheduled_s) if beat.pending else beat.done_s
+    spin_s = stuck_since_s + step_bound_s(beat, cfg.hang_spin_after_s, cfg)
     at_s = min(max(swept_s + cfg.hang_cpu_min_span_s, spin_s), swept_s + cfg.hang_spin_after_s)
     return max(at_s, swept_s + cfg.hang_cpu_min_span_s) + SPAN_MARGIN_S
 

@@ -164,6 +164,12 @@ def test_the_second_sweep_waits_for_the_spin_bound_but_never_past_hang_spin_afte
     # Nothing held: nothing overdue.
     idle = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=0, longest_step_s=0.01)
     assert second_sweep_at(idle, 110.0, 110.0, cfg) is None
+    # An idle engine's canary step, scheduled at 200 long after the last step done (100): the
+    # spin bound runs from 200, so the second sweep waits for it (202), not 1 s (201).
+    canary = StepBeat(
+        pid=1, scheduled=10, done=9, scheduled_s=200.0, done_s=100.0, work=1, longest_step_s=0.01
+    )
+    assert second_sweep_at(canary, 201.0, 200.0, cfg) == pytest.approx(202.05)
 
 
 def test_a_stopped_process_in_the_round_s_sweep_is_not_asked_again(tmp_path: Path) -> None:
