@@ -61,4 +61,31 @@ class Finding:
         return (self.engine, self.kind, self.severity)
 
 
-__all__ = ["Finding", "FindingKind", "Severity"]
+# The hang rules whose finding says the API server itself is the hung process (the ``front``
+# rule: /health late while the engine core steps). Its stack is then the evidence.
+API_SERVER_RULES: frozenset[str] = frozenset({"front"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Blame:
+    """The process a hang finding blames, as its evidence says: the ``stopped`` rule's
+    ``stopped_pid``, or a rule that names the API server. It travels with the restart to the
+    runner, which cuts the API server before taking the stacks unless it is the one blamed
+    (engine/evidence.py)."""
+
+    pid: int | None = None  # the process the finding names; None: it names none
+    api_server: bool = False  # the finding says the API server is hung
+
+    def names_leader(self, leader_pid: int) -> bool:
+        """Whether the API server (the group's leader, ``leader_pid``) is the process blamed."""
+        return self.api_server or self.pid == leader_pid
+
+
+def blame_of(finding: Finding) -> Blame:
+    """What ``finding``'s evidence blames; an empty ``Blame`` when it names no process."""
+    raw = finding.evidence.get("stopped_pid")
+    pid = int(raw) if isinstance(raw, (int, float)) or (isinstance(raw, str) and raw.isdigit()) else None
+    return Blame(pid=pid, api_server=finding.evidence.get("rule") in API_SERVER_RULES)
+
+
+__all__ = ["API_SERVER_RULES", "Blame", "Finding", "FindingKind", "Severity", "blame_of"]
