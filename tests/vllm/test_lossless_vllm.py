@@ -373,6 +373,7 @@ def run_fault(
     try:
         wait_for(lambda: load.ok() >= 24, timeout_s=300, what=f"load flowing through {via}")
         before = d.engine(victim)
+        seen = len(d.log().splitlines())
         with Sampler(sessions) as sampler:
             fault(int(before["pid"]))
             fault_at = time.time()
@@ -381,15 +382,18 @@ def run_fault(
         wait_for(lambda: load.ok() >= ok_then + 24, timeout_s=300, what="load after the fault")
     finally:
         out = load.stop()
+    lines = d.log().splitlines()[seen:]  # this fault's
     transitions = "\n".join(
         line
-        for line in d.log().splitlines()
+        for line in lines
         if " -> " in line or "suspected" in line or "finding hang" in line or "front cut" in line
     )
+    # The daemon's side of a hang: when it was suspected, found (by which rule), and cut.
+    daemon_side = [x[:300] for x in lines if "suspected" in x or "finding hang" in x or "front cut" in x]
     print(
         f"\nfault at {time.strftime('%H:%M:%S', time.localtime(fault_at))}.{int(fault_at % 1 * 1000):03d} "
         f"{via} {victim}: {dict(out.counts)}; sessions on {victim} <= {sampler.most}; "
-        f"slowest first byte {max(out.waits_s):.1f} s\n" + "\n".join(out.details[:20])
+        f"slowest first byte {max(out.waits_s):.1f} s\n" + "\n".join(daemon_side + out.details[:20])
     )
     return out, sampler.most, transitions
 
@@ -423,9 +427,10 @@ def hang_engine_core(fleet: dict[str, Any], victim: str, what: str) -> Callable[
 HANG_RULES = {"deadlock": {"frozen", "cpu_idle", "deadlines"}, "spin": {"spinning", "deadlines"}}
 
 
-def assert_hang_cut_first(fleet: dict[str, Any], victim: str, what: str, log: str) -> None:
-    """Found by a rule for its kind, and the API server cut before the stacks."""
-    lines = fleet["daemon"].log().splitlines()
+def assert_hang_cut_first(victim: str, what: str, log: str) -> None:
+    """Found by a rule for its kind, and the API server cut before the stacks (``log``: the
+    fault's transitions, findings and cuts, from run_fault)."""
+    lines = log.splitlines()
     found = [x for x in lines if f"[{victim}] finding hang (critical)" in x]
     assert found and rule_of(found[-1]) in HANG_RULES[what], f"{found[-1:]}\n{log}"
     assert any(f"[{victim}]" in x and "front cut at" in x for x in lines), log
@@ -453,7 +458,7 @@ def test_haproxy_hung_engine_core_fails_no_request(fleet: dict[str, Any], victim
         fault=hang_engine_core(fleet, victim, what),
         sessions=lambda: haproxy_sessions(fleet["stats"], victim),
     )
-    assert_hang_cut_first(fleet, victim, what, log)
+    assert_hang_cut_first(victim, what, log)
     assert_lossless(out, in_flight, log)
 
 
@@ -482,5 +487,5 @@ def test_vllm_router_deadlocked_engine_core(fleet: dict[str, Any]) -> None:
         fault=hang_engine_core(fleet, "e2", "deadlock"),
         sessions=router_sessions,
     )
-    assert_hang_cut_first(fleet, "e2", "deadlock", log)
+    assert_hang_cut_first("e2", "deadlock", log)
     assert_lossless(out, in_flight, log)
