@@ -235,16 +235,18 @@ async def take_evidence(
     incident file, in the order ``evidence_moves`` gives for ``blame``; the stacks bounded by
     EVIDENCE_TIMEOUT_S, and never in the way of the restart."""
     if procs.group_gone(proc):
-        return Evidence(None, front_cut=False)
+        return NO_EVIDENCE
     started_s = aio.now()
     pids = procs.group_members(proc.pgid)  # the API server, EngineCore, workers
-    front_cut_s: float | None = None
+    front_cut_s: float | None = None  # since the evidence began (the engine just left rotation)
+    leader_title = "?"
     dumps: list[StackDump] | None = []
     for move in evidence_moves(blame, proc.pid):
         if move is Move.FREEZE:
             pids = [p for p in pids if p != proc.pid]
             procs.signal_each(pids, signal.SIGSTOP)
         elif move is Move.CUT_FRONT:
+            leader_title, _ = _proc_facts(proc.pid)  # read while it lives: a zombie has no cmdline
             proc.signal_main(signal.SIGKILL)
             front_cut_s = aio.now() - started_s
         else:
@@ -260,9 +262,8 @@ async def take_evidence(
         )
         return Evidence(None, front_cut=front_cut)
     if front_cut:
-        title, _ = _proc_facts(proc.pid)
         cut = "SIGKILLed before the stacks (front cut): its connections closed for the balancer to resend"
-        dumps = [StackDump(proc.pid, title, "killed", False, cut), *dumps]
+        dumps = [StackDump(proc.pid, leader_title, "killed", False, cut), *dumps]
     directory = incident_dir(procs.state_dir, name)
     try:
         # A small local file written at once, like ladder.json and status.json.

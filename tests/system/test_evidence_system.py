@@ -59,7 +59,8 @@ def test_a_frozen_engine_core_has_the_front_cut_then_leaves_its_stacks(daemon_fa
     text = incident.read_text()
     # The API server cut first, without stacks; the core, still frozen after its parent's
     # death (no SIGHUP/SIGCONT reached it), with its stacks.
-    assert f"==== pid {first['pid']} [killed]" in text and "front cut" in text
+    header = next(x for x in text.splitlines() if x.startswith(f"==== pid {first['pid']} [killed] "))
+    assert "fake_vllm" in header and "front cut" in text  # its command line, read before the kill
     assert f"==== pid {core} [T (stopped)]" in text
     assert "processes: 2, stacks taken: 1" in text, text
     # The held request ended with the cut, before the stacks were written.
