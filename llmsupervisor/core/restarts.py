@@ -43,8 +43,8 @@ class StopLadder:
     main_term_timeout_s: float = 45.0
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
-    # The engine's processes are SIGSTOPped (frozen for their stacks, engine/evidence.py): only
-    # the SIGKILL rung, since a stopped process cannot act on a SIGTERM.
+    # A hung engine (after its stacks, engine/evidence.py): only the SIGKILL rung. Its processes
+    # are SIGSTOPped or blocked, and a stopped process cannot act on a SIGTERM.
     kill_only: bool = False
 
     def quick(self) -> StopLadder:

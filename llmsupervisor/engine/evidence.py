@@ -15,11 +15,12 @@ holds is resent elsewhere only once its connection closes, so the order is data
                    as the hang left them, and they cannot react to their parent's death
         CUT_FRONT  SIGKILL to the API server at once: every connection it held closes, and the
                    balancer resends each request that had no byte of an answer
-        DUMP       the stacks of the frozen processes; then the kill ladder goes straight to
-                   SIGKILL of the group (a stopped process cannot act on a SIGTERM)
+        DUMP       the stacks of the frozen processes
     the API server blamed (the ``stopped`` rule's pid is the leader, or the ``front`` rule):
-        DUMP       every process's stacks first (the API server's is the evidence), then the
-                   quick stop ladder
+        DUMP       every process's stacks first (the API server's is the evidence)
+
+then the kill ladder goes straight to SIGKILL of the group (``StopLadder.kill_only``): a stopped
+process cannot act on a SIGTERM, nor can a blocked API server.
 
 So requests on a hung engine wait for the hang's detection and a few milliseconds, not for the
 stacks. The API server's own stack is given up in the first case (the incident file says so).
@@ -84,7 +85,7 @@ def evidence_moves(blame: Blame | None, leader_pid: int) -> tuple[Move, ...]:
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """What ``take_evidence`` did: the incident file (None: nothing kept), and whether the API
-    server was cut first (then the rest of the engine is frozen: the kill is SIGKILL at once)."""
+    server was cut first (the rest of the engine is then SIGSTOPped)."""
 
     path: Path | None
     front_cut: bool

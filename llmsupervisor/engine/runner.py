@@ -406,12 +406,12 @@ class EngineRunner:
         await self._terminate(quick=not drain_first)
         self._to(S.STOPPED, f"{why}: stopped")
 
-    async def _terminate(self, *, quick: bool = False, frozen: bool = False) -> None:
+    async def _terminate(self, *, quick: bool = False, hung: bool = False) -> None:
         """The stop ladder on the current incarnation; returns once none of it is left."""
         if (proc := self._proc) is None:
             return
         ladder = self._spec.stop_ladder.quick() if quick else self._spec.stop_ladder
-        ladder = replace(ladder, kill_only=frozen)  # frozen for its stacks: SIGKILL only
+        ladder = replace(ladder, kill_only=hung)  # a hung engine acts on no SIGTERM
         await terminate(
             self.name, proc, ladder, self._procs, pause=self._pause, quick=lambda: self._desired.quick
         )
@@ -450,7 +450,7 @@ class EngineRunner:
                     if got.incident is not None:
                         self._ledger.incident(got.incident)
                         self._publish()
-            await self._terminate(quick=True, frozen=got.front_cut)
+            await self._terminate(quick=True, hung=cause in EVIDENCE_CAUSES)
         self._acting = False
         if verdict.give_up:
             self._to(S.FATAL, verdict.give_up_reason(reason, self.name))

@@ -8,9 +8,9 @@ so rotation must change before the ladder starts.
 The ladder is data (``core.restarts.StopLadder``): SIGTERM to the API server only (vLLM drains
 on it, while a group SIGTERM fails in-flight requests), SIGTERM to the group, SIGKILL to the
 group, each rung with its own deadline. A quick stop (second SIGINT) cuts the first two short.
-An engine frozen for its stacks (engine/evidence.py: SIGSTOP, its API server already killed)
-gets the last rung only (``StopLadder.kill_only``): a stopped process cannot act on a SIGTERM, and
-waiting for it to would only delay the restart.
+A hung or stalled engine, after its stacks (engine/evidence.py: its processes SIGSTOPped, or the
+API server blocked), gets the last rung only (``StopLadder.kill_only``): a stopped process cannot
+act on a SIGTERM, and waiting for it to would only delay the restart.
 """
 
 from __future__ import annotations
