@@ -58,6 +58,10 @@ class Observation:
     # The engine's step heartbeat, read after the round's other probes (probes/heartbeat.py);
     # None: the engine writes none (an older vLLM, or the operator turned it off).
     heartbeat: StepBeat | ProbeFailure | None = None
+    # /health asked again at once after a late answer (None otherwise): a second miss in the
+    # same round, sent when the first gave up, is what the ``front`` rule needs
+    # (detectors/front.py).
+    health_after: HttpCheck | None = None
 
     def __post_init__(self) -> None:
         # A read-only view, so that a frozen Observation cannot be changed through its mapping.

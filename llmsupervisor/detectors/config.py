@@ -202,6 +202,14 @@ class DetectorConfig:
         1.0,
         lo_open=True,
     )
+    # The front rule (detectors/front.py): /health missed twice in a row, the first sent this
+    # long ago, and the API server asleep at no CPU or burning a core while it hands the
+    # scheduler nothing. A live API server answers /health from its loop in milliseconds.
+    hang_front_after_s: float = _setting(
+        "hang (API server): /health missed twice in a row, the first sent at least this long ago",
+        2.0,
+        lo_open=True,
+    )
 
     # STALL: running + waiting > 0 in every reading while the counters stood still this long.
     stall_after_s: float = _setting(

@@ -10,11 +10,17 @@ A HANG is found by the first of these rules (issues 16 and 25), fastest first:
 ``stopped``    a process of the group held by the kernel (SIGSTOP, a tracer) in two process
                sweeps ``hang_stopped_after_s`` apart, its CPU time unchanged, or in the sweep of
                a round whose canary or /health then missed its deadline: a fact;
+``front``      /health missed twice in a row over ``hang_front_after_s`` while the API server
+               was asleep at no CPU, or burned a core and handed the scheduler nothing: its
+               event loop is held (detectors/front.py);
 ``frozen``     (step heartbeat) work outstanding, no step for the learned bound, and the
                engine's processes (the API server aside) near 0 % CPU: a deadlock;
 ``spinning``   (step heartbeat) work outstanding, no step for the learned bound, the engine's
                processes busy and the one that computes (the Worker, CPU hosts) idle: a loop
                that is not the model, e.g. a thread holding the GIL;
+``overdue``    (step heartbeat, CPU hosts) a step under way for ``hang_step_factor`` x the
+               bound its tokens give (the engine's slowest recent time per token) while the
+               Worker computes: a Worker that spins;
 ``cpu_idle``   a canary missed its deadline and the group used (almost) no CPU between the
                sweeps around it: nothing is computing it (a deadlocked or frozen core);
 ``deadlines``  ``hang_min_misses`` deadline misses and no sign of life for ``hang_*after_s``:
@@ -32,8 +38,15 @@ from __future__ import annotations
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
+from llmsupervisor.detectors.front import front_hung
 from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
-from llmsupervisor.detectors.steps import beat_progressed, frozen_engine, spinning_engine, step_bound_s
+from llmsupervisor.detectors.steps import (
+    beat_progressed,
+    frozen_engine,
+    overdue_step,
+    spinning_engine,
+    step_bound_s,
+)
 from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.heartbeat import StepBeat
@@ -189,14 +202,37 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         None,
     )
     cpu_idle = None if canary_miss is None else _cpu_idle_through(window, now, cfg, canary_miss)
-    frozen = None if stopped is not None else frozen_engine(window, now, cfg)
-    spinning = None if stopped is not None or frozen is not None else spinning_engine(window, now, cfg)
+    # Each rule is tried only if the ones before it found nothing (they read the same window).
+    front = None if stopped is not None else front_hung(window, now, cfg)
+    frozen = None if stopped is not None or front is not None else frozen_engine(window, now, cfg)
+    spinning = None if stopped or front or frozen else spinning_engine(window, now, cfg)
+    overdue = None if stopped or front or frozen or spinning else overdue_step(window, now, cfg)
     if stopped is not None:
         proc, frozen_since = stopped
         rule, limit_s = "stopped", cfg.hang_stopped_after_s
         evidence["stopped_pid"] = proc.pid
         evidence["stopped_process"] = proc.title[:80]
+        evidence["hung_pid"] = proc.pid
         why = f"process {proc.pid} ({proc.title[:40]}) stopped"
+    elif front is not None:
+        rule, limit_s = "front", cfg.hang_front_after_s
+        frozen_since = front.since_s
+        evidence.update(
+            front=front.how,
+            hung_pid=front.pid,
+            hung_role="api_server",
+            cpu_ratio=round(front.cpu_ratio, 4),
+            cpu_span_s=round(front.span_s, 3),
+        )
+        what = (
+            "asleep at no CPU"
+            if front.how == "deadlocked"
+            else f"at {front.cpu_ratio:.0%} of a core, admitting nothing"
+        )
+        why = (
+            f"the API server's loop is held ({front.how}): /health missed {front.misses} times in "
+            f"{now - front.since_s:.1f} s, the API server {what}"
+        )
     elif frozen is not None:
         stuck, ratio, span_s = frozen
         rule, limit_s = "frozen", step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
@@ -209,6 +245,7 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         rule, limit_s = "spinning", step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
         frozen_since = stuck.since_s
         evidence.update(
+            hung_role="engine_core",
             cpu_ratio=round(ratio, 4),
             worker_cpu_ratio=round(worker_ratio, 4),
             cpu_span_s=round(span_s, 3),
@@ -218,6 +255,21 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
         why = (
             f"no step for {now - stuck.since_s:.1f} s while {what}, the engine busy ({ratio:.0%} of a "
             f"core) and its Worker idle ({worker_ratio:.1%})"
+        )
+    elif overdue is not None:
+        stuck, bound_s, worker_ratio, span_s = overdue
+        rule, limit_s = "overdue", bound_s
+        frozen_since = stuck.since_s
+        evidence.update(
+            hung_role="worker",
+            worker_cpu_ratio=round(worker_ratio, 4),
+            cpu_span_s=round(span_s, 3),
+            steps=stuck.beat.done,
+            step_tokens=stuck.beat.tokens_pending,
+        )
+        why = (
+            f"a step of {stuck.beat.tokens_pending} tokens under way for {now - stuck.since_s:.1f} s, "
+            f"over its bound of {bound_s:.1f} s, its Worker busy ({worker_ratio:.0%} of a core)"
         )
     elif cpu_idle is not None and canary_miss is not None:
         rule, limit_s = "cpu_idle", cfg.hang_cpu_min_span_s

@@ -3,8 +3,9 @@ when an idle engine should be asked at once. ``detect_hang`` (detectors/liveness
 
 The heartbeat (probes/heartbeat.py) says when the engine last completed a step and what it held.
 An engine that holds work and completes no step for a few of its own longest steps is stuck;
-what its processes do meanwhile says how: nothing (``frozen``), or burning CPU outside the
-process that computes (``spinning``). Each rule says why a busy engine cannot trip it.
+what its processes do meanwhile says how: nothing (``frozen``), burning CPU outside the process
+that computes (``spinning``), or computing one step far longer than its size allows
+(``overdue``). Each rule says why a busy engine cannot trip it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def span_in(
 
 
 def step_bound_s(beat: StepBeat, floor_s: float, cfg: DetectorConfig) -> float:
-    return max(floor_s, cfg.hang_step_factor * beat.longest_step_s)
+    """How long a step may take before it is overdue: ``hang_step_factor`` x the engine's own
+    bound of the step under way (its tokens x its slowest recent time per token, or its longest
+    recent step: ``StepBeat.expected_step_s``), and at least ``floor_s``."""
+    return max(floor_s, cfg.hang_step_factor * beat.expected_step_s)
 
 
 def frozen_engine(
@@ -130,12 +134,14 @@ def frozen_engine(
 
 def poll_s(stuck: Stuck, older: ProcSample, cfg: DetectorConfig) -> float:
     """The Worker's CPU that is its poll for the next step (``hang_worker_poll_s`` after the
-    last step), within the span from ``older``: one core for the overlap. Nothing on an idle
-    engine, whose Worker has long been asleep on its socket."""
+    last step came back), within the span from ``older``: one core for the overlap. Nothing on
+    an idle engine, whose Worker has long been asleep on its socket. Counted from the last step
+    done, not from one scheduled since: a Worker handed a step computes it, and that CPU is a
+    forward's (or a spin's: the overdue rule's), not a poll's."""
     assert older.at_s is not None
     if stuck.idle:
         return 0.0
-    return max(0.0, stuck.since_s + cfg.hang_worker_poll_s - older.at_s)
+    return max(0.0, stuck.beat.done_s + cfg.hang_worker_poll_s - older.at_s)
 
 
 def spinning_engine(
@@ -175,6 +181,47 @@ def spinning_engine(
     return stuck, used_s / span_s, worker_s / span_s, span_s
 
 
+def overdue_step(
+    window: ObservationWindow, now: float, cfg: DetectorConfig
+) -> tuple[Stuck, float, float, float] | None:
+    """A step under way past its bound, scaled by the step's own tokens (``hang_spin_after_s``
+    at least), while the Worker computes: (stuck, bound, Worker share, span).
+
+    The spinning rule's other half: a Worker that spins (a loop holding its GIL, a collective
+    busy-polling a lost peer) burns CPU as a forward does, so /proc cannot tell them apart; the
+    step's time can. vLLM caps the tokens of a step (chunked prefill, max-num-batched-tokens),
+    and a step takes about a + b x its tokens, so the engine's slowest recent time per token
+    times the tokens under way bounds it from above (``StepBeat.expected_step_s``).
+
+    Why a busy engine cannot trip it: the bound is ``hang_step_factor`` x that, from the
+    engine's own steps on this host under its load now, so a long prefill gets a long bound and
+    a slower host a slower one; a step is only overdue when nothing like it has been that slow.
+    Engines with GPUs are left out: a Worker there can spend seconds of CPU in a step that is
+    not hung (Triton compiling a kernel for a shape it meets first), which only the GPU can
+    tell apart (a future power/GPM oracle, shared/docs/hang-detection.md §4). A step whose
+    size the heartbeat does not give (an older plugin) is left to the deadline rule."""
+    stuck = find_stuck(window, now, cfg)
+    if stuck is None or stuck.obs.gpus or stuck.idle or not stuck.beat.pending:
+        return None
+    if stuck.beat.tokens_pending <= 0 or stuck.beat.per_token_s <= 0:
+        return None
+    bound_s = step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
+    if now - stuck.since_s < bound_s:
+        return None
+    span = span_in(window, now, cfg, stuck.since_s)
+    if span is None:
+        return None
+    older, newer = span
+    assert older.at_s is not None and newer.at_s is not None
+    if any(p.status == DISK_SLEEP for p in newer.processes):
+        return None
+    span_s = newer.at_s - older.at_s
+    worker_s = cpu_used_s(older, newer, is_worker)
+    if worker_s is None or worker_s < cfg.hang_spin_busy_ratio * span_s:
+        return None  # no Worker, or one at rest: the frozen and spinning rules' case
+    return stuck, bound_s, worker_s / span_s, span_s
+
+
 def idle_but_busy(window: ObservationWindow, now: float, cfg: DetectorConfig) -> bool:
     """The heartbeat says the engine holds nothing, yet its processes other than the API server
     used at least ``hang_spin_busy_ratio`` of a core over the last two sweeps: an idle EngineCore
@@ -200,4 +247,12 @@ def beat_progressed(older: Observation, newer: Observation) -> bool:
     return isinstance(a, StepBeat) and isinstance(b, StepBeat) and a.pid == b.pid and b.done > a.done
 
 
-__all__ = ["Stuck", "beat_progressed", "frozen_engine", "idle_but_busy", "spinning_engine", "step_bound_s"]
+__all__ = [
+    "Stuck",
+    "beat_progressed",
+    "frozen_engine",
+    "idle_but_busy",
+    "overdue_step",
+    "spinning_engine",
+    "step_bound_s",
+]

@@ -30,7 +30,7 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
-from llmsupervisor.detectors.steps import idle_but_busy
+from llmsupervisor.detectors.steps import idle_but_busy, step_bound_s
 from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
@@ -99,9 +99,9 @@ def second_sweep_at(beat: StepBeat, now: float, swept_s: float, cfg: DetectorCon
     than the engine's longest recent step and OVERDUE_AFTER_S): hang_cpu_min_span_s after this
     round's sweep (``swept_s``), or later, when the spinning rule's bound is reached, but never
     more than hang_spin_after_s after the sweep. None when no step is overdue."""
-    if not (beat.work > 0 or beat.pending) or now - beat.done_s < max(OVERDUE_AFTER_S, beat.longest_step_s):
+    if not (beat.work > 0 or beat.pending) or now - beat.done_s < max(OVERDUE_AFTER_S, beat.expected_step_s):
         return None
-    spin_s = beat.done_s + max(cfg.hang_spin_after_s, cfg.hang_step_factor * beat.longest_step_s)
+    spin_s = beat.done_s + step_bound_s(beat, cfg.hang_spin_after_s, cfg)
     at_s = min(max(swept_s + cfg.hang_cpu_min_span_s, spin_s), swept_s + cfg.hang_spin_after_s)
     return max(at_s, swept_s + cfg.hang_cpu_min_span_s) + SPAN_MARGIN_S
 
@@ -338,6 +338,15 @@ class Observer:
         at_s = aio.now()
         beat = await self._heartbeat()
         proc_after = None
+        health_after: HttpCheck | None = None
+        stopped = isinstance(proc_r, host.ProcSample) and any(p.stopped for p in proc_r.processes)
+        if check_timed_out(health_r) and not stopped:
+            # Late: ask again at once, so that a held API server loop is two misses and
+            # hang_front_after_s old within this round (detectors/front.py), and the second
+            # sweep below spans both. Not when the round's sweep shows a process stopped: the
+            # stopped rule decides now, and a second wait would only delay it.
+            again = await _guarded("health", self._http.health(timeout_s=late_s))
+            health_after = _http_error(again) if isinstance(again, ProbeFailure) else again
         missed = check_timed_out(canary_r) or check_timed_out(health_r)
         overdue = self._step_overdue(beat, at_s, proc_r)
         if missed or overdue is not None:
@@ -375,10 +384,14 @@ class Observer:
             engine_pids=self.engine_pids,
             heartbeat=beat,
             proc_after=proc_after,
+            health_after=health_after,
         )
         self.window.append(obs)
-        self._detect(obs.at_s)
-        self._suspect(obs.at_s)
+        # Now, not at_s: a round that asked /health again or swept again after a miss ends a
+        # second or two after its probes, and the rules read how long the engine has been stuck.
+        decided_s = aio.now()
+        self._detect(decided_s)
+        self._suspect(decided_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
 
@@ -401,7 +414,7 @@ class Observer:
         """The step heartbeat, read after the round's probes (so after its canary was sent)."""
         if self._heartbeat_path is None:
             return None
-        # In the loop, not a thread: one pread of a 72-byte record from a file in the daemon's own
+        # In the loop, not a thread: two preads of a 96-byte record from a file in the daemon's own
         # state dir (7-12 us, docs/benchmarks.md), cheaper than the hop to a thread.
         beat = await _guarded("heartbeat", _now(read_heartbeat, self._heartbeat_path))
         if isinstance(beat, StepBeat):

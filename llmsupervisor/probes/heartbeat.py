@@ -1,7 +1,7 @@
 """Reading an engine's step heartbeat: the file its scheduler writes at every step.
 
 The writer runs inside vLLM (probes/vllm_plugin/llmsupervisor_step_heartbeat.py, which also
-defines the record). Reading it is one open and one 4 kB read, tens of microseconds, so the
+defines the record). Reading it is one open and two small reads, tens of microseconds, so the
 observer reads it every round: the engine's steps, counted where they happen, not inferred from
 ``/metrics`` counters that a long prefill or an idle engine leaves still.
 """
@@ -32,11 +32,25 @@ class StepBeat:
     done_s: float  # the newest step completed then (or the writer started, before any)
     work: int  # requests the scheduler held (running + waiting) after that step
     longest_step_s: float  # the longest recent step (decays over a few hundred steps)
+    # Requests the API server has handed the scheduler since the engine started.
+    added: int = 0
+    tokens_pending: int = 0  # scheduled in the steps not back yet
+    # The slowest recent step time per scheduled token (a small step's; decays like the longest).
+    per_token_s: float = 0.0
 
     @property
     def pending(self) -> bool:
         """A step was scheduled and has not come back."""
         return self.scheduled > self.done
+
+    @property
+    def expected_step_s(self) -> float:
+        """An upper bound of the step under way, from the engine's own recent steps: a step takes
+        about a + b x its tokens, so the slowest time per token seen times the tokens under way
+        is at least that for a step larger than those seen, and the longest recent step is at
+        least that for a smaller one. A long prefill gets a long bound; a decode step a short
+        one."""
+        return max(self.longest_step_s, self.tokens_pending * self.per_token_s)
 
 
 def parse(record: bytes) -> StepBeat | None:
@@ -44,7 +58,8 @@ def parse(record: bytes) -> StepBeat | None:
     if len(record) < LAYOUT.size:
         return None
     fields = LAYOUT.unpack_from(record)
-    magic, version, pid, _, seq, scheduled, done, scheduled_s, done_s, work, _, longest_s = fields
+    magic, version, pid, _, seq, scheduled, done, scheduled_s, done_s, work, tokens, longest_s = fields[:12]
+    added, per_token_s = fields[12:]
     if magic != MAGIC or version != VERSION or seq % 2:
         return None
     return StepBeat(
@@ -55,6 +70,9 @@ def parse(record: bytes) -> StepBeat | None:
         done_s=done_s,
         work=work,
         longest_step_s=longest_s,
+        added=added,
+        tokens_pending=tokens,
+        per_token_s=per_token_s,
     )
 
 

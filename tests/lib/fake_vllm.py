@@ -35,6 +35,13 @@ options that reproduce behaviours documented in docs/vllm-notes.md:
                                 the GPU proof (bench/gpu_proof.py, check 7) reads ``GET /fake/cuda``
 ``--fake-scrape-log PATH``      append ``time.monotonic()`` of every ``GET /metrics`` to PATH, one per line:
                                 the benchmark reads the daemon's observation rounds from it
+``--fake-step-heartbeat PATH``  write the step heartbeat that real vLLM writes under the daemon's
+                                ``--scheduler-cls``, with the plugin's own writer (``Heartbeat``,
+                                llmsupervisor/probes/vllm_plugin/llmsupervisor_step_heartbeat.py): a step
+                                every ``--fake-step-s`` (0.02) while it holds work (a completion being served,
+                                or always with ``--fake-metrics-advance``: the body's requests running), none
+                                while idle or hung, as vLLM's scheduler; the daemon reads
+                                ``STATE_DIR/engines/NAME/step-heartbeat``, so that is the PATH to give
 
 Control endpoints: ``POST /fake/crash?code=N`` (exit N at once, child left behind), ``POST /fake/hang``
 (completions never answer from now on, /health stays 200), ``POST /fake/die-engine`` (/health 503 from now on,
@@ -48,6 +55,7 @@ UUID, bytes held).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -125,6 +133,56 @@ class FileMetrics:
         return ("\n".join(lines) + "\n").encode()
 
 
+# The step heartbeat's writer, loaded from its file: the plugin is standard library only, and
+# the fake must not import the daemon's package (it runs under any python3).
+PLUGIN = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "llmsupervisor",
+    "probes",
+    "vllm_plugin",
+    "llmsupervisor_step_heartbeat.py",
+)
+
+
+def running_in_body(text: str) -> int:
+    """The requests a captured body shows running (engine 0's ``vllm:num_requests_running``)."""
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return int(float(line.rpartition(" ")[2]))
+    return 0
+
+
+class FakeSteps:
+    """The step heartbeat of real vLLM's scheduler, written by the plugin's own ``Heartbeat``: a
+    step every ``step_s`` while the engine holds work, none while it is idle or hung (a hung
+    engine takes no step), so the daemon reads the file as it would read vLLM's."""
+
+    def __init__(self, engine: FakeEngine, path: str, step_s: float) -> None:
+        spec = importlib.util.spec_from_file_location("llmsupervisor_step_heartbeat", PLUGIN)
+        assert spec is not None and spec.loader is not None
+        plugin = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plugin)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.beat = plugin.Heartbeat(path)
+        self.engine, self.step_s = engine, step_s
+        threading.Thread(target=self._run, name="fake-steps", daemon=True).start()
+
+    def _held(self) -> int:
+        engine = self.engine
+        with engine.lock:
+            return engine.busy_requests + engine.running
+
+    def _run(self) -> None:
+        while True:
+            held = 0 if self.engine.hung.is_set() else self._held()
+            if not held:
+                time.sleep(self.step_s)  # idle: vLLM's scheduler takes no step
+                continue
+            self.beat.on_schedule(held)
+            time.sleep(self.step_s)
+            self.beat.on_done(self._held())
+
+
 MIB = 1024 * 1024
 LEAK_LIMIT_MIB = 1536  # the host has 24 GiB; a leak that stops here is still a leak to the detector
 
@@ -158,12 +216,17 @@ class FakeEngine:
         self.hung = threading.Event()  # completions never answer
         self.child: subprocess.Popen[bytes] | None = None
         self.file_metrics: FileMetrics | None = None
+        # Requests a busy body shows running for ever (--fake-metrics-advance): the step heartbeat
+        # holds them too.
+        self.busy_requests = 0
         if args.fake_metrics_file:
             with open(args.fake_metrics_file, encoding="utf-8") as f:
                 text = f.read()
             self.file_metrics = FileMetrics(
                 text, scale=args.fake_metrics_scale, advance=args.fake_metrics_advance
             )
+            if args.fake_metrics_advance:
+                self.busy_requests = max(1, running_in_body(text))
         self.scrape_log: TextIO | None = None
         if args.fake_scrape_log:
             # Line-buffered: one short write per scrape, readable while the fake runs.
@@ -484,6 +547,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-metrics-scale", type=int, default=1)
     parser.add_argument("--fake-metrics-advance", action="store_true")
     parser.add_argument("--fake-scrape-log", default=None)
+    parser.add_argument("--fake-step-heartbeat", default=None)
+    parser.add_argument("--fake-step-s", type=float, default=0.02)
     parser.add_argument("--fake-cuda-gib", type=float, default=None)
     parser.add_argument("--api-key", nargs="+", default=None)
     parser.add_argument("--task", default=None)
@@ -555,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(args.fake_compile_s)
     log("INFO", f"torch.compile took {args.fake_compile_s:.2f} s in total")
     time.sleep(args.fake_startup_delay_s)  # "loading": connections are refused meanwhile
+    if args.fake_step_heartbeat:
+        # vLLM builds its scheduler (and the plugin its file) before the API server listens.
+        FakeSteps(engine, args.fake_step_heartbeat, args.fake_step_s)
     log("INFO", "init engine (profile, create kv cache, warmup model) took 0.00 seconds")
     try:
         server = Server((args.host, args.port), make_handler(engine))

@@ -8,8 +8,10 @@ the next test starts. The step heartbeat (engine/heartbeat.py) is on, as by defa
     deadlock   EngineCore's threads all blocked on the GIL's lock, 0 % CPU: ``frozen``
     spin       EngineCore holds the GIL and loops at 100 % CPU, no step: ``spinning``
 
-each idle (the daemon's canary is the only work) and under streaming load; and the same two in
-the Worker, idle (a spinning Worker is found by the deadline rule: its CPU is a forward's).
+each idle (the daemon's canary is the only work) and under streaming load; the same two in the
+Worker (a deadlocked Worker leaves EngineCore waiting at no CPU: ``frozen``; a spinning one burns
+CPU as a forward does, and its step outlives the bound its tokens give: ``overdue``); and the
+same two in the API server, whose event loop is then held (``front``).
 """
 
 from __future__ import annotations
@@ -102,19 +104,34 @@ def test_a_hung_engine_core_is_found_and_restarted(
 
 
 @pytest.mark.parametrize(
-    ("what", "rules"),
+    ("what", "clients", "rules"),
     [
         # EngineCore waits on the Worker's answer (polling 1 s, then asleep): no step, no CPU.
-        ("deadlock", {"frozen", "cpu_idle"}),
-        # The Worker burns CPU as a forward does: /proc cannot tell the two apart on the CPU
-        # build, so the deadline rule is what finds it (hang_after_s / hang_idle_after_s).
-        ("spin", {"spinning", "frozen", "cpu_idle", "deadlines"}),
+        ("deadlock", 0, {"frozen", "cpu_idle"}),
+        # The Worker burns CPU as a forward does; its step is what outlives its bound.
+        ("spin", 0, {"overdue"}),
+        ("deadlock", 8, {"frozen"}),
+        ("spin", 8, {"overdue"}),
     ],
-    ids=["deadlock-idle", "spin-idle"],
+    ids=["deadlock-idle", "spin-idle", "deadlock-loaded", "spin-loaded"],
 )
-def test_a_hung_worker_is_found_and_restarted(engine: dict[str, Any], what: str, rules: set[str]) -> None:
-    line = _found_and_restarted(engine, "Worker", what, clients=0)
+def test_a_hung_worker_is_found_and_restarted(
+    engine: dict[str, Any], what: str, clients: int, rules: set[str]
+) -> None:
+    line = _found_and_restarted(engine, "Worker", what, clients=clients)
     assert rule_of(line) in rules, line
+
+
+@pytest.mark.parametrize(
+    ("what", "clients"),
+    [("deadlock", 0), ("spin", 0), ("deadlock", 8), ("spin", 8)],
+    ids=["deadlock-idle", "spin-idle", "deadlock-loaded", "spin-loaded"],
+)
+def test_a_hung_api_server_is_found_and_restarted(engine: dict[str, Any], what: str, clients: int) -> None:
+    # Its event loop held (not stopped): /health goes unanswered while EngineCore steps on.
+    line = _found_and_restarted(engine, "APIServer", what, clients=clients)
+    assert rule_of(line) == "front", line
+    assert ("front=deadlocked" if what == "deadlock" else "front=spinning") in line, line
 
 
 def test_the_injection_dir_is_a_plain_folder() -> None:

@@ -9,10 +9,12 @@ scheduler's keyword arguments), which is also how Dynamo injects its per-step em
 (``AsyncScheduler`` when async scheduling is on, else ``Scheduler``) so async scheduling stays as
 it was, and returns an instance of it.
 
-Each step writes four numbers into the file named by ``LLMSUPERVISOR_STEP_HEARTBEAT`` (the
+Each step writes a few numbers into the file named by ``LLMSUPERVISOR_STEP_HEARTBEAT`` (the
 daemon removes it before each spawn): when a step was scheduled, when one completed, the
-requests the scheduler holds, and the longest recent step, with a sequence counter around each
-write so that a reader never takes a torn record (``read``). About a microsecond a step
+requests the scheduler holds, the longest recent step, the tokens of the steps under way and
+the slowest recent time per scheduled token (what bounds a step's time by its size), and how
+many requests the API server has handed the scheduler (its sign of life), with a sequence
+counter around each write so that a reader never takes a torn record (``read``). About a microsecond a step
 (docs/benchmarks.md, "Step heartbeat"). Nothing here may raise into vLLM: a file that cannot be
 made leaves the scheduler running without a heartbeat, and the daemon with today's rules.
 
@@ -34,10 +36,11 @@ ENV: Final = "LLMSUPERVISOR_STEP_HEARTBEAT"
 # The dotted name the daemon passes as --scheduler-cls.
 QUALNAME: Final = "llmsupervisor_step_heartbeat.scheduler"
 MAGIC: Final = 0x4C534842  # "LSHB"
-VERSION: Final = 1
+VERSION: Final = 2
 # magic, version, pid, (pad), seq, steps scheduled, steps done, last scheduled (monotonic s),
-# last done, requests held after the last step, (pad), longest recent step (s).
-LAYOUT: Final = struct.Struct("<IIIIQQQddIId")
+# last done, requests held after the last step, tokens of the steps under way, longest recent
+# step (s), requests added since the start, slowest recent step time per scheduled token (s).
+LAYOUT: Final = struct.Struct("<IIIIQQQddIIdQd")
 SIZE: Final = 4096  # one page; the record is the first LAYOUT.size bytes
 # The longest recent step decays by this factor a step: a long prefill is remembered for a few
 # hundred steps (a few seconds of decode), not forever.
@@ -64,7 +67,11 @@ class Heartbeat:
         self.done_s = self.scheduled_s
         self.work = 0
         self.longest_s = 0.0
-        self._pending: collections.deque[float] = collections.deque(maxlen=8)
+        self.added = 0
+        self.per_token_s = 0.0
+        # (when scheduled, tokens) of each step not back yet: async scheduling schedules the next
+        # step while one runs.
+        self._pending: collections.deque[tuple[float, int]] = collections.deque(maxlen=8)
         self._write()
 
     def _write(self) -> None:
@@ -85,29 +92,47 @@ class Heartbeat:
             self.scheduled_s,
             self.done_s,
             self.work,
-            0,
+            sum(tokens for _, tokens in self._pending),
             self.longest_s,
+            self.added,
+            self.per_token_s,
         )
 
-    def on_schedule(self, work: int) -> None:
+    def on_add(self) -> None:
+        """A request handed to the scheduler: counted, written with the next step."""
+        self.added += 1
+
+    def on_schedule(self, work: int, tokens: int = 0) -> None:
         now = time.monotonic()
         self.scheduled += 1
         self.scheduled_s = now
         self.work = work
-        self._pending.append(now)
+        self._pending.append((now, tokens))
         self._write()
 
     def on_done(self, work: int) -> None:
         now = time.monotonic()
-        started_s = self._pending.popleft() if self._pending else now
+        started_s, tokens = self._pending.popleft() if self._pending else (now, 0)
         # A step's time: from when it was scheduled, or the previous one was done if later
         # (async scheduling schedules the next step while this one runs).
         step_s = now - max(started_s, self.done_s)
         self.longest_s = max(step_s, self.longest_s * LONGEST_DECAY)
+        if tokens > 0:
+            # A step takes about a + b x its tokens; the slowest time per token seen (a small
+            # step's) times a step's tokens bounds that step from above (detectors/steps.py).
+            self.per_token_s = max(step_s / tokens, self.per_token_s * LONGEST_DECAY)
         self.done += 1
         self.done_s = now
         self.work = work
         self._write()
+
+
+def _tokens(out: Any) -> int:
+    """The tokens a ``SchedulerOutput`` schedules (0.32: ``total_num_scheduled_tokens``)."""
+    try:
+        return max(0, int(out.total_num_scheduled_tokens))
+    except Exception:
+        return 0
 
 
 def _held(sched: Any) -> int:
@@ -137,11 +162,18 @@ def _with_heartbeat(base: type) -> type:
             with contextlib.suppress(OSError):
                 self._llmsup_beat = Heartbeat(path)
 
+    def add_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = base.add_request(self, *args, **kwargs)  # type: ignore[attr-defined]
+        beat = self._llmsup_beat
+        if beat is not None:
+            beat.on_add()
+        return out
+
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = base.schedule(self, *args, **kwargs)  # type: ignore[attr-defined]
         beat = self._llmsup_beat
         if beat is not None:
-            beat.on_schedule(_held(self))
+            beat.on_schedule(_held(self), _tokens(out))
         return out
 
     def update_from_output(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -154,7 +186,12 @@ def _with_heartbeat(base: type) -> type:
     cls = type(
         f"Heartbeat{base.__name__}",
         (base,),
-        {"__init__": __init__, "schedule": schedule, "update_from_output": update_from_output},
+        {
+            "__init__": __init__,
+            "add_request": add_request,
+            "schedule": schedule,
+            "update_from_output": update_from_output,
+        },
     )
     _classes[base] = cls
     return cls

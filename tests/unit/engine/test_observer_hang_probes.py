@@ -91,6 +91,8 @@ def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_
         assert check_timed_out(obs.health)
         assert http.deadlines_s["health"] == 0.05  # hang_probe_late_s, not health_timeout_s
         assert isinstance(obs.metrics, ProbeFailure) and "late" in obs.metrics.detail
+        # /health asked again at once: two misses in one round for the front rule.
+        assert check_timed_out(obs.health_after)
         # The miss brought a second sweep, from after the probes.
         assert isinstance(obs.proc_after, ProcSample) and sweeper.fresh[-1] is not None
         assert isinstance(obs.heartbeat, StepBeat) and obs.heartbeat.pending
@@ -161,3 +163,32 @@ def test_the_second_sweep_waits_for_the_spin_bound_but_never_past_hang_spin_afte
     # Nothing held: nothing overdue.
     idle = StepBeat(pid=1, scheduled=9, done=9, scheduled_s=100.0, done_s=100.0, work=0, longest_step_s=0.01)
     assert second_sweep_at(idle, 110.0, 110.0, cfg) is None
+
+
+def test_a_stopped_process_in_the_round_s_sweep_is_not_asked_again(tmp_path: Path) -> None:
+    # The stopped rule decides in this round from its first sweep; asking /health again would
+    # only hold the round (and the finding) another hang_probe_late_s.
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        health_timeout_s=30.0,
+        live_canary_timeout_s=0.05,
+        canary_interval_s=3600.0,
+        detectors=DetectorConfig(hang_probe_late_s=0.05),
+    )
+    http = FrozenApiServer()
+
+    async def one_round() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=http,  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=CountingSweeper(stopped=True),
+        )
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert check_timed_out(obs.health) and obs.health_after is None
+
+    asyncio.run(asyncio.wait_for(one_round(), timeout=60))

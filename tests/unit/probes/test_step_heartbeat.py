@@ -113,3 +113,28 @@ def test_the_flag_is_added_only_where_vllm_takes_it_and_nobody_chose_otherwise(
         return
     assert argv == ["--" + FLAG, QUALNAME]
     assert env == {ENV: str(beat), "PYTHONPATH": f"{PLUGIN_DIR}{os.pathsep}/opt/x"}
+
+
+def test_a_step_s_tokens_and_the_slowest_time_per_token_and_requests_admitted(tmp_path: Path) -> None:
+    # What bounds a step by its size (detectors/steps.py, overdue) and what shows the API server
+    # admits requests (detectors/front.py).
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_add()
+    beat.on_add()
+    beat.on_schedule(2, tokens=300)  # a prefill
+    beat.on_schedule(2, tokens=2)  # async scheduling: the next one while it runs
+    under_way = read_heartbeat(tmp_path / "beat")
+    assert isinstance(under_way, StepBeat)
+    assert (under_way.added, under_way.tokens_pending) == (2, 302)
+    beat.on_done(2)
+    beat.on_done(2)
+    done = read_heartbeat(tmp_path / "beat")
+    assert isinstance(done, StepBeat) and done.tokens_pending == 0 and done.per_token_s > 0
+    # The bound of a step under way: its tokens x the slowest time per token, or the longest
+    # recent step, whichever is more.
+    assert done.expected_step_s == max(done.longest_step_s, 0)
+    big = StepBeat(
+        pid=1, scheduled=2, done=1, scheduled_s=0, done_s=0, work=1, longest_step_s=0.05,
+        tokens_pending=400, per_token_s=0.01,
+    )  # fmt: skip
+    assert big.expected_step_s == pytest.approx(4.0)

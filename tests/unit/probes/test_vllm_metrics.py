@@ -348,6 +348,7 @@ def test_a_series_key_is_parsed_once_and_its_new_values_are_read_on_every_scrape
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(vllm_metrics, "_KEYS", {})
+    monkeypatch.setattr(vllm_metrics, "_CHECKED", set())
     text = body("vllm-0.32.0-cpu.txt")
     first = parsed(text)
     keys = dict(vllm_metrics._KEYS)
@@ -381,6 +382,31 @@ def test_the_key_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         m = parsed(f'vllm:num_requests_running{{engine="0",request="{request}"}} {request}\n')
         assert m.requests_running == request
         assert len(vllm_metrics._KEYS) <= 10
+
+
+def test_a_line_not_read_is_checked_once_and_skipped_when_it_comes_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_metrics, "_CHECKED", set())
+    text = body("vllm-0.32.0-cpu.txt")
+    assert vllm_metrics._collect(text) == _full_store(text)
+    checked = set(vllm_metrics._CHECKED)
+    # Every sample line of a family not read, none of those read.
+    samples = [x for x in text.splitlines() if x.strip() and not x.startswith("#")]
+    assert len(samples) / 2 < len(checked) < len(samples)
+    assert not any(x.startswith("vllm:num_requests_running{") for x in checked)
+    # Again: the same store, from the lines read; a checked line that changes is checked anew.
+    assert vllm_metrics._collect(text) == _full_store(text)
+    line = next(x for x in checked if x.startswith("vllm:request_prompt_tokens_bucket{"))
+    assert isinstance(parse_metrics(text.replace(line, line.rsplit(" ", 1)[0] + " many")), ProbeFailure)
+
+
+def test_the_checked_lines_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_metrics, "_CHECKED", set())
+    monkeypatch.setattr(vllm_metrics, "_CHECKED_MAX", 10)
+    for n in range(25):
+        assert isinstance(parse_metrics(f'other_family{{request="{n}"}} {n}\n'), EngineMetrics)
+        assert len(vllm_metrics._CHECKED) <= 10
 
 
 def test_alias_table_shape() -> None:

@@ -1,0 +1,135 @@
+"""The ``front`` hang rule: the API server's event loop is blocked (issue 25).
+
+vLLM's API server answers ``/health`` from its event loop without asking EngineCore (0.32:
+``api_server.py`` ``health`` awaits ``engine_client.check_health()``, which reads a flag), so a
+live one answers in milliseconds however busy its engine is. When ``/health`` misses
+``hang_probe_late_s`` twice in a row (the observer asks again at once after a late answer, so
+both misses can fall in one round) and the first was sent ``hang_front_after_s`` ago, the loop
+has been held that long. What the API server's process did meanwhile says how:
+
+``deadlocked``  under ``hang_cpu_idle_ratio`` of a core and asleep: its threads wait on a lock
+                (a blocking call in a coroutine, the GIL held by a C call). A loop that serves,
+                however loaded, burns CPU; one starved of CPU on a saturated host is runnable,
+                not asleep.
+``spinning``    at least ``hang_spin_busy_ratio`` of a core, and no request handed to the
+                scheduler across the span (the step heartbeat's ``added`` count): it burns a
+                core and admits nothing. A loop held up by load is loaded by requests it admits.
+
+A process stopped (SIGSTOP) is the ``stopped`` rule's, one waiting on a disk (state D) is left
+to the deadline rule, and so is anything between the two CPU shares. Without the heartbeat only
+the deadlocked case is told.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
+from llmsupervisor.detectors.config import DetectorConfig
+from llmsupervisor.detectors.series import newest_first
+from llmsupervisor.detectors.steps import DISK_SLEEP, SAME_ROUND_S
+from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
+from llmsupervisor.probes.heartbeat import StepBeat
+from llmsupervisor.probes.host import ProcSample
+
+SLEEPING = "sleeping"  # psutil.STATUS_SLEEPING: blocked on something, not waiting for a CPU
+
+
+@dataclass(frozen=True, slots=True)
+class FrontHang:
+    how: Literal["deadlocked", "spinning"]
+    pid: int  # the API server
+    since_s: float  # when the first of the missed /health checks was sent
+    misses: int
+    cpu_ratio: float  # the API server's share of a core across the span
+    span_s: float
+
+
+def _health_misses(window: ObservationWindow, now: float, cfg: DetectorConfig) -> tuple[float, int] | None:
+    """(when the oldest was sent, how many) of the /health checks that missed their deadline
+    since the last one that got any answer, or None if the newest did not miss."""
+    first_sent_s: float | None = None
+    misses = 0
+    for obs in newest_first(window, now):
+        if now - obs.at_s > cfg.stale_after_s:
+            break
+        # The check asked again after a late answer was sent as the round's probes ended (at_s).
+        for check, sent_s in ((obs.health_after, obs.at_s), (obs.health, None)):
+            if check is None:
+                continue
+            if not check_timed_out(check):
+                return (first_sent_s, misses) if first_sent_s is not None else None
+            misses += 1
+            first_sent_s = sent_s if sent_s is not None else obs.at_s - check.latency_s
+    return (first_sent_s, misses) if first_sent_s is not None else None
+
+
+def _beats(window: ObservationWindow, now: float, before_s: float) -> tuple[StepBeat, StepBeat] | None:
+    """The newest heartbeat and the newest read before ``before_s``, from one writer: what the
+    scheduler had been handed before the span and since."""
+    newest: StepBeat | None = None
+    for obs in newest_first(window, now):
+        beat = obs.heartbeat
+        if not isinstance(beat, StepBeat):
+            continue
+        if newest is None:
+            newest = beat
+        elif obs.at_s < before_s:
+            return (beat, newest) if beat.pid == newest.pid else None
+    return None
+
+
+def _span(
+    window: ObservationWindow, now: float, cfg: DetectorConfig, since_s: float
+) -> tuple[ProcSample, ProcSample] | None:
+    """The newest sweep and the newest one at least ``hang_cpu_min_span_s`` before it, taken
+    since the first miss was sent (less ``SAME_ROUND_S``: the round's sweep starts with it)."""
+    sweeps = sweeps_in(window, now, since_s - cfg.hang_cpu_max_span_s)
+    newest = next(sweeps, None)
+    if newest is None or newest.at_s is None:
+        return None
+    for older in sweeps:
+        assert older.at_s is not None
+        if newest.at_s - older.at_s >= cfg.hang_cpu_min_span_s:
+            return (older, newest) if older.at_s >= since_s - SAME_ROUND_S else None
+    return None
+
+
+def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> FrontHang | None:
+    """The API server's loop held for ``hang_front_after_s`` (module docstring), or None."""
+    missed = _health_misses(window, now, cfg)
+    if missed is None:
+        return None
+    since_s, misses = missed
+    if misses < 2 or now - since_s < cfg.hang_front_after_s:
+        return None
+    span = _span(window, now, cfg, since_s)
+    if span is None:
+        return None
+    older, newer = span
+    assert older.at_s is not None and newer.at_s is not None
+    front = next((p for p in newer.processes if p.pid == newer.pgid), None)
+    if front is None or front.stopped or front.zombie or front.status == DISK_SLEEP:
+        return None
+    used_s = cpu_used_s(older, newer, lambda p: p.pid == newer.pgid)
+    if used_s is None:
+        return None
+    span_s = newer.at_s - older.at_s
+    ratio = used_s / span_s
+    # Asleep, not waiting for a CPU: a process starved on a saturated host is runnable ("running").
+    if used_s <= cfg.hang_cpu_idle_ratio * span_s and front.status == SLEEPING:
+        return FrontHang("deadlocked", front.pid, since_s, misses, ratio, span_s)
+    if used_s < cfg.hang_spin_busy_ratio * span_s:
+        return None
+    beats = _beats(window, now, older.at_s)
+    if beats is None or beats[1].added != beats[0].added:
+        return None  # no heartbeat, or requests still admitted: a loaded loop, not a stuck one
+    return FrontHang("spinning", front.pid, since_s, misses, ratio, span_s)
+
+
+def health_missed_twice(obs: Observation) -> bool:
+    return check_timed_out(obs.health) and check_timed_out(obs.health_after)
+
+
+__all__ = ["FrontHang", "front_hung", "health_missed_twice"]
