@@ -59,13 +59,16 @@ def test_a_hung_engine_gets_a_restart_that_counts_as_a_failure(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("kind", "evidence", "blame"),
     [
+        (K.HANG, {"rule": "stopped", "stopped_pid": 4242, "hung_pid": 4242}, Blame(pid=4242)),
         (K.HANG, {"rule": "stopped", "stopped_pid": 4242}, Blame(pid=4242)),
+        (K.HANG, {"rule": "front", "hung_pid": 7, "hung_role": "api_server"}, Blame(pid=7, api_server=True)),
         (K.HANG, {"rule": "front"}, Blame(api_server=True)),
-        (K.HANG, {"rule": "frozen"}, Blame()),
+        (K.HANG, {"rule": "frozen", "hung_pid": 8, "hung_role": "engine_core"}, Blame(pid=8)),
+        (K.HANG, {"rule": "deadlines"}, Blame()),
         (K.STALL, {}, Blame()),
         (K.GPU_FAULT, {"gpus": "0"}, None),  # no stacks for a GPU fault: nothing to blame
     ],
-    ids=["stopped", "front", "frozen", "stall", "gpu-fault"],
+    ids=["stopped", "stopped-old", "front", "front-rule-only", "frozen", "deadlines", "stall", "gpu-fault"],
 )
 def test_a_broken_engine_restart_carries_what_its_finding_blames(
     tmp_path: Path, kind: FindingKind, evidence: dict[str, float | str], blame: Blame | None
