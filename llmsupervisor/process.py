@@ -296,6 +296,12 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def signal_pid(pid: int, sig: int) -> None:
+    """``sig`` to one process; one that is gone (or no longer ours to signal) is skipped."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
 def members_of(pgids: Iterable[int]) -> dict[int, list[int]]:
     """Every live PID (zombies included) of each process group in ``pgids``, in one walk of ``/proc``.
 

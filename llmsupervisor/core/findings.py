@@ -61,4 +61,41 @@ class Finding:
         return (self.engine, self.kind, self.severity)
 
 
-__all__ = ["Finding", "FindingKind", "Severity"]
+# The hang rules whose finding says the API server itself is the hung process (the ``front``
+# rule: its event loop held, detectors/front.py). Its stack is then the evidence.
+API_SERVER_RULES: frozenset[str] = frozenset({"front"})
+API_SERVER_ROLE = "api_server"  # the ``hung_role`` evidence of a finding that blames the API server
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Blame:
+    """The process a hang finding blames, as its evidence says (detectors/liveness.py: the
+    ``hung_pid`` and ``hung_role`` of every rule that names one, the ``stopped`` rule's
+    ``stopped_pid``). It travels with the restart to the runner, which cuts the API server
+    before taking the stacks unless it is the one blamed (engine/evidence.py)."""
+
+    pid: int | None = None  # the process the finding names; None: it names none
+    api_server: bool = False  # the finding says the API server is hung
+
+    def names_leader(self, leader_pid: int) -> bool:
+        """Whether the API server (the group's leader, ``leader_pid``) is the process blamed."""
+        return self.api_server or self.pid == leader_pid
+
+
+def _pid(raw: float | str | None) -> int | None:
+    if isinstance(raw, (int, float)) or (isinstance(raw, str) and raw.isdigit()):
+        return int(raw)
+    return None
+
+
+def blame_of(finding: Finding) -> Blame:
+    """What ``finding``'s evidence blames; an empty ``Blame`` when it names no process."""
+    ev = finding.evidence
+    pid = _pid(ev.get("hung_pid"))
+    return Blame(
+        pid=pid if pid is not None else _pid(ev.get("stopped_pid")),
+        api_server=ev.get("hung_role") == API_SERVER_ROLE or ev.get("rule") in API_SERVER_RULES,
+    )
+
+
+__all__ = ["API_SERVER_ROLE", "API_SERVER_RULES", "Blame", "Finding", "FindingKind", "Severity", "blame_of"]

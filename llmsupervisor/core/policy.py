@@ -61,7 +61,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from llmsupervisor.core.findings import Finding, FindingKind, Severity
+from llmsupervisor.core.findings import Blame, Finding, FindingKind, Severity, blame_of
 from llmsupervisor.core.node_condition import VERDICT_RESET, gpu_verdicts
 from llmsupervisor.core.state import EngineState
 
@@ -185,6 +185,9 @@ class Action:
     fault_gpus: tuple[int, ...] | None = None
     # Per GPU, what the fault leads to ("reset", "restart", "unknown"; core/node_condition.py).
     gpu_verdicts: tuple[tuple[int, str], ...] = ()
+    # A hang's or a stall's finding: the process it blames, for the evidence before the kill
+    # (whether the API server is cut first; engine/evidence.py). None for every other action.
+    blame: Blame | None = None
 
 
 def _gpu_needs_reset(findings: Sequence[Finding]) -> Finding | None:
@@ -211,6 +214,7 @@ def _gpu_restart(name: str, broken: Finding) -> Action:
         mark_gpus=marking,
         fault_gpus=finding_gpus(broken) if marking else None,
         gpu_verdicts=tuple(sorted(gpu_verdicts(broken.evidence.get("verdicts")).items())) if marking else (),
+        blame=blame_of(broken) if broken.kind in (K.HANG, K.STALL) else None,
     )
 
 

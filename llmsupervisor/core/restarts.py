@@ -43,6 +43,9 @@ class StopLadder:
     main_term_timeout_s: float = 45.0
     group_term_timeout_s: float = 5.0
     kill_timeout_s: float = 10.0
+    # A hung engine (after its stacks, engine/evidence.py): only the SIGKILL rung. Its processes
+    # are SIGSTOPped or blocked, and a stopped process cannot act on a SIGTERM.
+    kill_only: bool = False
 
     def quick(self) -> StopLadder:
         """For a second SIGINT, or an engine that is already dead: no drain, short rungs."""

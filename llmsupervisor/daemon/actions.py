@@ -236,7 +236,13 @@ def commands_for(action: Action, spec: EngineSpec | None = None) -> list[Command
         return step
     cause = "scheduled" if kind is ActionKind.SCHEDULED_RESTART else action.reason
     return [
-        Restart(cause=cause, reason=f"{cause}: {action.detail}", drain=action.drain, failure=action.failure)
+        Restart(
+            cause=cause,
+            reason=f"{cause}: {action.detail}",
+            drain=action.drain,
+            failure=action.failure,
+            blame=action.blame,
+        )
     ]
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import Blame
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,9 @@ class Restart:
     drain: bool = True  # False: stop at once (nothing in a hung engine can finish)
     failure: bool = False  # a broken engine: counts against the crash-loop budget, with backoff
     spec: EngineSpec | None = None  # applied between the stop and the next start
+    # A hang's finding: the process it blames (its evidence, core/findings.py), which decides
+    # whether the API server is cut before the stacks are taken (engine/evidence.py).
+    blame: Blame | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,10 @@ class Processes(Protocol):
 
     def group_gone(self, proc: EngineProcess) -> bool: ...
 
+    def signal_each(self, pids: Sequence[int], sig: int) -> None:
+        """``sig`` to each of ``pids`` (members of an engine's group); one already gone is skipped."""
+        ...
+
     async def strays(self, engine: str, *, leader: int) -> list[int]: ...
 
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]: ...
@@ -98,6 +102,10 @@ class HostProcesses:
         living = [p for p in members if p != proc.pid and process.alive(p)]
         process.reap_adopted(members, skip=proc.pid)
         return proc.returned and not living
+
+    def signal_each(self, pids: Sequence[int], sig: int) -> None:
+        for pid in pids:
+            process.signal_pid(pid, sig)
 
     async def strays(self, engine: str, *, leader: int) -> list[int]:
         """Processes that left the group (setsid) but carry this engine's marker. The sweep reads

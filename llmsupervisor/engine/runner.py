@@ -36,6 +36,7 @@ from dataclasses import replace
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import Blame
 from llmsupervisor.core.state import SERVING, EngineState, rotation_target
 from llmsupervisor.engine.commands import (
     Command,
@@ -47,7 +48,7 @@ from llmsupervisor.engine.commands import (
     restart_taken,
     spec_taken,
 )
-from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, take_evidence
+from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, NO_EVIDENCE, take_evidence
 from llmsupervisor.engine.heartbeat import heartbeat_path
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
@@ -250,7 +251,7 @@ class EngineRunner:
                     await self._pause(None)
                     continue
                 outcome, why = await self._start_once()
-                cause = "start_failed"
+                cause, blame = "start_failed", None
                 if outcome is Outcome.READY:
                     outcome, why = await self._serve()
                     cause = "engine_dead" if outcome is Outcome.DEAD else "crash"
@@ -267,8 +268,8 @@ class EngineRunner:
                         continue
                     if planned.drain:
                         await self._drain(why)
-                    cause = planned.cause
-                await self._after_failure(why, cause)
+                    cause, blame = planned.cause, planned.blame
+                await self._after_failure(why, cause, blame)
         finally:
             # Whatever happened (a bug, cancellation), leave no process behind.
             self._repair.cancel()
@@ -405,11 +406,12 @@ class EngineRunner:
         await self._terminate(quick=not drain_first)
         self._to(S.STOPPED, f"{why}: stopped")
 
-    async def _terminate(self, *, quick: bool = False) -> None:
+    async def _terminate(self, *, quick: bool = False, hung: bool = False) -> None:
         """The stop ladder on the current incarnation; returns once none of it is left."""
         if (proc := self._proc) is None:
             return
         ladder = self._spec.stop_ladder.quick() if quick else self._spec.stop_ladder
+        ladder = replace(ladder, kill_only=hung)  # a hung engine acts on no SIGTERM
         await terminate(
             self.name, proc, ladder, self._procs, pause=self._pause, quick=lambda: self._desired.quick
         )
@@ -428,28 +430,27 @@ class EngineRunner:
         self._publish()
         await await_gpu_release(self._spec, pids, self._gpus.samples_for)
 
-    async def _after_failure(self, reason: str, cause: str) -> None:
+    async def _after_failure(self, reason: str, cause: str, blame: Blame | None = None) -> None:
         """Clean up, then restart (at once the first time within the failure window, with a
-        growing backoff on repeats), or give up (FATAL)."""
+        growing backoff on repeats), or give up (FATAL). ``blame``: what a hang's finding blames."""
         policy = self._spec.restart_policy
         if self._output is not None and self._proc is not None and self._proc.returned:
             # Exited by itself: the reason ends with the last error line it printed (output.py).
             reason = await self._output.with_last_error(reason, settle_s=OUTPUT_SETTLE_S)
-        incident: str | None = None
+        got = NO_EVIDENCE
         verdict = self._ledger.failed(reason, now=aio.now(), policy=policy, draw=self._rng.random)
         if self._proc is not None:
             if not self._procs.group_gone(self._proc):
-                # The engine is failing; there is nothing to drain.
+                # Failing: nothing to drain. A hang's stacks cut the API server first (evidence.py).
                 self._to(S.STOPPING, f"cleaning up after failure: {reason}")
                 if cause in EVIDENCE_CAUSES:
-                    # Out of rotation already (STOPPING), not yet signalled: the stacks show
-                    # the hang itself, and recovery waits for them at most EVIDENCE_TIMEOUT_S.
-                    path = await take_evidence(self.name, self._proc, self._procs, cause=cause, reason=reason)
-                    if path is not None:
-                        incident = str(path)
-                        self._ledger.incident(incident)
+                    got = await take_evidence(
+                        self.name, self._proc, self._procs, cause=cause, reason=reason, blame=blame
+                    )
+                    if got.incident is not None:
+                        self._ledger.incident(got.incident)
                         self._publish()
-            await self._terminate(quick=True)
+            await self._terminate(quick=True, hung=cause in EVIDENCE_CAUSES)
         self._acting = False
         if verdict.give_up:
             self._to(S.FATAL, verdict.give_up_reason(reason, self.name))
@@ -469,7 +470,7 @@ class EngineRunner:
                 break
             await self._pause(left)
         if self._desired.wants_run:
-            self._ledger.restarted(cause, reason=reason, now=aio.now(), incident=incident)
+            self._ledger.restarted(cause, reason=reason, now=aio.now(), incident=got.incident)
 
     # ---- helpers ----
 

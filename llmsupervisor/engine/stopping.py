@@ -8,6 +8,9 @@ so rotation must change before the ladder starts.
 The ladder is data (``core.restarts.StopLadder``): SIGTERM to the API server only (vLLM drains
 on it, while a group SIGTERM fails in-flight requests), SIGTERM to the group, SIGKILL to the
 group, each rung with its own deadline. A quick stop (second SIGINT) cuts the first two short.
+A hung or stalled engine, after its stacks (engine/evidence.py: its processes SIGSTOPped, or the
+API server blocked), gets the last rung only (``StopLadder.kill_only``): a stopped process cannot
+act on a SIGTERM, and waiting for it to would only delay the restart.
 """
 
 from __future__ import annotations
@@ -46,10 +49,13 @@ class Rung:
 
 
 def rungs(ladder: StopLadder) -> tuple[Rung, ...]:
+    kill = Rung("SIGKILL to the process group", signal.SIGKILL, True, ladder.kill_timeout_s, False)
+    if ladder.kill_only:
+        return (kill,)
     return (
         Rung("SIGTERM to the API server", signal.SIGTERM, False, ladder.main_term_timeout_s, True),
         Rung("SIGTERM to the process group", signal.SIGTERM, True, ladder.group_term_timeout_s, True),
-        Rung("SIGKILL to the process group", signal.SIGKILL, True, ladder.kill_timeout_s, False),
+        kill,
     )
 
 
@@ -101,7 +107,7 @@ async def terminate(
     failed, which is logged: nothing else can be done). ``pause`` is the runner's wait, so an
     escalation (second SIGINT) sent meanwhile cuts the current rung short."""
     for i, rung in enumerate(rungs(ladder.quick() if quick() else ladder)):
-        if i == 0 and proc.returned:
+        if i == 0 and proc.returned and not rung.to_group:
             continue  # the leader is gone: its orphans get the group signals
         log.info(
             "%s (pid %d), waiting up to %g s", rung.what, proc.pid, rung.timeout_s, extra={"engine": engine}

@@ -1,7 +1,9 @@
 """Fakes at the runner's seams, for tests on virtual time (tests/lib/virtual_time.py).
 
 ``FakeProcesses`` stands for the operating system (engine/processes.py ``Processes``): each spawn
-is a ``FakeProcess`` with real output pipes and a scripted reaction to signals. ``ScriptedHttp``
+is a ``FakeProcess`` with real output pipes and a scripted reaction to signals, and as many
+``FakeChild`` members of its group as asked (vLLM's EngineCore and Worker). ``timeline`` keeps
+every signal and stack dump, in order, with its virtual time. ``ScriptedHttp``
 stands for one engine's vLLM server (engine/http.py ``EngineHttp``): the test says what /health,
 /v1/models, the canary and /metrics answer, and can change it at any time.
 """
@@ -30,9 +32,32 @@ from llmsupervisor.process import ExitStatus
 _pids = itertools.count(50_000)
 
 
+@dataclass
+class FakeChild:
+    """A member of an engine's group other than the API server: it exits on SIGTERM (unless
+    stopped: a stopped process cannot act on one) and on SIGKILL, stopped or not."""
+
+    pid: int
+    alive: bool = True
+    stopped: bool = False
+
+    def react(self, sig: int) -> None:
+        if sig == signal.SIGSTOP:
+            self.stopped = True
+        elif sig == signal.SIGKILL or (sig == signal.SIGTERM and not self.stopped):
+            self.alive = False
+
+
 class FakeProcess:
     def __init__(
-        self, argv: list[str], env: Mapping[str, str], *, term_exit_s: float, ignores_term: bool
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        *,
+        term_exit_s: float,
+        ignores_term: bool,
+        children: int = 0,
+        timeline: list[tuple[float, str]] | None = None,
     ) -> None:
         self.argv = argv
         self.env = dict(env)
@@ -45,6 +70,8 @@ class FakeProcess:
         self.cpus: tuple[int, ...] = ()
         self._term_exit_s = term_exit_s
         self._ignores_term = ignores_term
+        self.children = [FakeChild(next(_pids)) for _ in range(children)]
+        self._timeline = timeline if timeline is not None else []
 
     @property
     def returned(self) -> bool:
@@ -66,10 +93,14 @@ class FakeProcess:
 
     def signal_main(self, sig: int) -> None:
         self.signals.append(("main", sig))
+        self._timeline.append((aio.now(), f"{signal.Signals(sig).name} main"))
         self._react(sig)
 
     def signal_group(self, sig: int) -> None:
         self.signals.append(("group", sig))
+        self._timeline.append((aio.now(), f"{signal.Signals(sig).name} group"))
+        for child in self.children:
+            child.react(sig)
         self._react(sig)
 
     def _react(self, sig: int) -> None:
@@ -93,22 +124,47 @@ class FakeProcesses:
     held_ports: dict[int, int | None] = field(default_factory=dict)  # port -> foreign holder pid
     spawned: list[FakeProcess] = field(default_factory=list)
     py_spy: bool = True
+    children: int = 0  # members of each spawn's group beside the API server
     dumped: list[list[int]] = field(default_factory=list)  # each dump_stacks call's pids
+    # Every signal and stack dump, in order: (virtual time, "SIGSTOP 50001" | "SIGKILL main" |
+    # "SIGKILL group" | "dump 50001,50002").
+    timeline: list[tuple[float, str]] = field(default_factory=list)
     signals_at_dump: list[list[tuple[str, int]]] = field(default_factory=list)  # to live processes
 
     def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> FakeProcess:
         if self.exec_error is not None:
             raise self.exec_error
-        proc = FakeProcess(argv, env, term_exit_s=self.term_exit_s, ignores_term=self.ignores_term)
+        proc = FakeProcess(
+            argv,
+            env,
+            term_exit_s=self.term_exit_s,
+            ignores_term=self.ignores_term,
+            children=self.children,
+            timeline=self.timeline,
+        )
         proc.cpus = tuple(cpus)
         self.spawned.append(proc)
         return proc
 
     def group_members(self, pgid: int) -> list[int]:
-        return [p.pid for p in self.spawned if p.pgid == pgid and not p.returned]
+        out = []
+        for p in self.spawned:
+            if p.pgid == pgid:
+                out += ([] if p.returned else [p.pid]) + [c.pid for c in p.children if c.alive]
+        return out
 
     def group_gone(self, proc: EngineProcess) -> bool:
-        return proc.returned
+        return proc.returned and not self.group_members(proc.pgid)
+
+    def signal_each(self, pids: Sequence[int], sig: int) -> None:
+        for pid in pids:
+            leaders = [p for p in self.spawned if p.pid == pid]
+            for p in leaders:
+                p.signal_main(sig)  # its own timeline entry
+            if not leaders:
+                self.timeline.append((aio.now(), f"{signal.Signals(sig).name} {pid}"))
+            for child in (c for p in self.spawned for c in p.children if c.pid == pid):
+                child.react(sig)
 
     async def strays(self, engine: str, *, leader: int) -> list[int]:
         return []
@@ -125,6 +181,7 @@ class FakeProcesses:
 
     async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
         self.dumped.append(list(pids))
+        self.timeline.append((aio.now(), "dump " + ",".join(str(p) for p in pids)))
         self.signals_at_dump.append(
             [sig for proc in self.spawned for sig in proc.signals if not proc.returned]
         )

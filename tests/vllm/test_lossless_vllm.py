@@ -9,7 +9,11 @@ workers stream, half do not; ``max_retries=0``, so the client hides nothing), th
 test on an engine serving it:
 
 - a SIGKILL of the engine's API server (the crash path);
-- a SIGSTOP of its EngineCore under load (a hang: the API server still answers /health).
+- a real hang of its EngineCore under load, injected as users meet them (issue 25's injector,
+  tests/lib/hang_injection/sitecustomize.py; the API server still answers /health): a deadlock
+  (every thread blocked on the GIL, 0 % CPU: the ``frozen`` rule) and a spin (a thread holding
+  the GIL at 100 % CPU, no step: the ``spinning`` rule). Behind HAProxy both, behind the router
+  the deadlock.
 
 Each request is classed by what the client got: ``ok`` (every token asked for), ``failed``
 (no answer, or an error status: it had received no byte of an answer), ``cut`` (a stream that
@@ -18,11 +22,13 @@ the 200 and its headers, no token yet). The claims: ``failed`` is 0 and every no
 request succeeds (a request without a byte is retried elsewhere), and the cut streams are at
 most what the balancer had in flight on the failed engine between the fault and its removal
 (HAProxy: its sessions there, from its stats socket; the router, which cannot say: every
-streaming client). The numbers go to docs/load-balancers.md; each test prints its own.
+streaming client). The numbers go to docs/load-balancers.md; each test prints its own, with
+the slowest first byte: for a hang, how long a request held by the hung engine waited before the
+balancer resent it, which is the daemon's time to find the hang and cut the API server (the
+stacks come after the cut: engine/evidence.py).
 
-The hang is a SIGSTOP of the EngineCore (the deadlock and spin injections of the hang-kinds work
-are not used here): the daemon's ``stopped`` rule proves it in about a second, so the run shows
-the balancers' side, not the detectors'.
+The engines are shared by the module's tests (each fault ends with the engine READY again), so
+the whole module starts two engines once.
 """
 
 from __future__ import annotations
@@ -41,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
 from tests.lib.daemon import Daemon, free_port, wait_for
+from tests.lib.hangs import hang_env, inject, rule_of
 from tests.lib.haproxy import haproxy, stat
 from tests.lib.vllm_env import API_KEY, READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
 
@@ -218,15 +224,6 @@ class Sampler:
         self._thread.join(timeout=5)
 
 
-def engine_core(api_pid: int) -> int:
-    """The EngineCore process of the engine whose API server is ``api_pid``."""
-    for child in psutil.Process(api_pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
-                return child.pid
-    raise AssertionError(f"no EngineCore under pid {api_pid}")
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     python = vllm_python()
@@ -242,6 +239,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         engine = vllm_engine(name, ports[name], model, home, agent_port=ports[f"{name}_agent"])
         engine["args"] = {**engine["args"], "max-num-seqs": 8}
         engine.update({"drain_grace_s": 3.0, "drain_timeout_s": 60})
+        # Every process of the engine loads the hang injector; a spin ends by itself after 60 s.
+        engine["env"] = {**engine["env"], **hang_env(tmp / f"hang-{name}"), "LLMSUP_HANG_SPIN_S": "60"}
         engines.append(engine)
     config = {
         "supervisor": {
@@ -317,6 +316,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "stats": stats_socket,
             "router": router_bin.exists(),
             "logs": logs,
+            "hangs": {name: tmp / f"hang-{name}" for name in ENGINES},
         }
     finally:
         for proc in reversed(procs):
@@ -373,6 +373,7 @@ def run_fault(
     try:
         wait_for(lambda: load.ok() >= 24, timeout_s=300, what=f"load flowing through {via}")
         before = d.engine(victim)
+        seen = len(d.log().splitlines())
         with Sampler(sessions) as sampler:
             fault(int(before["pid"]))
             fault_at = time.time()
@@ -381,15 +382,18 @@ def run_fault(
         wait_for(lambda: load.ok() >= ok_then + 24, timeout_s=300, what="load after the fault")
     finally:
         out = load.stop()
+    lines = d.log().splitlines()[seen:]  # this fault's
     transitions = "\n".join(
         line
-        for line in d.log().splitlines()
-        if " -> " in line or "suspected" in line or "finding hang" in line
+        for line in lines
+        if " -> " in line or "suspected" in line or "finding hang" in line or "front cut" in line
     )
+    # The daemon's side of a hang: when it was suspected, found (by which rule), and cut.
+    daemon_side = [x[:300] for x in lines if "suspected" in x or "finding hang" in x or "front cut" in x]
     print(
         f"\nfault at {time.strftime('%H:%M:%S', time.localtime(fault_at))}.{int(fault_at % 1 * 1000):03d} "
         f"{via} {victim}: {dict(out.counts)}; sessions on {victim} <= {sampler.most}; "
-        f"slowest first byte {max(out.waits_s):.1f} s\n" + "\n".join(out.details[:20])
+        f"slowest first byte {max(out.waits_s):.1f} s\n" + "\n".join(daemon_side + out.details[:20])
     )
     return out, sampler.most, transitions
 
@@ -409,8 +413,27 @@ def sigkill_api_server(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def sigstop_engine_core(pid: int) -> None:
-    os.kill(engine_core(pid), signal.SIGSTOP)
+def hang_engine_core(fleet: dict[str, Any], victim: str, what: str) -> Callable[[int], None]:
+    """The fault: ``what`` (deadlock, spin) in the victim's EngineCore, through its injector."""
+
+    def fault(pid: int) -> None:
+        inject(fleet["hangs"][victim], "EngineCore", what)
+
+    return fault
+
+
+# The rules that find each injected hang under load (tests/vllm/test_hang_kinds.py); the
+# deadline rule is the backstop when a loaded host blurs the CPU readings.
+HANG_RULES = {"deadlock": {"frozen", "cpu_idle", "deadlines"}, "spin": {"spinning", "deadlines"}}
+
+
+def assert_hang_cut_first(victim: str, what: str, log: str) -> None:
+    """Found by a rule for its kind, and the API server cut before the stacks (``log``: the
+    fault's transitions, findings and cuts, from run_fault)."""
+    lines = log.splitlines()
+    found = [x for x in lines if f"[{victim}] finding hang (critical)" in x]
+    assert found and rule_of(found[-1]) in HANG_RULES[what], f"{found[-1:]}\n{log}"
+    assert any(f"[{victim}]" in x and "front cut at" in x for x in lines), log
 
 
 def test_haproxy_sigkill_of_an_api_server_fails_no_request(fleet: dict[str, Any]) -> None:
@@ -425,16 +448,17 @@ def test_haproxy_sigkill_of_an_api_server_fails_no_request(fleet: dict[str, Any]
     assert_lossless(out, in_flight, log)
 
 
-def test_haproxy_hung_engine_core_fails_no_request(fleet: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("victim", "what"), [("e2", "deadlock"), ("e1", "spin")])
+def test_haproxy_hung_engine_core_fails_no_request(fleet: dict[str, Any], victim: str, what: str) -> None:
     url = f"http://127.0.0.1:{fleet['ports']['frontend']}/v1"
     out, in_flight, log = run_fault(
         fleet,
         via=url,
-        victim="e2",
-        fault=sigstop_engine_core,
-        sessions=lambda: haproxy_sessions(fleet["stats"], "e2"),
+        victim=victim,
+        fault=hang_engine_core(fleet, victim, what),
+        sessions=lambda: haproxy_sessions(fleet["stats"], victim),
     )
-    assert "hang suspected" in fleet["daemon"].log()  # out of rotation before the finding
+    assert_hang_cut_first(victim, what, log)
     assert_lossless(out, in_flight, log)
 
 
@@ -452,7 +476,7 @@ def test_vllm_router_sigkill_of_an_api_server(fleet: dict[str, Any]) -> None:
     assert_lossless(out, in_flight, log)
 
 
-def test_vllm_router_hung_engine_core(fleet: dict[str, Any]) -> None:
+def test_vllm_router_deadlocked_engine_core(fleet: dict[str, Any]) -> None:
     if not fleet["router"]:
         pytest.skip("vllm-router not installed in the test venv (pip install -e '.[dev]')")
     url = f"http://127.0.0.1:{fleet['ports']['router']}/v1"
@@ -460,7 +484,8 @@ def test_vllm_router_hung_engine_core(fleet: dict[str, Any]) -> None:
         fleet,
         via=url,
         victim="e2",
-        fault=sigstop_engine_core,
+        fault=hang_engine_core(fleet, "e2", "deadlock"),
         sessions=router_sessions,
     )
+    assert_hang_cut_first("e2", "deadlock", log)
     assert_lossless(out, in_flight, log)

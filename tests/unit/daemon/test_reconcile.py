@@ -6,7 +6,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import Blame
 from llmsupervisor.core.policy import Action, ActionKind, FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
@@ -49,7 +52,36 @@ def run(rec: Reconciler, *statuses: EngineStatus, now: float = 10_000.0, **kw: A
 def test_a_hung_engine_gets_a_restart_that_counts_as_a_failure(tmp_path: Path) -> None:
     rec, sent = reconciler(tmp_path)
     run(rec, status("e0", findings=(finding(K.HANG, Severity.CRITICAL),)))
-    assert sent.commands == [("e0", Restart(cause="hang", reason="hang: hang!", drain=False, failure=True))]
+    restart = Restart(cause="hang", reason="hang: hang!", drain=False, failure=True, blame=Blame())
+    assert sent.commands == [("e0", restart)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "evidence", "blame"),
+    [
+        (K.HANG, {"rule": "stopped", "stopped_pid": 4242, "hung_pid": 4242}, Blame(pid=4242)),
+        (K.HANG, {"rule": "stopped", "stopped_pid": 4242}, Blame(pid=4242)),
+        (K.HANG, {"rule": "front", "hung_pid": 7, "hung_role": "api_server"}, Blame(pid=7, api_server=True)),
+        (K.HANG, {"rule": "front"}, Blame(api_server=True)),
+        (K.HANG, {"rule": "frozen", "hung_pid": 8, "hung_role": "engine_core"}, Blame(pid=8)),
+        (K.HANG, {"rule": "deadlines"}, Blame()),
+        (K.STALL, {}, Blame()),
+        (K.GPU_FAULT, {"gpus": "0"}, None),  # no stacks for a GPU fault: nothing to blame
+    ],
+    ids=["stopped", "stopped-old", "front", "front-rule-only", "frozen", "deadlines", "stall", "gpu-fault"],
+)
+def test_a_broken_engine_restart_carries_what_its_finding_blames(
+    tmp_path: Path, kind: FindingKind, evidence: dict[str, float | str], blame: Blame | None
+) -> None:
+    """The process a hang's finding blames reaches the runner as data (engine/evidence.py
+    decides from it whether the API server is cut before the stacks)."""
+    rec, sent = reconciler(tmp_path)
+    broken = Finding(
+        engine="e0", kind=kind, severity=Severity.CRITICAL, evidence=evidence, since_s=0.0, summary="!"
+    )
+    run(rec, status("e0", findings=(broken,)))
+    restarts = [cmd for _, cmd in sent.commands if isinstance(cmd, Restart)]
+    assert [r.blame for r in restarts] == [blame]
 
 
 def test_nothing_is_sent_twice_while_commands_are_pending(tmp_path: Path) -> None:

@@ -14,8 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from llmsupervisor.core.findings import Blame
 from llmsupervisor.engine.commands import Restart
-from llmsupervisor.engine.evidence import StackDump, dump_stacks, find_py_spy, write_incident
+from llmsupervisor.engine.evidence import (
+    CUT_FRONT_FIRST,
+    STACKS_FIRST,
+    Move,
+    StackDump,
+    dump_stacks,
+    evidence_moves,
+    find_py_spy,
+    write_incident,
+)
 from tests.lib.runner_harness import Harness, S, run, spec
 
 SLEEPER = "import time\ndef waiting_for_godot():\n    time.sleep(300)\nwaiting_for_godot()\n"
@@ -93,7 +103,7 @@ def test_incidents_are_bounded_in_count_and_size(tmp_path: Path) -> None:
     assert paths[-1].name == "20231114T221324.000Z-hang.txt"
 
 
-def test_a_hang_restart_keeps_the_stacks_first_and_others_do_not(tmp_path: Path) -> None:
+def test_a_hang_that_blames_the_api_server_keeps_every_stack_first_and_others_do_not(tmp_path: Path) -> None:
     async def scenario() -> None:
         h = Harness(tmp_path, spec())
         await h.state(S.READY)
@@ -102,7 +112,9 @@ def test_a_hang_restart_keeps_the_stacks_first_and_others_do_not(tmp_path: Path)
         await h.state(S.READY)
         assert h.procs.dumped == []  # a planned restart takes no evidence
         pid = h.status.pid
-        h.send(Restart(cause="hang", reason="hang: canary missed", drain=False, failure=True))
+        assert pid is not None
+        blame = Blame(pid=pid)  # the stopped rule's stopped_pid: the API server itself
+        h.send(Restart(cause="hang", reason="hang: canary missed", drain=False, failure=True, blame=blame))
         status = await h.published(lambda s: s.incidents_total == 1)
         assert h.procs.dumped == [[pid]]
         # Taken before the kill: the process had not been signalled yet.
@@ -115,6 +127,95 @@ def test_a_hang_restart_keeps_the_stacks_first_and_others_do_not(tmp_path: Path)
         await h.close()
 
     run(scenario)
+
+
+def _timeline(h: Harness, since: int) -> list[str]:
+    return [what for _, what in h.procs.timeline[since:]]
+
+
+def test_a_hung_engine_core_has_its_api_server_cut_before_the_stacks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27: the requests the hung engine holds are resent by the balancer once their
+    connections close, so the API server dies first; the frozen rest keeps its stacks."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(), children=2)  # the API server, EngineCore, Worker
+        await h.state(S.READY)
+        proc = h.procs.spawned[-1]
+        core, worker = (c.pid for c in proc.children)
+        since = len(h.procs.timeline)
+        h.send(Restart(cause="hang", reason="hang: frozen", drain=False, failure=True, blame=Blame()))
+        status = await h.until(lambda s: s.state is S.READY and s.restarts_total == 1)
+        assert _timeline(h, since) == [
+            f"SIGSTOP {core}",
+            f"SIGSTOP {worker}",
+            "SIGKILL main",
+            f"dump {core},{worker}",
+            "SIGKILL group",  # no SIGTERM: a stopped process cannot act on one
+        ]
+        times = [t for t, _ in h.procs.timeline[since:]]
+        assert times[2] == times[0]  # the front cut at once, not after the stacks
+        assert times[4] == times[3]  # and the kill right after them
+        assert all(child.stopped and not child.alive for child in proc.children)
+        # The API server's death is this kill, not a new crash: one failure, no exit recorded.
+        assert status.failures == 1 and status.last_exit is None
+        assert status.restarts_by_reason == {"hang": 1}
+        assert status.last_incident is not None
+        text = Path(status.last_incident).read_text()  # noqa: ASYNC240
+        assert f"==== pid {proc.pid} [killed]" in text and "front cut" in text
+        assert f"Thread {core}: fake stack" in text and f"Thread {worker}: fake stack" in text
+        await h.close()
+
+    run(scenario)
+    assert "front cut at 0.00 s" in caplog.text and "stacks of 2/2 stopped process(es)" in caplog.text
+
+
+@pytest.mark.parametrize("leader", [True, False], ids=["stopped-pid-is-the-leader", "front-rule"])
+def test_a_hang_of_the_api_server_is_dumped_whole_then_killed(tmp_path: Path, leader: bool) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(), children=2)
+        await h.state(S.READY)
+        proc = h.procs.spawned[-1]
+        blame = Blame(pid=proc.pid) if leader else Blame(api_server=True)
+        since = len(h.procs.timeline)
+        h.send(Restart(cause="hang", reason="hang: front", drain=False, failure=True, blame=blame))
+        await h.until(lambda s: s.state is S.READY and s.restarts_total == 1)
+        core, worker = (c.pid for c in proc.children)
+        # Every stack first (the API server's is the evidence), then SIGKILL: a stopped or
+        # blocked API server acts on no SIGTERM.
+        assert _timeline(h, since)[:2] == [f"dump {proc.pid},{core},{worker}", "SIGKILL group"]
+        await h.close()
+
+    run(scenario)
+
+
+def test_a_stall_without_a_blamed_process_cuts_the_front_too(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(), children=1)
+        await h.state(S.READY)
+        (child,) = h.procs.spawned[-1].children
+        since = len(h.procs.timeline)
+        h.send(Restart(cause="stall", reason="stall: no progress", drain=False, failure=True))
+        await h.until(lambda s: s.state is S.READY and s.restarts_total == 1)
+        assert _timeline(h, since)[:3] == [f"SIGSTOP {child.pid}", "SIGKILL main", f"dump {child.pid}"]
+        await h.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("blame", "moves"),
+    [
+        (None, CUT_FRONT_FIRST),
+        (Blame(), CUT_FRONT_FIRST),
+        (Blame(pid=7), CUT_FRONT_FIRST),  # a stopped EngineCore
+        (Blame(pid=1), STACKS_FIRST),  # the leader stopped
+        (Blame(api_server=True), STACKS_FIRST),
+    ],
+)
+def test_the_order_of_the_evidence_is_data(blame: Blame | None, moves: tuple[Move, ...]) -> None:
+    assert evidence_moves(blame, leader_pid=1) == moves
 
 
 def test_without_py_spy_the_restart_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
