@@ -160,6 +160,7 @@ class ObservationWindow:
         "_baseline_span",
         "_candidate",
         "_engine",
+        "_gpu_seen",
         "_items",
         "_max_age_s",
         "_max_count",
@@ -202,6 +203,7 @@ class ObservationWindow:
         # compute -> compute(baseline), for the pinned baseline only (see baseline_stats).
         self._baseline_memo: tuple[Callable[[tuple[Observation, ...]], object], object] | None = None
         self._engine: str | None = None
+        self._gpu_seen = False
 
     @property
     def max_count(self) -> int:
@@ -221,6 +223,13 @@ class ObservationWindow:
     def baseline_span(self) -> tuple[float, float] | None:
         """The first and last observation times of the approved baseline; None until then."""
         return self._baseline_span
+
+    @property
+    def gpu_seen(self) -> bool:
+        """Whether any observation appended so far carried a GPU sample, a GPU probe failure or a
+        GPU event. A latch, never cleared: the GPU detectors read nothing else, so while it is
+        False they have nothing to find (``detect_all`` skips them, on every CPU engine)."""
+        return self._gpu_seen
 
     def baseline_stats(self, compute: Callable[[tuple[Observation, ...]], T]) -> T | None:
         """``compute(baseline)``, computed once per pinned baseline; None until one is pinned.
@@ -248,6 +257,8 @@ class ObservationWindow:
         newest = self.latest()
         if newest is not None and obs.at_s < newest.at_s:
             raise ValueError(f"observation at {obs.at_s} is older than the newest ({newest.at_s})")
+        if obs.gpus or obs.gpu_events:
+            self._gpu_seen = True
         items, old = self._items, self._old
         items.append(obs)
         horizon = obs.at_s - self._max_age_s

@@ -299,12 +299,6 @@ class Observer:
             or now - self._last_metrics_s >= spec.metrics_interval_s - METRICS_DUE_EARLY_S
         )
 
-        async def no_canary() -> HttpCheck | None:
-            return None
-
-        async def no_metrics() -> EngineMetrics | ProbeFailure | None:
-            return None
-
         # /health answers in milliseconds from a live API server; a frozen one would hold every
         # round for the whole health_timeout_s (issue 25: 11.8 s to find a stopped API server).
         # The round waits at most hang_probe_late_s for it: a late answer is a miss, and a miss
@@ -334,18 +328,26 @@ class Observer:
                 self._canary_in_metrics = canary_running
             return got
 
+        # Only the probes this round runs become tasks: a probe that is not due (/metrics every
+        # other round, the canary on a busy engine) was a task of its own that returned None, a
+        # few of the event loop's microseconds per engine per round for nothing (issue 25).
         health_t = asyncio.ensure_future(_guarded("health", self._http.health(timeout_s=late_s)))
-        health_g, metrics_g, proc_g, canary_g = await asyncio.gather(
-            health_t,
-            _guarded(
-                "metrics",
-                _unless_late(metrics(), health_t) if run_metrics else no_metrics(),
-            ),
+        metrics_t = (
+            asyncio.ensure_future(_guarded("metrics", _unless_late(metrics(), health_t)))
+            if run_metrics
+            else None
+        )
+        # An idle engine's round has its sweep already (taken before its probes, above).
+        proc_t = asyncio.ensure_future(
             _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
             if swept is None
-            else _value(swept),
-            _guarded("canary", canary() if run_canary else no_canary()),
+            else _value(swept)
         )
+        canary_t = asyncio.ensure_future(_guarded("canary", canary())) if run_canary else None
+        await asyncio.gather(*(t for t in (health_t, metrics_t, proc_t, canary_t) if t is not None))
+        health_g, proc_g = health_t.result(), proc_t.result()
+        metrics_g = metrics_t.result() if metrics_t is not None else None
+        canary_g = canary_t.result() if canary_t is not None else None
         health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
         canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
         metrics_r, proc_r = metrics_g, proc_g
