@@ -87,6 +87,22 @@ def span_in(
     return None
 
 
+def stuck_span(
+    window: ObservationWindow, now: float, cfg: DetectorConfig, stuck: Stuck, *, defer_on_io: bool
+) -> tuple[ProcSample, ProcSample, float] | None:
+    """``span_in`` for a stuck engine: (older, newer, seconds between them); None without one,
+    or, with ``defer_on_io``, while a process waits on I/O (state D, a LoRA load from a network
+    disk): that is left to the deadline rule."""
+    span = span_in(window, now, cfg, stuck.since_s)
+    if span is None:
+        return None
+    older, newer = span
+    assert older.at_s is not None and newer.at_s is not None
+    if defer_on_io and any(p.status == DISK_SLEEP for p in newer.processes):
+        return None
+    return older, newer, newer.at_s - older.at_s
+
+
 def step_bound_s(beat: StepBeat, floor_s: float, cfg: DetectorConfig) -> float:
     """How long a step may take before it is overdue: ``hang_step_factor`` x the engine's own
     bound of the step under way (its tokens x its slowest recent time per token, or its longest
@@ -111,14 +127,10 @@ def frozen_engine(
     bound_s = step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
     if now - stuck.since_s < (cfg.hang_cpu_min_span_s if stuck.idle else bound_s):
         return None
-    span = span_in(window, now, cfg, stuck.since_s)
+    span = stuck_span(window, now, cfg, stuck, defer_on_io=True)
     if span is None:
         return None
-    older, newer = span
-    assert older.at_s is not None and newer.at_s is not None
-    if any(p.status == DISK_SLEEP for p in newer.processes):
-        return None
-    span_s = newer.at_s - older.at_s
+    older, newer, span_s = span
     # The API server is left out: it accepts and holds requests, answers /health and renders
     # /metrics while the core is stuck.
     used_s = cpu_used_s(older, newer, lambda p: p.pid != newer.pgid)
@@ -164,12 +176,10 @@ def spinning_engine(
     # An idle engine has no step under way that could be long: the canary's miss is the bound.
     if not stuck.idle and now - stuck.since_s < bound_s:
         return None
-    span = span_in(window, now, cfg, stuck.since_s)
+    span = stuck_span(window, now, cfg, stuck, defer_on_io=False)
     if span is None:
         return None
-    older, newer = span
-    assert older.at_s is not None and newer.at_s is not None
-    span_s = newer.at_s - older.at_s
+    older, newer, span_s = span
     used_s = cpu_used_s(older, newer, lambda p: p.pid != newer.pgid and not is_worker(p))
     worker_s = cpu_used_s(older, newer, is_worker)
     if used_s is None or worker_s is None:
@@ -208,14 +218,10 @@ def overdue_step(
     bound_s = step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
     if now - stuck.since_s < bound_s:
         return None
-    span = span_in(window, now, cfg, stuck.since_s)
+    span = stuck_span(window, now, cfg, stuck, defer_on_io=True)
     if span is None:
         return None
-    older, newer = span
-    assert older.at_s is not None and newer.at_s is not None
-    if any(p.status == DISK_SLEEP for p in newer.processes):
-        return None
-    span_s = newer.at_s - older.at_s
+    older, newer, span_s = span
     worker_s = cpu_used_s(older, newer, is_worker)
     if worker_s is None or worker_s < cfg.hang_spin_busy_ratio * span_s:
         return None  # no Worker, or one at rest: the frozen and spinning rules' case

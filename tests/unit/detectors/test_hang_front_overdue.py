@@ -18,50 +18,11 @@ from llmsupervisor.detectors import DetectorConfig, detect_hang, new_window
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
-from llmsupervisor.probes.host import ProcInfo, ProcSample
+from tests.lib.hang_rounds import API, CORE, WORKER, Engine, sweep
 
 CFG = DetectorConfig()
-API, CORE, WORKER = 4100, 4101, 4102
-TITLES = {API: "vllm serve", CORE: "VLLM::EngineCore", WORKER: "VLLM::Worker"}
 HEALTH_OK = HttpCheck(ok=True, detail="HTTP 200", latency_s=0.002, status_code=200)
 LATE = HttpCheck(ok=False, detail="timed out (ReadTimeout)", latency_s=1.0, failure="timeout")
-
-
-def sweep(at_s: float, cpu_s: dict[int, float], status: dict[int, str]) -> ProcSample:
-    infos = tuple(
-        ProcInfo(
-            pid=pid,
-            title=TITLES[pid],
-            rss_bytes=1 << 30,
-            cpu_seconds=cpu,
-            status=status.get(pid, "sleeping"),
-            zombie=False,
-        )
-        for pid, cpu in sorted(cpu_s.items())
-    )
-    return ProcSample(
-        pgid=API,
-        processes=infos,
-        rss_bytes_total=len(infos) << 30,
-        cpu_seconds_total=sum(cpu_s.values()),
-        process_count=len(infos),
-        zombie_count=0,
-        at_s=at_s,
-    )
-
-
-class Engine:
-    """CPU seconds per process; ``run`` adds ``rate[pid]`` of a core up to ``until_s``."""
-
-    def __init__(self) -> None:
-        self.cpu = {API: 10.0, CORE: 20.0, WORKER: 30.0}
-        self.t = 0.0
-
-    def run(self, until_s: float, rate: dict[int, float]) -> dict[int, float]:
-        for pid, r in rate.items():
-            self.cpu[pid] += r * (until_s - self.t)
-        self.t = until_s
-        return dict(self.cpu)
 
 
 def first_hang(
