@@ -26,13 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
+from llmsupervisor.core.observe import ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import newest_first
-from llmsupervisor.detectors.steps import DISK_SLEEP, SAME_ROUND_S
-from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
+from llmsupervisor.detectors.steps import DISK_SLEEP, span_in
+from llmsupervisor.detectors.sweeps import cpu_used_s
 from llmsupervisor.probes.heartbeat import StepBeat
-from llmsupervisor.probes.host import ProcSample
 
 SLEEPING = "sleeping"  # psutil.STATUS_SLEEPING: blocked on something, not waiting for a CPU
 
@@ -83,22 +82,6 @@ def _beats(window: ObservationWindow, now: float, since_s: float) -> tuple[StepB
     return reads[-1], reads[0]
 
 
-def _span(
-    window: ObservationWindow, now: float, cfg: DetectorConfig, since_s: float
-) -> tuple[ProcSample, ProcSample] | None:
-    """The newest sweep and the newest one at least ``hang_cpu_min_span_s`` before it, taken
-    since the first miss was sent (less ``SAME_ROUND_S``: the round's sweep starts with it)."""
-    sweeps = sweeps_in(window, now, since_s - cfg.hang_cpu_max_span_s)
-    newest = next(sweeps, None)
-    if newest is None or newest.at_s is None:
-        return None
-    for older in sweeps:
-        assert older.at_s is not None
-        if newest.at_s - older.at_s >= cfg.hang_cpu_min_span_s:
-            return (older, newest) if older.at_s >= since_s - SAME_ROUND_S else None
-    return None
-
-
 def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> FrontHang | None:
     """The API server's loop held for ``hang_front_after_s`` (module docstring), or None."""
     missed = _health_misses(window, now, cfg)
@@ -107,7 +90,7 @@ def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Fr
     since_s, misses = missed
     if misses < 2 or now - since_s < cfg.hang_front_after_s:
         return None
-    span = _span(window, now, cfg, since_s)
+    span = span_in(window, now, cfg, since_s)  # the sweeps across the misses
     if span is None:
         return None
     older, newer = span
@@ -131,8 +114,4 @@ def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Fr
     return FrontHang("spinning", front.pid, since_s, misses, ratio, span_s)
 
 
-def health_missed_twice(obs: Observation) -> bool:
-    return check_timed_out(obs.health) and check_timed_out(obs.health_after)
-
-
-__all__ = ["FrontHang", "front_hung", "health_missed_twice"]
+__all__ = ["FrontHang", "front_hung"]
