@@ -6,6 +6,7 @@ forgivingly but not silently (a corrupt file is logged and kept aside for inspec
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 STATE_FILE_MODE: Final = 0o640
 # Corrupt copies kept per file (NAME.corrupt-TIMESTAMP); older ones are removed.
 MAX_CORRUPT_KEPT: Final = 3
+# A background write slower than this is logged when it ends: the disk stalled the writer (not
+# the loop), and an operator reading a "cannot keep up" report wants to know by how much.
+SLOW_WRITE_S: Final = 1.0
 
 
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, mode: int = STATE_FILE_MODE) -> None:
@@ -134,3 +138,81 @@ def _keep_aside(path: Path) -> Path | None:
         with contextlib.suppress(OSError):
             stale.unlink()
     return kept
+
+
+class JsonFileWriter:
+    """One JSON file kept at the newest content given to ``save``, written by
+    ``write_json_atomic`` in a thread, one write at a time.
+
+    Two fsyncs wait for the disk, and a busy disk holds them for seconds: the kernel throttles
+    writers while a vLLM engine saves its compile cache, and an ext4 journal commit flushes
+    every file's dirty data before it. On the event loop such a write stopped the daemon for
+    about 7 s on CI (a ladder step down): every load balancer check timed out, HAProxy marked
+    both engines down and 1,894 requests got 503. So the loop only hands the content over.
+    Contents given while a write is under way coalesce: the newest is written next, the ones
+    between are skipped (each is a whole file, so nothing is lost but history).
+
+    Without a running loop (the CLI, a unit test) ``save`` writes at once, as before."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        what: str,
+        engine: str | None = None,
+        indent: int | None = 2,
+        mode: int = STATE_FILE_MODE,
+    ) -> None:
+        self.path = path
+        self._what = what
+        self._log_extra = {"engine": engine} if engine is not None else None
+        self._indent = indent
+        self._mode = mode
+        self._pending: Any = None
+        self._has_pending = False
+        self._writer: asyncio.Task[None] | None = None
+        self.failed: OSError | None = None  # the last write's error, None once one succeeds
+
+    def save(self, obj: Any) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write(obj, blocking=True)
+            return
+        self._pending, self._has_pending = obj, True
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write_pending(), name=f"write {self.path.name}")
+
+    async def _write_pending(self) -> None:
+        while self._has_pending:
+            obj, self._pending, self._has_pending = self._pending, None, False
+            await asyncio.to_thread(self._write, obj, blocking=False)
+
+    def _write(self, obj: Any, *, blocking: bool) -> None:
+        started_s = time.monotonic()
+        try:
+            write_json_atomic(self.path, obj, indent=self._indent, mode=self._mode)
+        except OSError as exc:
+            self.failed = exc
+            log.warning(
+                "cannot save %s to %s: %s", self._what, self.path, exc.strerror or exc, extra=self._log_extra
+            )
+            return
+        self.failed = None
+        took_s = time.monotonic() - started_s
+        if not blocking and took_s >= SLOW_WRITE_S:
+            log.info(
+                "saving %s to %s took %.1f s (a busy disk; the loop did not wait)",
+                self._what,
+                self.path,
+                took_s,
+                extra=self._log_extra,
+            )
+
+    async def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until the newest content is on disk (at shutdown). False: still writing at the
+        deadline (a disk that does not answer), and the daemon goes on without it."""
+        if self._writer is None or self._writer.done():
+            return True
+        done, _ = await asyncio.wait({self._writer}, timeout=timeout_s)
+        return bool(done)

@@ -7,6 +7,7 @@ statuses on the next reconcile.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -25,7 +26,7 @@ from llmsupervisor.core.node_condition import (
 )
 from llmsupervisor.core.policy import Action, ActionKind
 from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo, Stop
-from llmsupervisor.files import read_json, write_json_atomic
+from llmsupervisor.files import JsonFileWriter, read_json
 
 log = logging.getLogger("llmsupervisor")
 
@@ -82,6 +83,7 @@ class GpuMarks:
         self._gpus = gpus
         self._clock = clock
         self._by_uuid: dict[str, dict[str, Any]] = self._load()
+        self._file = JsonFileWriter(path, what="the GPU marks")
 
     def _load(self) -> dict[str, dict[str, Any]]:
         raw = read_json(self.path, {})
@@ -182,10 +184,8 @@ class GpuMarks:
                     condition.describe(),
                     extra={"event": "action"},
                 )
-        try:
-            write_json_atomic(self.path, {"version": MARKS_VERSION, "gpus": self._by_uuid})
-        except OSError as exc:
-            log.warning("cannot save GPU marks: %s", exc)
+        # In a thread (files.JsonFileWriter): an fsync on the loop stalls every probe and check.
+        self._file.save(self._content())
         return new
 
     def clear(self, uuid: str) -> bool:
@@ -195,8 +195,12 @@ class GpuMarks:
         held = entry.pop("unrecoverable", None) if entry is not None else None
         if held is None:
             return False
-        write_json_atomic(self.path, {"version": MARKS_VERSION, "gpus": self._by_uuid})
+        self._file.save(self._content())
         return True
+
+    def _content(self) -> dict[str, Any]:
+        # A copy: the writer's thread serialises it while the loop may mark again.
+        return {"version": MARKS_VERSION, "gpus": copy.deepcopy(self._by_uuid)}
 
     def held_uuids(self) -> dict[str, str]:
         """The conditions of this boot in the file, by UUID (its reason): for an operator,

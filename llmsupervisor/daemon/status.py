@@ -11,7 +11,6 @@ the CLI and the HTTP endpoints read) both read a ``Snapshot``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.reconcile import spec_pending
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
-from llmsupervisor.files import remove_stale_temporaries, write_json_atomic
+from llmsupervisor.files import JsonFileWriter, remove_stale_temporaries
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.nvml import GpuSample
@@ -356,6 +355,11 @@ def read_status_file(path: Path, *, alive: Callable[[int], bool] = pid_alive) ->
     )
 
 
+# The last status.json write at shutdown: a disk that does not answer must not hold the stop
+# (systemd would SIGKILL the daemon at TimeoutStopSec with engines maybe still to sweep).
+STATUS_FLUSH_TIMEOUT_S: Final = 5.0
+
+
 class StatusFile:
     """``STATE_DIR/status.json``, rewritten when something in it changed (the ages aside), or
     every STATUS_REFRESH_S for the ages: not a disk write on every tick.
@@ -370,8 +374,7 @@ class StatusFile:
         remove_stale_temporaries(path)
         self._written: str | None = None
         self._written_at_s = 0.0
-        self._pending: dict[str, Any] | None = None
-        self._writer: asyncio.Task[None] | None = None
+        self._file = JsonFileWriter(path, what="the status")
 
     def write(self, status: dict[str, Any], *, now: float) -> None:
         content = json.dumps(
@@ -385,25 +388,18 @@ class StatusFile:
             },
             sort_keys=True,
         )
+        if self._file.failed is not None:
+            self._written = None  # the last write failed: try again now
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
         self._written, self._written_at_s = content, now
         # The wall clock beside the pid: a reader tells a status left by a dead daemon (its
         # READY engines are long gone) from a live one (``read_status_file``).
-        self._pending = redact_json({**status, "written_at": time.time()})  # not on every tick
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write_pending(), name="status-file")
-
-    async def _write_pending(self) -> None:
-        while self._pending is not None:
-            status, self._pending = self._pending, None
-            try:
-                await asyncio.to_thread(write_json_atomic, self.path, status)
-            except OSError as exc:
-                log.warning("cannot write %s: %s", self.path, exc)
-                self._written = None  # try again at the next change or tick
+        self._file.save(redact_json({**status, "written_at": time.time()}))  # not on every tick
 
     async def flush(self) -> None:
-        """Wait for the newest content to be on disk (at shutdown)."""
-        if self._writer is not None:
-            await self._writer
+        """Wait for the newest content to be on disk (at shutdown), STATUS_FLUSH_TIMEOUT_S at most."""
+        if not await self._file.flush(STATUS_FLUSH_TIMEOUT_S):
+            log.warning(
+                "%s not written within %g s (the disk does not answer)", self.path, STATUS_FLUSH_TIMEOUT_S
+            )

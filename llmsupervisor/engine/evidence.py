@@ -62,6 +62,7 @@ EVIDENCE_CAUSES: Final = frozenset({"hang", "stall"})
 EVIDENCE_TIMEOUT_S: Final = 5.0  # all processes together, dumped concurrently
 MAX_INCIDENTS: Final = 20  # per engine; the oldest files go first
 MAX_INCIDENT_BYTES: Final = 512 * 1024  # per file; each process's stacks get an equal share
+INCIDENT_WRITE_TIMEOUT_S: Final = 10.0  # the stacks file, on a disk that may stall; the restart goes on
 INCIDENTS_DIR: Final = "incidents"
 
 
@@ -267,14 +268,18 @@ async def take_evidence(
         dumps = [StackDump(proc.pid, leader_title, "killed", False, cut), *dumps]
     directory = incident_dir(procs.state_dir, name)
     try:
-        # A small local file written at once, like ladder.json and status.json.
-        path = write_incident(directory, engine=name, cause=cause, reason=reason, dumps=dumps)
-    except OSError as exc:
+        # In a thread, as every state file (files.JsonFileWriter): the kernel holds a writer on a
+        # busy disk, and the loop must keep answering the balancers' checks of the other engines.
+        async with asyncio.timeout(INCIDENT_WRITE_TIMEOUT_S):
+            path = await asyncio.to_thread(
+                write_incident, directory, engine=name, cause=cause, reason=reason, dumps=dumps
+            )
+    except (OSError, TimeoutError) as exc:
         log.warning(
             "%s: cannot keep the engine's stacks in %s: %s",
             reason,
             directory,
-            exc.strerror or exc,
+            getattr(exc, "strerror", None) or exc or f"no answer in {INCIDENT_WRITE_TIMEOUT_S:g} s",
             extra={"engine": name},
         )
         return Evidence(None, front_cut=front_cut)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.files import read_json, write_json_atomic
+from llmsupervisor.files import JsonFileWriter, read_json
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -23,6 +23,7 @@ class LadderStore:
     def __init__(self, state_dir: Path, spec: EngineSpec) -> None:
         self._state_dir = state_dir
         self.spec = spec
+        self._file = JsonFileWriter(self.path, what="the ladder step", engine=spec.name, indent=None)
         self.step = self._load()
 
     @property
@@ -72,11 +73,6 @@ class LadderStore:
             extra={"engine": self.spec.name},
         )
         self.step = step
-        try:
-            write_json_atomic(
-                self.path, {"step": step, "ladder": [dict(s) for s in self.spec.ladder]}, indent=None
-            )
-        except OSError as exc:
-            log.warning(
-                "cannot save the ladder step to %s: %s", self.path, exc, extra={"engine": self.spec.name}
-            )
+        # In a thread: the next spawn reads self.step, and an fsync on the loop stalled the daemon
+        # on a busy disk (files.JsonFileWriter). A failed save is logged there, not fatal.
+        self._file.save({"step": step, "ladder": [dict(s) for s in self.spec.ladder]})

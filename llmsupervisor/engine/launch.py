@@ -114,7 +114,9 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     on = f" on CPU(s) {format_cpu_list(cpus)}" if cpus else ""
     log.info("spawned pid %d%s: %s", proc.pid, on, " ".join(argv), extra={"engine": spec.name})
     try:
-        procs.record_group(spec.name, proc.pid)
+        await procs.record_group(spec.name, proc.pid)
+    except TimeoutError:
+        return Launched(proc, "cannot record the process group in the state dir: the disk did not answer")
     except OSError as exc:
         # Without the record a SIGKILLed daemon's successor cannot find this group: fail the
         # start (the runner stops what was spawned) rather than run an engine we may lose.

@@ -20,6 +20,7 @@ from llmsupervisor.engine.evidence import StackDump, dump_stacks
 log = logging.getLogger("llmsupervisor.engine")
 
 STRAY_SWEEP_TIMEOUT_S: Final = 10.0  # one sweep of /proc for an engine's strays, after its stop
+RECORD_GROUP_TIMEOUT_S: Final = 30.0  # the group record written at a spawn, on a disk that may stall
 
 
 class EngineProcess(Protocol):
@@ -60,7 +61,9 @@ class Processes(Protocol):
 
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]: ...
 
-    def record_group(self, engine: str, pid: int) -> None: ...
+    async def record_group(self, engine: str, pid: int) -> None:
+        """Write the group's record for a successor daemon (raises OSError, TimeoutError)."""
+        ...
 
     def forget_group(self, engine: str) -> None: ...
 
@@ -122,8 +125,12 @@ class HostProcesses:
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]:
         return await process.kill_trees(pids, timeout_s=timeout_s)
 
-    def record_group(self, engine: str, pid: int) -> None:
-        process.record_group(self.state_dir, engine, pid, os.getpid())
+    async def record_group(self, engine: str, pid: int) -> None:
+        """In a thread: two fsyncs on a busy disk stalled the whole loop for seconds (files.py).
+        A disk that does not answer fails the start after RECORD_GROUP_TIMEOUT_S (the thread may
+        still finish: a record of a group that is gone is ignored by the next daemon)."""
+        async with asyncio.timeout(RECORD_GROUP_TIMEOUT_S):
+            await asyncio.to_thread(process.record_group, self.state_dir, engine, pid, os.getpid())
 
     def forget_group(self, engine: str) -> None:
         process.forget_group(self.state_dir, engine)

@@ -172,7 +172,7 @@ class FakeProcesses:
     async def kill_trees(self, pids: Iterable[int], *, timeout_s: float) -> list[int]:
         return []
 
-    def record_group(self, engine: str, pid: int) -> None:
+    async def record_group(self, engine: str, pid: int) -> None:
         if self.record_error is not None:
             raise self.record_error
 

@@ -4,12 +4,18 @@ When nothing is ready to run, the loop jumps its clock to the next timer instead
 so a test of a 15-minute start timeout or a 5-minute backoff takes milliseconds and sees the
 same ``loop.time()`` arithmetic the daemon does in production (llmsupervisor/aio.py). It must
 not wait on real I/O: with a timer pending, a real socket would simply never be waited for.
+
+Work handed to a thread (``asyncio.to_thread``: a state file's fsync, a /proc sweep) takes no
+virtual time: while any is under way the clock stands still and the loop waits for it for real.
+Otherwise a timeout around a thread fired at once (the clock jumped to it while the thread was
+still writing a few bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import concurrent.futures
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -19,15 +25,27 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, start_s: float = 1000.0) -> None:
         super().__init__()
         self._virtual_s = start_s
+        self._in_threads = 0
 
     def time(self) -> float:
         return self._virtual_s
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: concurrent.futures.Executor | None, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        future = super().run_in_executor(executor, func, *args)
+        self._in_threads += 1
+        future.add_done_callback(self._thread_done)
+        return future
+
+    def _thread_done(self, _: asyncio.Future[Any]) -> None:
+        self._in_threads -= 1
 
     def _run_once(self) -> None:
         # Nothing to run now: the earliest timer is due now (asyncio internals, stable in 3.11+).
         ready = self._ready  # type: ignore[attr-defined]
         scheduled = self._scheduled  # type: ignore[attr-defined]
-        if scheduled:
+        if scheduled and not self._in_threads:
             when = scheduled[0].when()
             # A timer within the clock's resolution runs now even with other callbacks ready;
             # the clock must reach it too, or a task that waits "until t" (t a hair ahead) finds

@@ -4,19 +4,27 @@ one is logged, kept aside as NAME.corrupt-TIMESTAMP (a few at most) and the defa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llmsupervisor.daemon.status import StatusFile
-from llmsupervisor.files import MAX_CORRUPT_KEPT, read_json, remove_stale_temporaries, write_json_atomic
+from llmsupervisor.files import (
+    MAX_CORRUPT_KEPT,
+    JsonFileWriter,
+    read_json,
+    remove_stale_temporaries,
+    write_json_atomic,
+)
 
 
 @pytest.fixture
@@ -177,3 +185,84 @@ def test_the_status_file_removes_a_temporary_left_by_a_killed_daemon(tmp_path: P
     stale.write_text('{"half": ')
     StatusFile(tmp_path / "status.json")
     assert not stale.exists()
+
+
+class HeldDisk:
+    """``os.fsync`` held until ``release()``: a disk the kernel is flushing for another writer
+    (on CI an ext4 journal commit behind an engine's compile cache held a ladder write ~7 s)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self._released = threading.Event()
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            self.entered.set()
+            if not self._released.wait(30):
+                raise AssertionError("the disk was never released: save() waited on the loop")
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+def test_a_save_on_the_loop_returns_while_the_disk_holds_the_write_and_the_newest_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ladder.json"
+
+    async def scenario() -> None:
+        disk = HeldDisk(monkeypatch)
+        writer = JsonFileWriter(path, what="the ladder step")
+        writer.save({"step": 1})
+        assert await asyncio.to_thread(disk.entered.wait, 30)  # the write waits, in its thread
+        writer.save({"step": 2})
+        writer.save({"step": 3})  # the loop went on: these coalesce behind the held write
+        assert not path.exists()
+        disk.release()
+        assert await writer.flush(30)
+        assert json.loads(path.read_text()) == {"step": 3}
+        assert writer.failed is None
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_background_save_is_logged_and_kept_for_the_caller(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+
+    async def scenario() -> JsonFileWriter:
+        writer = JsonFileWriter(blocked / "status.json", what="the status")
+        writer.save({"a": 1})
+        assert await writer.flush(30)
+        return writer
+
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor.files"):
+        writer = asyncio.run(scenario())
+    assert isinstance(writer.failed, OSError)
+    assert "cannot save the status to" in caplog.text
+
+
+def test_a_flush_on_a_disk_that_does_not_answer_ends_at_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        disk = HeldDisk(monkeypatch)
+        writer = JsonFileWriter(tmp_path / "status.json", what="the status")
+        writer.save({"a": 1})
+        assert await asyncio.to_thread(disk.entered.wait, 30)
+        assert not await writer.flush(0.05)
+        disk.release()
+        assert await writer.flush(30)
+
+    asyncio.run(scenario())
+
+
+def test_without_a_loop_a_save_writes_at_once(tmp_path: Path) -> None:
+    writer = JsonFileWriter(tmp_path / "marks.json", what="the GPU marks")
+    writer.save({"gpus": {}})
+    assert json.loads((tmp_path / "marks.json").read_text()) == {"gpus": {}}

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from llmsupervisor.config import load_config
+from llmsupervisor.daemon.status import STATUS_FLUSH_TIMEOUT_S
 from llmsupervisor.daemon.supervisor import LEFTOVER_KILL_TIMEOUT_S, SHUTDOWN_CANCEL_TIMEOUT_S
 from tests.lib.paths import REPO
 
@@ -227,6 +228,7 @@ def test_probe_and_grace_numbers_agree_with_the_config() -> None:
         float(pre_stop[1])
         + config.supervisor.shutdown_timeout_s
         + SHUTDOWN_CANCEL_TIMEOUT_S
+        + STATUS_FLUSH_TIMEOUT_S
         + LEFTOVER_KILL_TIMEOUT_S
     )
     assert pod["terminationGracePeriodSeconds"] >= math.ceil(worst_shutdown_s)

@@ -253,7 +253,7 @@ class _Procs:
 
         return Proc()
 
-    def record_group(self, engine: str, pid: int) -> None:
+    async def record_group(self, engine: str, pid: int) -> None:
         pass
 
 

@@ -7,6 +7,7 @@ as the daemon does. Minutes of engine time pass in milliseconds (tests/lib/virtu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from tests.lib.engine_fakes import metrics
 from tests.lib.runner_harness import Harness, S, ready_as, run, spec
+from tests.unit.test_files import HeldDisk
 
 
 def test_start_reaches_ready_with_a_first_incarnation(tmp_path: Path) -> None:
@@ -381,6 +383,33 @@ def test_the_published_batch_step_is_the_running_process_step(tmp_path: Path) ->
         await h.close()
 
     run(scenario)
+
+
+def test_a_step_down_on_a_held_disk_drains_at_once_and_lands_on_disk_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI, stop 30: the ladder step was saved (two fsyncs) on the loop; a busy disk held it
+    about 7 s, every load balancer check of the daemon timed out, and HAProxy had no server left
+    for a second (1,894 requests got 503). The step now goes to disk in a thread: the runner
+    drains while the disk still holds the write."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(ladder=({"max-num-seqs": 16},)))
+        await h.state(S.READY)
+        disk = HeldDisk(monkeypatch)
+        h.server.metrics = metrics(running=1)
+        h.send(StepTo(1, "thermal"), Restart(cause="step_down", reason="thermal"))
+        await h.state(S.DRAINING)  # before the disk answered: on the loop, the fsync would wait 30 s
+        assert await asyncio.to_thread(disk.entered.wait, 30)  # the save is under way, held
+        disk.release()
+        h.server.metrics = metrics(running=0)
+        status = await h.until(ready_as(2))
+        assert status.ladder_step == 1
+        await h.close()
+
+    run(scenario)
+    saved = tmp_path.glob("**/engines/*/ladder.json")
+    assert [json.loads(p.read_text())["step"] for p in saved] == [1]
 
 
 def test_hung_canary_does_not_hold_a_restart(tmp_path: Path) -> None:
