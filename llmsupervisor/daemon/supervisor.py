@@ -78,6 +78,7 @@ LEFTOVER_KILL_TIMEOUT_S: Final = 10.0
 # after it, a shutdown can outlast shutdown_timeout_s by this plus LEFTOVER_KILL_TIMEOUT_S, which
 # a Kubernetes terminationGracePeriodSeconds must allow for (docs/fleet.md).
 SHUTDOWN_CANCEL_TIMEOUT_S: Final = 30.0
+LOOP_HELD_WARN_S: Final = 2.0  # a tick this late: balancers' checks of the daemon timed out
 SHUTDOWN_NOTIFY_S: Final = 1.0  # progress to systemd while engines stop, at most this often
 
 
@@ -314,14 +315,15 @@ class Supervisor:
                         self.submit(request)  # the shutdown sees it and escalates at once
                     return
                 self.intake.handle(request)
-            # Only the engines that published since the last turn are looked at: a publish that
-            # changed nothing the policy reads (most of them: one per observation round) costs
-            # no reconcile. The tick reconciles regardless, for the decisions that time makes.
+            # Only engines that published since the last turn: a publish that changed nothing the policy
+            # reads (one per round) costs no reconcile; the tick reconciles for what time decides.
             policy_changed, state_changed = self._look(self.fleet.changes.take_changed())
             tick_due = aio.now() >= next_tick_s
             if tick_due or policy_changed or handled or self._config_changed:
                 self._reconcile()
             if tick_due:
+                if (held_s := aio.now() - next_tick_s) > LOOP_HELD_WARN_S:  # a call that blocked the loop
+                    log.warning("the daemon's loop ran %.1f s late (blocked, or the host starved it)", held_s)
                 self._tick()
                 next_tick_s = aio.now() + tick_s
             elif state_changed:

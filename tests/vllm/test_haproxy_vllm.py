@@ -244,7 +244,11 @@ def test_rolling_restart_and_ladder_step_under_load_fail_no_request(lb: dict[str
         results = load.stop()
     assert results["ok"] > 0
     seconds = sorted({f.split()[0] for f in load.failures})
-    transitions = [line for line in d.log().splitlines() if " -> " in line or "action " in line]
+    transitions = [
+        line
+        for line in d.log().splitlines()
+        if " -> " in line or "action " in line or "loop ran" in line or "took" in line
+    ]
     assert len(load.failures) == 0, f"{results} at {seconds}: {load.failures[:3]}; daemon: {transitions}"
     # HAProxy's checks reset their connections: the client leaving, never a logged error.
     assert "HTTP connection failed" not in d.log()
