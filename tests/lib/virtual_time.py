@@ -30,6 +30,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_s
 
+    def hold(self, seconds: float) -> None:
+        """What a blocking call on the loop does: ``seconds`` pass while no callback runs."""
+        self._virtual_s += seconds
+
     def run_in_executor(  # type: ignore[override]
         self, executor: concurrent.futures.Executor | None, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from llmsupervisor.daemon.supervisor import Supervisor
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes.fake_gpu import FakeGpu
 from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
-from tests.lib.virtual_time import run_virtual
+from tests.lib.virtual_time import VirtualTimeLoop, run_virtual
 
 ENGINES = 8
 
@@ -46,37 +47,47 @@ async def all_ready(sup: Supervisor) -> None:
         await aio.wait_any(sup.fleet.changes.wait(seen), timeout_s=600)
 
 
+async def started(tmp_path: Path, sweeper: FakeSweeper) -> tuple[Supervisor, asyncio.Task[None]]:
+    """Eight engines READY under the daemon's loop, over fake processes and a scripted server."""
+    procs = FakeProcesses(state_dir=tmp_path)
+    server = ServerScript(procs)
+    sup = Supervisor(
+        config(tmp_path),
+        notifier=Notifier(environ={}),
+        gpu_reader=FakeGpu(),
+        procs=procs,
+        http_for=server.http_for,
+        sweeper=sweeper,
+    )
+    for spec in sup.config.engines:
+        sup.fleet.add(spec)
+    loop = asyncio.create_task(sup._loop())
+    await all_ready(sup)
+    return sup, loop
+
+
+async def stopped(sup: Supervisor, loop: asyncio.Task[None]) -> None:
+    sup.submit(Request.SHUTDOWN)
+    await loop
+    sup.fleet.stop_all()
+    await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
+    await sup.status_file.flush()
+
+
 def test_observation_rounds_do_not_each_reconcile_the_fleet(tmp_path: Path) -> None:
     """Every round publishes a status and wakes the loop: eight engines, eight wakes a tick.
     A publish that changes nothing the policy reads costs no reconcile (it cost a full one, plus
     a walk over every engine, each: O(engines^2) a tick)."""
 
     async def scenario() -> tuple[int, int, int]:
-        procs = FakeProcesses(state_dir=tmp_path)
-        server = ServerScript(procs)
-        sup = Supervisor(
-            config(tmp_path),
-            notifier=Notifier(environ={}),
-            gpu_reader=FakeGpu(),
-            procs=procs,
-            http_for=server.http_for,
-            sweeper=FakeSweeper(cpu_per_s=0.01),
-        )
-        for spec in sup.config.engines:
-            sup.fleet.add(spec)
-        loop = asyncio.create_task(sup._loop())
-        await all_ready(sup)
+        sup, loop = await started(tmp_path, FakeSweeper(cpu_per_s=0.01))
         await asyncio.sleep(10)
         rounds0 = sum(s.rounds_total for s in sup.fleet.statuses())
         reconciles0, ticks0 = sup.reconciles_total, sup.ticks_total
         await asyncio.sleep(120)
         rounds = sum(s.rounds_total for s in sup.fleet.statuses()) - rounds0
         reconciles, ticks = sup.reconciles_total - reconciles0, sup.ticks_total - ticks0
-        sup.submit(Request.SHUTDOWN)
-        await loop
-        sup.fleet.stop_all()
-        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
-        await sup.status_file.flush()
+        await stopped(sup, loop)
         return rounds, reconciles, ticks
 
     rounds, reconciles, ticks = run_virtual(scenario())
@@ -88,21 +99,8 @@ def test_observation_rounds_do_not_each_reconcile_the_fleet(tmp_path: Path) -> N
 
 def test_a_finding_reconciles_at_once_not_at_the_next_tick(tmp_path: Path) -> None:
     async def scenario() -> tuple[float, float]:
-        procs = FakeProcesses(state_dir=tmp_path)
-        server = ServerScript(procs)
         sweeper = FakeSweeper(cpu_per_s=0.01)
-        sup = Supervisor(
-            config(tmp_path),
-            notifier=Notifier(environ={}),
-            gpu_reader=FakeGpu(),
-            procs=procs,
-            http_for=server.http_for,
-            sweeper=sweeper,
-        )
-        for spec in sup.config.engines:
-            sup.fleet.add(spec)
-        loop = asyncio.create_task(sup._loop())
-        await all_ready(sup)
+        sup, loop = await started(tmp_path, sweeper)
         await asyncio.sleep(10)
         sweeper.stopped = True  # every engine's process stopped: HANG, and the policy restarts
         found_s = restarted_s = None
@@ -118,11 +116,7 @@ def test_a_finding_reconciles_at_once_not_at_the_next_tick(tmp_path: Path) -> No
             if acted:
                 restarted_s = aio.now()
         sweeper.stopped = False
-        sup.submit(Request.SHUTDOWN)
-        await loop
-        sup.fleet.stop_all()
-        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
-        await sup.status_file.flush()
+        await stopped(sup, loop)
         assert found_s is not None
         return found_s, restarted_s
 
@@ -189,11 +183,7 @@ def test_a_reload_and_a_due_schedule_never_take_two_engines_out(
             for reason, n in s.restarts_by_reason.items()
             for _ in range(n)
         ]
-        sup.submit(Request.SHUTDOWN)
-        await loop
-        sup.fleet.stop_all()
-        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
-        await sup.status_file.flush()
+        await stopped(sup, loop)
         return most_out, sorted(causes)
 
     most_out, causes = run_virtual(scenario())
@@ -259,13 +249,29 @@ def test_container_pids_raise_no_foreign_finding_on_the_engines_own_gpu(
         # The detector saw the process both ways: the reader had sampled it.
         sample = sup.gpu_monitor.latest.get(0)
         assert sample is not None and not isinstance(sample, ProbeFailure), sample
-        sup.submit(Request.SHUTDOWN)
-        await loop
-        sup.fleet.stop_all()
-        await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
-        await sup.status_file.flush()
+        await stopped(sup, loop)
         await sup.gpu_monitor.close()
         return kinds
 
     kinds = run_virtual(scenario())
     assert ("foreign_gpu_memory" in kinds) is pids_visible, kinds
+
+
+def test_a_tick_that_runs_late_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """CI, stop 30: a blocking call held the loop about 7 s and every balancer check of the
+    daemon timed out, with nothing in the daemon's log to say so."""
+
+    async def scenario() -> None:
+        sup, loop = await started(tmp_path, FakeSweeper(cpu_per_s=0.01))
+        await asyncio.sleep(10)
+        assert "loop ran" not in caplog.text
+        virtual = asyncio.get_running_loop()
+        assert isinstance(virtual, VirtualTimeLoop)
+        virtual.hold(7.0)  # a 7 s call on the loop: no callback ran meanwhile
+        await asyncio.sleep(0.1)
+        await stopped(sup, loop)
+
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor"):
+        run_virtual(scenario())
+    late = [r.getMessage() for r in caplog.records if "loop ran" in r.getMessage()]
+    assert len(late) == 1 and float(late[0].split()[4]) > 5.0, late
