@@ -33,7 +33,15 @@ class Launched:
 
 async def preflight_port(spec: EngineSpec, procs: Processes) -> None:
     """Before binding: a leftover engine of ours on the port is killed; anyone else fails us."""
-    for pid in procs.port_holders(spec.port):
+    try:
+        holders = await procs.port_holders(spec.port)
+    except TimeoutError:
+        # The spawn goes on: a port held after all fails vLLM's bind, which the runner sees.
+        log.warning(
+            "no answer in time to who holds port %d; not checked", spec.port, extra={"engine": spec.name}
+        )
+        return
+    for pid in holders:
         engine = procs.leftover_of_ours(pid) if pid is not None else None
         if pid is None or engine is None:
             raise PortHeld(spec.port, pid, procs.describe(pid) if pid is not None else "")
@@ -44,7 +52,7 @@ async def preflight_port(spec: EngineSpec, procs: Processes) -> None:
             engine,
             extra={"engine": spec.name},
         )
-        leftovers = [pid, *(p for p in procs.earlier_runs(engine) if p != pid)]
+        leftovers = [pid, *(p for p in await procs.earlier_runs(engine) if p != pid)]
         alive = await procs.kill_trees(leftovers, timeout_s=spec.kill_timeout_s)
         if alive:
             raise PortHeld(spec.port, alive[0], "leftover engine that survived SIGKILL")

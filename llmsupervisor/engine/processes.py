@@ -21,6 +21,7 @@ log = logging.getLogger("llmsupervisor.engine")
 
 STRAY_SWEEP_TIMEOUT_S: Final = 10.0  # one sweep of /proc for an engine's strays, after its stop
 RECORD_GROUP_TIMEOUT_S: Final = 30.0  # the group record written at a spawn, on a disk that may stall
+PORT_CHECK_TIMEOUT_S: Final = 10.0  # who listens on an engine's port, before its spawn
 
 
 class EngineProcess(Protocol):
@@ -67,11 +68,13 @@ class Processes(Protocol):
 
     def forget_group(self, engine: str) -> None: ...
 
-    def port_holders(self, port: int) -> list[int | None]: ...
+    async def port_holders(self, port: int) -> list[int | None]:
+        """Who listens on ``port`` (raises TimeoutError when the host does not say in time)."""
+        ...
 
     def leftover_of_ours(self, pid: int) -> str | None: ...
 
-    def earlier_runs(self, engine: str) -> list[int]: ...
+    async def earlier_runs(self, engine: str) -> list[int]: ...
 
     def describe(self, pid: int) -> str: ...
 
@@ -135,17 +138,30 @@ class HostProcesses:
     def forget_group(self, engine: str) -> None:
         process.forget_group(self.state_dir, engine)
 
-    def port_holders(self, port: int) -> list[int | None]:
-        return process.port_holders(port)
+    async def port_holders(self, port: int) -> list[int | None]:
+        """In a thread: psutil finds a socket's process by reading every process's descriptors
+        (10 ms with 70 processes on a quiet 2-core host; it grows with the host and its load)."""
+        async with asyncio.timeout(PORT_CHECK_TIMEOUT_S):
+            return await asyncio.to_thread(process.port_holders, port)
 
     def leftover_of_ours(self, pid: int) -> str | None:
         """The engine name when ``pid`` is an engine process of ours, None otherwise."""
         ours, engine = process.is_ours(pid, self.state_dir)
         return (engine or "?") if ours else None
 
-    def earlier_runs(self, engine: str) -> list[int]:
-        """Processes of ``engine`` spawned by an earlier daemon on this state dir."""
-        return process.marker_processes(self.state_dir, engine=engine, exclude_daemon_pid=os.getpid())
+    async def earlier_runs(self, engine: str) -> list[int]:
+        """Processes of ``engine`` spawned by an earlier daemon on this state dir: a sweep of
+        every process's environment, in a thread as ``strays`` is (an empty list at its deadline)."""
+        try:
+            async with asyncio.timeout(STRAY_SWEEP_TIMEOUT_S):
+                return await asyncio.to_thread(
+                    process.marker_processes, self.state_dir, engine=engine, exclude_daemon_pid=os.getpid()
+                )
+        except TimeoutError:
+            log.warning(
+                "the sweep for an earlier run's processes took over %g s; skipped", STRAY_SWEEP_TIMEOUT_S
+            )
+            return []
 
     def describe(self, pid: int) -> str:
         return process.describe_pid(pid)

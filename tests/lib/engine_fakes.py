@@ -189,13 +189,13 @@ class FakeProcesses:
             return None
         return [StackDump(pid, "fake", "S (sleeping)", True, f"Thread {pid}: fake stack\n") for pid in pids]
 
-    def port_holders(self, port: int) -> list[int | None]:
+    async def port_holders(self, port: int) -> list[int | None]:
         return [self.held_ports[port]] if port in self.held_ports else []
 
     def leftover_of_ours(self, pid: int) -> str | None:
         return None
 
-    def earlier_runs(self, engine: str) -> list[int]:
+    async def earlier_runs(self, engine: str) -> list[int]:
         return []
 
     def describe(self, pid: int) -> str:

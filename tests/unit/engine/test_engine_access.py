@@ -242,7 +242,7 @@ class _Procs:
         self.state_dir = state_dir
         self.spawned: list[tuple[list[str], dict[str, str]]] = []
 
-    def port_holders(self, port: int) -> list[int | None]:
+    async def port_holders(self, port: int) -> list[int | None]:
         return []
 
     def spawn(self, argv: list[str], env: dict[str, str], cpus: Sequence[int] = ()) -> Any:
@@ -286,6 +286,29 @@ def test_the_spawn_line_masks_an_api_key_in_args(tmp_path: Path, caplog: pytest.
     assert RedactFilter().filter(record)
     spawn_line = record.getMessage()
     assert "in-args-key" not in spawn_line and "--api-key ***" in spawn_line
+
+
+def test_a_port_check_and_a_group_record_that_get_no_answer_neither_block_nor_lose_the_engine(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both are blocking reads and writes of the host, so they run in threads under deadlines:
+    a port check the host does not answer in time is skipped (a held port still fails vLLM's
+    bind), and a group record the disk does not take fails the start (a successor daemon could
+    not find the group)."""
+
+    class Slow(_Procs):
+        async def port_holders(self, port: int) -> list[int | None]:
+            raise TimeoutError
+
+        async def record_group(self, engine: str, pid: int) -> None:
+            raise TimeoutError
+
+    procs = Slow(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="llmsupervisor.engine"):
+        launched = asyncio.run(launch(_spec(), 0, procs))  # type: ignore[arg-type]
+    assert "port 8001; not checked" in caplog.text
+    assert len(procs.spawned) == 1 and launched.proc is not None
+    assert launched.failure == "cannot record the process group in the state dir: the disk did not answer"
 
 
 def test_doctor_checks_the_key_file_for_the_daemons_user(tmp_path: Path) -> None:
