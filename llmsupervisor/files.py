@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Final
 
@@ -182,6 +183,7 @@ class JsonFileWriter:
         self._pending, self._has_pending = obj, True
         if self._writer is None or self._writer.done():
             self._writer = loop.create_task(self._write_pending(), name=f"write {self.path.name}")
+            _WRITING.add(self)
 
     async def _write_pending(self) -> None:
         while self._has_pending:
@@ -216,3 +218,20 @@ class JsonFileWriter:
             return True
         done, _ = await asyncio.wait({self._writer}, timeout=timeout_s)
         return bool(done)
+
+
+# Every writer that has written from the loop (weakly: one per state file, so few), for
+# ``flush_all`` at shutdown.
+_WRITING: weakref.WeakSet[JsonFileWriter] = weakref.WeakSet()
+
+
+async def flush_all(timeout_s: float) -> list[Path]:
+    """Wait until every writer's newest content is on disk (at shutdown: a ladder step or a GPU
+    mark saved just before must not be lost with the loop). Returns the files still being
+    written at the deadline (a disk that does not answer)."""
+    writers = [w for w in list(_WRITING) if w._writer is not None and not w._writer.done()]
+    if not writers:
+        return []
+    tasks = {w._writer: w for w in writers if w._writer is not None}
+    _, late = await asyncio.wait(set(tasks), timeout=timeout_s)
+    return [tasks[t].path for t in late]

@@ -27,7 +27,7 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.reconcile import spec_pending
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
-from llmsupervisor.files import JsonFileWriter, remove_stale_temporaries
+from llmsupervisor.files import JsonFileWriter, flush_all, remove_stale_temporaries
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.nvml import GpuSample
@@ -398,8 +398,12 @@ class StatusFile:
         self._file.save(redact_json({**status, "written_at": time.time()}))  # not on every tick
 
     async def flush(self) -> None:
-        """Wait for the newest content to be on disk (at shutdown), STATUS_FLUSH_TIMEOUT_S at most."""
-        if not await self._file.flush(STATUS_FLUSH_TIMEOUT_S):
+        """At shutdown: wait for this file's newest content, and every other state file's (a ladder
+        step, a GPU mark saved just before), to be on disk, STATUS_FLUSH_TIMEOUT_S at most."""
+        late = await flush_all(STATUS_FLUSH_TIMEOUT_S)
+        if late:
             log.warning(
-                "%s not written within %g s (the disk does not answer)", self.path, STATUS_FLUSH_TIMEOUT_S
+                "%s not written within %g s (the disk does not answer)",
+                ", ".join(str(p) for p in late),
+                STATUS_FLUSH_TIMEOUT_S,
             )

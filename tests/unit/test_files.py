@@ -21,6 +21,7 @@ from llmsupervisor.daemon.status import StatusFile
 from llmsupervisor.files import (
     MAX_CORRUPT_KEPT,
     JsonFileWriter,
+    flush_all,
     read_json,
     remove_stale_temporaries,
     write_json_atomic,
@@ -266,3 +267,25 @@ def test_without_a_loop_a_save_writes_at_once(tmp_path: Path) -> None:
     writer = JsonFileWriter(tmp_path / "marks.json", what="the GPU marks")
     writer.save({"gpus": {}})
     assert json.loads((tmp_path / "marks.json").read_text()) == {"gpus": {}}
+
+
+def test_at_shutdown_every_writer_is_waited_for_and_a_stuck_disk_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ladder step or a GPU mark saved just before a stop must not be lost with the loop."""
+
+    async def scenario() -> None:
+        disk = HeldDisk(monkeypatch)
+        ladder = JsonFileWriter(tmp_path / "ladder.json", what="the ladder step")
+        marks = JsonFileWriter(tmp_path / "gpu-marks.json", what="the GPU marks")
+        ladder.save({"step": 1})
+        marks.save({"gpus": {}})
+        assert await asyncio.to_thread(disk.entered.wait, 30)
+        assert sorted(p.name for p in await flush_all(0.05)) == ["gpu-marks.json", "ladder.json"]
+        disk.release()
+        ladder.save({"step": 2})
+        assert await flush_all(30) == []
+        assert json.loads((tmp_path / "ladder.json").read_text()) == {"step": 2}
+        assert (tmp_path / "gpu-marks.json").exists()
+
+    asyncio.run(scenario())
