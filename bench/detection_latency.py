@@ -12,6 +12,7 @@ t0 to the finding opening. Pure and deterministic: no processes, no sleeping.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,9 @@ from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.nvml import GpuEvent, GpuProcess
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.lib.hang_rounds import API, CORE, WORKER, sweep
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"
 SPEC = EngineSpec(name="gpu0", model="m", gpus=(0,), port=8001)
@@ -151,8 +155,6 @@ def latency(
     return None
 
 
-API, CORE, WORKER = 4100, 4101, 4102
-TITLES = {API: "vllm serve", CORE: "VLLM::EngineCore", WORKER: "VLLM::Worker"}
 # CPU a second per process: serving 8 streams, idle, and each hang (issue 25).
 RATES = {
     "load": {API: 0.3, CORE: 0.4, WORKER: 1.5},
@@ -164,26 +166,7 @@ RATES = {
 
 
 def _group(t: float, cpu: dict[int, float], stopped: frozenset[int]) -> ProcSample:
-    infos = tuple(
-        ProcInfo(
-            pid=pid,
-            title=TITLES[pid],
-            rss_bytes=1 << 30,
-            cpu_seconds=c,
-            status="stopped" if pid in stopped else "sleeping",
-            zombie=False,
-        )
-        for pid, c in sorted(cpu.items())
-    )
-    return ProcSample(
-        pgid=API,
-        processes=infos,
-        rss_bytes_total=len(infos) << 30,
-        cpu_seconds_total=sum(cpu.values()),
-        process_count=len(infos),
-        zombie_count=0,
-        at_s=t,
-    )
+    return sweep(t, cpu, dict.fromkeys(stopped, "stopped"))
 
 
 def hang_latency(hang: str, load: str, t0: float, round_s: float = 0.0) -> tuple[float, str] | None:
@@ -362,8 +345,6 @@ def main(out: Callable[[str], None] = print) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     if "--real" in sys.argv[1:]:  # against the real vLLM CPU build: bench/detection_real.py
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from detection_real import main as real_main
