@@ -211,14 +211,6 @@ class JsonFileWriter:
                 extra=self._log_extra,
             )
 
-    async def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until the newest content is on disk (at shutdown). False: still writing at the
-        deadline (a disk that does not answer), and the daemon goes on without it."""
-        if self._writer is None or self._writer.done():
-            return True
-        done, _ = await asyncio.wait({self._writer}, timeout=timeout_s)
-        return bool(done)
-
 
 # Every writer that has written from the loop (weakly: one per state file, so few), for
 # ``flush_all`` at shutdown.
@@ -229,9 +221,8 @@ async def flush_all(timeout_s: float) -> list[Path]:
     """Wait until every writer's newest content is on disk (at shutdown: a ladder step or a GPU
     mark saved just before must not be lost with the loop). Returns the files still being
     written at the deadline (a disk that does not answer)."""
-    writers = [w for w in list(_WRITING) if w._writer is not None and not w._writer.done()]
-    if not writers:
+    writing = {w._writer: w.path for w in list(_WRITING) if w._writer is not None and not w._writer.done()}
+    if not writing:
         return []
-    tasks = {w._writer: w for w in writers if w._writer is not None}
-    _, late = await asyncio.wait(set(tasks), timeout=timeout_s)
-    return [tasks[t].path for t in late]
+    _, late = await asyncio.wait(set(writing), timeout=timeout_s)
+    return [writing[t] for t in late]

@@ -223,7 +223,7 @@ def test_a_save_on_the_loop_returns_while_the_disk_holds_the_write_and_the_newes
         writer.save({"step": 3})  # the loop went on: these coalesce behind the held write
         assert not path.exists()
         disk.release()
-        assert await writer.flush(30)
+        assert await flush_all(30) == []
         assert json.loads(path.read_text()) == {"step": 3}
         assert writer.failed is None
 
@@ -239,7 +239,7 @@ def test_a_failed_background_save_is_logged_and_kept_for_the_caller(
     async def scenario() -> JsonFileWriter:
         writer = JsonFileWriter(blocked / "status.json", what="the status")
         writer.save({"a": 1})
-        assert await writer.flush(30)
+        assert await flush_all(30) == []
         return writer
 
     with caplog.at_level(logging.WARNING, logger="llmsupervisor.files"):
@@ -256,9 +256,9 @@ def test_a_flush_on_a_disk_that_does_not_answer_ends_at_its_deadline(
         writer = JsonFileWriter(tmp_path / "status.json", what="the status")
         writer.save({"a": 1})
         assert await asyncio.to_thread(disk.entered.wait, 30)
-        assert not await writer.flush(0.05)
+        assert await flush_all(0.05) == [writer.path]
         disk.release()
-        assert await writer.flush(30)
+        assert await flush_all(30) == []
 
     asyncio.run(scenario())
 
