@@ -107,6 +107,7 @@ CLEANUP_S = 15.0  # the daemon and the engine SIGKILLed, the files written: --bu
 RESULTS = ROOT / "bench" / "results"
 READY_TIMEOUT_S = 900.0
 FIND_TIMEOUT_S = 60.0
+SLOW_S = 4.5  # a run slower than this keeps its rounds (rounds_until)
 MAX_MODEL_LEN = 512  # the tiny model's max_position_embeddings
 PROMPT_WORDS = 120  # 1-3 BPE tokens a word: up to ~400 of the 512
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
@@ -203,6 +204,18 @@ def api_server_is_leader(d: Daemon, port: int) -> bool:
     return False
 
 
+def rounds_until(d: Daemon, seen: int, finding: str | None) -> list[str]:
+    """The daemon's round lines (``log_level: debug``) of e1 after line ``seen``, up to the
+    finding, and the finding."""
+    out: list[str] = []
+    for x in d.log().splitlines()[seen:]:
+        if "[e1] round@" in x or x == finding:
+            out.append(x)
+        if x == finding:
+            break
+    return out
+
+
 def one_fault(d: Daemon, port: int, target: str, clients: int, hangs: Path) -> dict[str, Any]:
     d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
     before = d.engine("e1")
@@ -252,9 +265,13 @@ def one_fault(d: Daemon, port: int, target: str, clients: int, hangs: Path) -> d
         load.close()
     found_at = log_time(line) if line is not None else None
     rule = re.search(r"rule=(\w+)", line) if line is not None else None
+    latency_s = round(found_at - fault_at, 3) if found_at is not None else None
     return {
-        "latency_s": round(found_at - fault_at, 3) if found_at is not None else None,
+        "latency_s": latency_s,
         "rule": rule.group(1) if rule else None,
+        # A slow or missed run keeps the daemon's rounds until the finding (the debug log), so
+        # that it explains itself.
+        **({"rounds": rounds_until(d, seen, line)} if latency_s is None or latency_s > SLOW_S else {}),
         "run_s": round(ready_mono - run_started, 1),  # READY to READY: what sizes a table
         "restart_s": round(ready_mono - found_mono, 1),  # the finding (or the miss) to READY
         "client_errors": load.failed if load is not None else 0,
@@ -430,7 +447,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine["max_failures"] = 1000  # every run is a failure: never FATAL here
     engine["backoff_initial_s"] = 0.5
     engine["backoff_max_s"] = 2.0  # the backoff doubles per failure: 280 s by the 11th run
-    config = {"supervisor": {"tick_interval_s": 2.0, "shutdown_timeout_s": 120}, "engines": [engine]}
+    # debug: each round is logged (core/observe.py, describe), for the runs over SLOW_S.
+    config = {
+        "supervisor": {"tick_interval_s": 2.0, "shutdown_timeout_s": 120, "log_level": "debug"},
+        "engines": [engine],
+    }
     d = Daemon(tmp, config)
     started = dt.datetime.now()
     if args.result is not None:

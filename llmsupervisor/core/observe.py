@@ -75,6 +75,54 @@ class Observation:
             object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
 
 
+def _check(name: str, check: HttpCheck | None) -> str:
+    if check is None:
+        return ""
+    return f" {name}={'ok' if check.ok else check.failure} {check.latency_s:.3f}s"
+
+
+def _sweep(name: str, sample: ProcSample | ProbeFailure | None) -> str:
+    if not isinstance(sample, ProcSample):
+        return "" if sample is None else f" {name}=failed"
+    cpu = ",".join(
+        f"{p.pid}:{p.cpu_seconds:.2f}"
+        + ("" if p.main_thread_cpu_seconds is None else f"/{p.main_thread_cpu_seconds:.2f}")
+        + ("" if p.status == "sleeping" else f"({p.status})")
+        for p in sample.processes
+        if p.cpu_seconds is not None
+    )
+    return f" {name}@{sample.at_s if sample.at_s is not None else 0:.2f}=[{cpu}]"
+
+
+def _beat(name: str, beat: StepBeat | ProbeFailure | None) -> str:
+    if not isinstance(beat, StepBeat):
+        return "" if beat is None else f" {name}=failed"
+    return (
+        f" {name}=done {beat.done}@{beat.done_s:.2f} scheduled {beat.scheduled}@{beat.scheduled_s:.2f}"
+        f" work {beat.work} added {beat.added} bound {beat.expected_step_s:.3f}s"
+    )
+
+
+def describe(obs: Observation) -> str:
+    """One line of what a round saw, for the daemon's debug log: each probe's outcome and time,
+    each process's CPU seconds (``/main thread``, and its state when not asleep), the heartbeat.
+    A hang found late, or not at all, is explained from these lines (docs/operations.md)."""
+    metrics = ""
+    if obs.metrics is not None:
+        metrics = " metrics=ok" if isinstance(obs.metrics, EngineMetrics) else f" metrics={obs.metrics.kind}"
+    return (
+        f"round@{obs.at_s:.2f}:"
+        + _check("health", obs.health)
+        + _check("health_again", obs.health_after)
+        + _check("canary", obs.canary)
+        + metrics
+        + _sweep("sweep", obs.proc)
+        + _sweep("sweep_after", obs.proc_after)
+        + _beat("beat_at_miss", obs.heartbeat_at_miss)
+        + _beat("beat", obs.heartbeat)
+    )
+
+
 def check_timed_out(result: HttpCheck | None) -> bool:
     """True when a health or canary check missed its deadline (no complete answer in time).
 

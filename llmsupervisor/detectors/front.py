@@ -7,10 +7,15 @@ live one answers in milliseconds however busy its engine is. When ``/health`` mi
 both misses can fall in one round) and the first was sent ``hang_front_after_s`` ago, the loop
 has been held that long. What the API server's process did meanwhile says how:
 
-``deadlocked``  under ``hang_cpu_idle_ratio`` of a core and asleep: its threads wait on a lock
-                (a blocking call in a coroutine, the GIL held by a C call). A loop that serves,
-                however loaded, burns CPU; one starved of CPU on a saturated host is runnable,
-                not asleep.
+``deadlocked``  its main thread, where the loop runs, under ``hang_cpu_idle_ratio`` of a core
+                and asleep: it waits on a lock (a blocking call in a coroutine, the GIL held by
+                a C call). The main thread's own CPU, not the process's: under load the
+                process's ZMQ I/O threads, which take no GIL, went on receiving the engine's
+                tokens for seconds after its Python was held (issue 25: 8 s). The whole
+                process must still be under ``hang_spin_busy_ratio``: a loop that waits on a
+                thread burning a core is the spinning case's. A loop that serves, however
+                loaded, burns CPU on its main thread; one starved of CPU on a saturated host is
+                runnable, not asleep. Without the main thread's reading, the process's CPU.
 ``spinning``    at least ``hang_spin_busy_ratio`` of a core, and no request handed to the
                 scheduler since the first miss (the step heartbeat's ``added`` count, read as
                 the misses began and again after them): it burns a core and admits nothing. A
@@ -32,6 +37,7 @@ from llmsupervisor.detectors.series import newest_first
 from llmsupervisor.detectors.steps import DISK_SLEEP, span_in
 from llmsupervisor.detectors.sweeps import cpu_used_s
 from llmsupervisor.probes.heartbeat import StepBeat
+from llmsupervisor.probes.host import ProcSample
 
 SLEEPING = "sleeping"  # psutil.STATUS_SLEEPING: blocked on something, not waiting for a CPU
 
@@ -82,6 +88,17 @@ def _beats(window: ObservationWindow, now: float, since_s: float) -> tuple[StepB
     return reads[-1], reads[0]
 
 
+def _main_thread_used_s(older: ProcSample, newer: ProcSample) -> float | None:
+    """The API server's main thread's CPU seconds between two sweeps, None unless both read it."""
+    before = next((p for p in older.processes if p.pid == newer.pgid), None)
+    after = next((p for p in newer.processes if p.pid == newer.pgid), None)
+    if before is None or after is None:
+        return None
+    if before.main_thread_cpu_seconds is None or after.main_thread_cpu_seconds is None:
+        return None
+    return after.main_thread_cpu_seconds - before.main_thread_cpu_seconds
+
+
 def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> FrontHang | None:
     """The API server's loop held for ``hang_front_after_s`` (module docstring), or None."""
     missed = _health_misses(window, now, cfg)
@@ -103,8 +120,13 @@ def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Fr
         return None
     span_s = newer.at_s - older.at_s
     ratio = used_s / span_s
+    loop_s = _main_thread_used_s(older, newer)
     # Asleep, not waiting for a CPU: a process starved on a saturated host is runnable ("running").
-    if used_s <= cfg.hang_cpu_idle_ratio * span_s and front.status == SLEEPING:
+    if (
+        (used_s if loop_s is None else loop_s) <= cfg.hang_cpu_idle_ratio * span_s
+        and used_s < cfg.hang_spin_busy_ratio * span_s
+        and front.status == SLEEPING
+    ):
         return FrontHang("deadlocked", front.pid, since_s, misses, ratio, span_s)
     if used_s < cfg.hang_spin_busy_ratio * span_s:
         return None

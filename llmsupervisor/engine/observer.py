@@ -19,7 +19,7 @@ from typing import Final, Protocol, TypeVar, cast
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.observe import Observation, check_timed_out
+from llmsupervisor.core.observe import Observation, check_timed_out, describe
 from llmsupervisor.detectors import (
     DetectorConfig,
     Finding,
@@ -278,16 +278,20 @@ class Observer:
         # While step counters move the engine is alive: a canary would only queue behind real
         # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
         # they move through a long prefill, when vLLM's counters do not.
-        may_ask = spec.canary_kind != "none" and in_rotation and not progressing
+        may_ask = spec.canary_kind != "none" and in_rotation
         timeout_s = spec.health_timeout_s
         swept: host.ProcSample | ProbeFailure | None = None
-        if may_ask and now - self._last_canary_s >= spec.canary_interval_s:
+        if may_ask and not progressing and now - self._last_canary_s >= spec.canary_interval_s:
             run_canary = True
         elif may_ask and idle_by_heartbeat(self.window, now):
             # An idle engine, no canary due: this round's sweep first, so that one burning CPU
             # with nothing to do (a spinning Worker, an EngineCore looping) is asked in this
             # round, not the next (detectors/steps.py, idle_but_busy). A busy engine's round
-            # keeps its probes and its sweep together.
+            # keeps its probes and its sweep together. Whatever the counters did: the
+            # heartbeat says nothing is held, so a canary queues behind nothing, and /metrics
+            # read a metrics_interval_s apart still "moves" for up to two intervals after the
+            # last request (issue 25: a Worker that began to spin as a load ended went unasked
+            # for 9 s).
             swept = await _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
             fresh = swept if isinstance(swept, host.ProcSample) else None
             run_canary = idle_but_busy(self.window, now, self._cfg, fresh)
@@ -408,6 +412,8 @@ class Observer:
             heartbeat_at_miss=beat_at_miss,
         )
         self.window.append(obs)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(describe(obs), extra={"engine": spec.name})  # not an event: the journal only
         # Now, not at_s: a round that asked /health again or swept again after a miss ends a
         # second or two after its probes, and the rules read how long the engine has been stuck.
         decided_s = aio.now()

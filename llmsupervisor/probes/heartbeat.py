@@ -31,7 +31,8 @@ class StepBeat:
     scheduled_s: float
     done_s: float  # the newest step completed then (or the writer started, before any)
     work: int  # requests the scheduler held (running + waiting) after that step
-    longest_step_s: float  # the longest recent step (decays over a few hundred steps)
+    # The longest recent step (decays over a few hundred steps, and by half every 2 s idle).
+    longest_step_s: float
     # Requests the API server has handed the scheduler since the engine started.
     added: int = 0
     tokens_pending: int = 0  # scheduled in the steps not back yet

@@ -19,6 +19,7 @@ engines x processes becomes processes, and one thread per tick instead of one pe
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -46,6 +47,9 @@ class RawProcess:
     cpu_user_s: float | None
     cpu_system_s: float | None
     status: str  # psutil.STATUS_* ("running", "sleeping", "zombie", "stopped", ...)
+    # The main thread's own user + system CPU (/proc/PID/task/PID/stat), read for the group's
+    # leader only: the API server, whose loop runs there (detectors/front.py).
+    main_thread_cpu_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +60,8 @@ class ProcInfo:
     cpu_seconds: float | None  # user + system, this process only
     status: str
     zombie: bool
+    # Its main thread's share of cpu_seconds; the group's leader only (RawProcess).
+    main_thread_cpu_seconds: float | None = None
 
     @property
     def stopped(self) -> bool:
@@ -108,6 +114,7 @@ def summarize(pgid: int, raws: Iterable[RawProcess], *, at_s: float | None = Non
             cpu_seconds=_cpu_seconds(r),
             status=r.status,
             zombie=r.status == ZOMBIE,
+            main_thread_cpu_seconds=r.main_thread_cpu_s,
         )
         for r in members
     )
@@ -123,6 +130,24 @@ def summarize(pgid: int, raws: Iterable[RawProcess], *, at_s: float | None = Non
 
 
 _ATTRS: Final = ["name", "cmdline", "memory_info", "cpu_times", "status"]
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+
+def main_thread_cpu_s(pid: int) -> float | None:
+    """``pid``'s main thread's user + system CPU seconds, None if it cannot be read (blocking:
+    one small read). psutil reads every thread's file for ``threads()``; one is wanted here."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last
+    # ")"; utime and stime are the 14th and 15th fields (proc(5)), the 12th and 13th after it.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (IndexError, ValueError):
+        return None
 
 
 def list_groups_psutil(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
@@ -153,6 +178,7 @@ def list_groups_psutil(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
                     cpu_user_s=None if cpu is None else float(cpu.user),
                     cpu_system_s=None if cpu is None else float(cpu.system),
                     status=info["status"] or "unknown",
+                    main_thread_cpu_s=main_thread_cpu_s(pid) if pid == pgid else None,
                 )
             )
     return found
@@ -255,6 +281,7 @@ __all__ = [
     "ProcSample",
     "RawProcess",
     "list_groups_psutil",
+    "main_thread_cpu_s",
     "summarize",
     "sweep_groups",
 ]

@@ -9,8 +9,15 @@ API, CORE, WORKER = 4100, 4101, 4102
 TITLES = {API: "vllm serve", CORE: "VLLM::EngineCore", WORKER: "VLLM::Worker"}
 
 
-def sweep(at_s: float, cpu_s: dict[int, float], status: dict[int, str] | None = None) -> ProcSample:
-    """The engine's group at ``at_s``: each process's CPU seconds, asleep unless ``status`` says."""
+def sweep(
+    at_s: float,
+    cpu_s: dict[int, float],
+    status: dict[int, str] | None = None,
+    *,
+    main_thread_cpu_s: dict[int, float] | None = None,
+) -> ProcSample:
+    """The engine's group at ``at_s``: each process's CPU seconds, asleep unless ``status`` says,
+    and its main thread's where ``main_thread_cpu_s`` has it (the sweep reads the leader's)."""
     infos = tuple(
         ProcInfo(
             pid=pid,
@@ -19,6 +26,7 @@ def sweep(at_s: float, cpu_s: dict[int, float], status: dict[int, str] | None = 
             cpu_seconds=cpu,
             status=(status or {}).get(pid, "sleeping"),
             zombie=False,
+            main_thread_cpu_seconds=(main_thread_cpu_s or {}).get(pid),
         )
         for pid, cpu in sorted(cpu_s.items())
     )

@@ -45,6 +45,12 @@ SIZE: Final = 4096  # one page; the record is the first LAYOUT.size bytes
 # The longest recent step decays by this factor a step: a long prefill is remembered for a few
 # hundred steps (a few seconds of decode), not forever.
 LONGEST_DECAY: Final = 0.995
+# And it halves every this many seconds the engine held no step: an idle engine takes no steps to
+# decay by, so without it the last long prefill before a pause stayed the bound of the first
+# small step after it (a canary's, 4x that long before a Worker spinning on it was overdue).
+# The time per token does not decay with idleness: it bounds a step by its own size, so a long
+# prefill after a pause still gets a long bound (detectors/steps.py).
+LONGEST_IDLE_HALF_LIFE_S: Final = 2.0
 
 _SEQ_AT: Final = 16  # offset of seq in LAYOUT
 
@@ -104,6 +110,8 @@ class Heartbeat:
 
     def on_schedule(self, work: int, tokens: int = 0) -> None:
         now = time.monotonic()
+        if not self._pending:  # nothing under way since the last step came back: idle until now
+            self.longest_s *= 0.5 ** (max(0.0, now - self.done_s) / LONGEST_IDLE_HALF_LIFE_S)
         self.scheduled += 1
         self.scheduled_s = now
         self.work = work

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from llmsupervisor.core.observe import Observation
+from llmsupervisor.core.observe import Observation, describe
 from llmsupervisor.detectors import DetectorConfig, detect_hang, new_window
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
+from llmsupervisor.probes.host import ProcSample
 from tests.lib.hang_rounds import API, CORE, WORKER, Engine, sweep
 
 CFG = DetectorConfig()
@@ -53,16 +54,24 @@ def front_rounds(
     api_status: str = "sleeping",
     admitting: bool = False,
     late_before: bool = False,
+    loop_rate: float | None = None,
 ) -> list[Observation]:
     """An idle engine; from ``hang_s`` on its API server answers no /health (a round waits 1 s,
     asks again, waits 1 s, then sweeps again) and uses ``api_rate`` of a core; ``admitting``: the
-    scheduler is still handed requests (a loaded API server). A round every 2 s after the last
-    ended."""
-    engine, out, t, added = Engine(), [], 0.0, 0
+    scheduler is still handed requests (a loaded API server); ``loop_rate``: its main thread's
+    share of that, read by the sweep (None: not read). A round every 2 s after the last ended."""
+    engine, loop, out, t, added = Engine(), Engine(), [], 0.0, 0
+
+    def at(t: float, rate: dict[int, float], status: dict[int, str]) -> ProcSample:
+        if loop_rate is None:
+            return sweep(t, engine.run(t, rate), status)
+        main = loop.run(t, {API: loop_rate if rate[API] == api_rate else rate[API]})
+        return sweep(t, engine.run(t, rate), status, main_thread_cpu_s={API: main[API]})
+
     while t <= until_s:
         held = t >= hang_s or late_before
         rate = {API: api_rate, CORE: 0.0, WORKER: 0.0} if held else IDLE
-        first = sweep(t, engine.run(t, rate), {API: api_status} if held else {})
+        first = at(t, rate, {API: api_status} if held else {})
         if admitting or not held:
             added += 5  # a loaded API server admits requests; before the hang, canaries too
         beat = StepBeat(
@@ -73,7 +82,7 @@ def front_rounds(
             out.append(Observation(engine="e1", at_s=t + 0.01, health=HEALTH_OK, proc=first, heartbeat=beat))
             t += 2.01
             continue
-        second = sweep(t + 2.0, engine.run(t + 2.0, rate), {API: api_status})
+        second = at(t + 2.0, rate, {API: api_status})
         out.append(
             Observation(
                 engine="e1",
@@ -103,6 +112,35 @@ def test_a_deadlocked_api_server_is_front_within_one_late_round() -> None:
     assert evidence["rule"] == "front" and evidence["front"] == "deadlocked"
     assert evidence["hung_role"] == "api_server" and evidence["hung_pid"] == API
     assert took_s <= 2.1  # the round's two misses, 2 s (the round began as the hang did here)
+
+
+def test_a_deadlocked_api_server_whose_io_threads_still_run_is_front_by_its_main_thread() -> None:
+    # Under load its ZMQ I/O threads (no GIL) go on receiving the engine's tokens, 15 % of a core,
+    # while the main thread, where the loop runs, waits on the GIL at none (issue 25: 8 s by the
+    # whole process's CPU). Read the main thread's, and it is one late round.
+    found = detection_time_s(front_rounds(hang_s=10.0, until_s=30.0, api_rate=0.15, loop_rate=0.0), 10.0)
+    assert found is not None
+    took_s, evidence = found
+    assert evidence["rule"] == "front" and evidence["front"] == "deadlocked"
+    assert took_s <= 2.1
+    # Without the main thread's reading (an older sweep), the process's 15 % is no deadlock.
+    found = first_hang(front_rounds(hang_s=10.0, until_s=30.0, api_rate=0.15))
+    assert found is None or found[1]["rule"] != "front"
+
+
+def test_a_loop_waiting_on_a_thread_that_burns_a_core_is_not_deadlocked() -> None:
+    # The main thread asleep, but another thread of the process burns a core: the loop waits on
+    # work (the spinning case's, which needs the heartbeat to show nothing admitted), not a lock.
+    obs = front_rounds(hang_s=10.05, until_s=40.0, api_rate=1.0, loop_rate=0.0, admitting=True)
+    found = first_hang(obs)
+    assert found is None or found[1]["rule"] != "front"
+
+
+def test_a_loaded_api_server_whose_loop_computes_is_not_deadlocked() -> None:
+    # Late /health, the process at 15 % and its main thread computing most of it: a slow loop.
+    obs = front_rounds(hang_s=10.05, until_s=40.0, api_rate=0.15, loop_rate=0.12, admitting=True)
+    found = first_hang(obs)
+    assert found is None or found[1]["rule"] != "front"
 
 
 def test_a_spinning_api_server_that_admits_nothing_is_front() -> None:
@@ -248,3 +286,16 @@ def test_a_worker_spinning_on_an_idle_engine_s_canary_is_overdue_not_frozen() ->
     assert found is not None
     at_s, evidence = found
     assert evidence["rule"] == "overdue" and at_s - 10.0 <= 4.1
+
+
+def test_a_round_is_described_in_one_line_for_the_debug_log() -> None:
+    # What explains a hang found late: each probe's outcome and time, each process's CPU (the
+    # leader's main thread after a slash, a state other than asleep in parentheses), the beat.
+    obs = front_rounds(hang_s=0.0, until_s=0.0, api_rate=0.2, loop_rate=0.0, api_status="running")[0]
+    line = describe(obs)
+    assert line.startswith("round@1.00:")
+    assert " health=timeout 1.000s health_again=timeout 1.000s" in line
+    assert f" sweep@0.00=[{API}:10.00/10.00(running),{CORE}:20.00,{WORKER}:30.00]" in line
+    assert f" sweep_after@2.00=[{API}:10.40/10.00(running)," in line
+    assert " beat=done 100@0.00 scheduled 100@0.00 work 0 added 0 bound 0.050s" in line
+    assert "\n" not in line

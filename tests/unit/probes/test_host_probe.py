@@ -22,6 +22,7 @@ from llmsupervisor.probes.host import (
     ProcSample,
     RawProcess,
     list_groups_psutil,
+    main_thread_cpu_s,
     summarize,
     sweep_groups,
 )
@@ -164,6 +165,10 @@ def test_real_process_group(group: tuple[subprocess.Popen[bytes], int]) -> None:
         assert proc.cpu_seconds is not None and proc.cpu_seconds >= 0
         assert proc.status in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)
     assert sample.rss_bytes_total == sum(p.rss_bytes or 0 for p in sample.processes)
+    # The leader's main thread is read too (the front rule's), and only the leader's.
+    main_s = by_pid[leader].main_thread_cpu_seconds
+    assert main_s is not None and 0 <= main_s <= (by_pid[leader].cpu_seconds or 0) + 0.02
+    assert by_pid[child].main_thread_cpu_seconds is None
     assert os.getpid() not in {r.pid for r in list_groups_psutil([leader])[leader]}
 
     os.kill(child, signal.SIGKILL)
@@ -278,3 +283,21 @@ def test_members_of_many_groups_in_one_walk(group: tuple[subprocess.Popen[bytes]
     assert process.members_of([]) == {}
     stop_leader(group[0])
     assert process.members_of([leader]) == {leader: []}  # every group asked for has an entry
+
+
+def test_the_main_thread_s_cpu_leaves_out_the_other_threads() -> None:
+    # A thread that burns 0.3 s counts in the process's CPU, not in its main thread's: the API
+    # server's ZMQ threads go on while its loop is held (detectors/front.py).
+    code = (
+        "import os, threading, time\n"
+        "from llmsupervisor.probes.host import main_thread_cpu_s\n"
+        "def burn():\n"
+        "    end = time.thread_time() + 0.3\n"
+        "    while time.thread_time() < end: pass\n"
+        "t = threading.Thread(target=burn); t.start(); t.join()\n"
+        "print(main_thread_cpu_s(os.getpid()), sum(os.times()[:2]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    main_s, process_s = (float(x) for x in out.stdout.split())
+    assert process_s - main_s >= 0.25
+    assert main_thread_cpu_s(2**22 + 12345) is None  # no such process

@@ -55,6 +55,23 @@ def test_the_longest_step_decays(tmp_path: Path) -> None:
     assert beat.longest_s < 0.02  # 2 s x 0.995^1000, plus the microseconds of these steps
 
 
+def test_the_longest_step_halves_every_two_idle_seconds_but_the_time_per_token_stays(tmp_path: Path) -> None:
+    # An idle engine takes no steps to decay by: the first small step after a pause (a canary's)
+    # must not keep the last long prefill as its bound. Its size-scaled bound stays, so a long
+    # prefill after the pause still gets a long one.
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.longest_s, beat.per_token_s = 2.0, 0.01
+    beat.done_s -= 6.0  # the last step came back 6 s ago: three half-lives
+    beat.on_schedule(0, tokens=5)
+    assert beat.longest_s == pytest.approx(0.25, rel=0.01)
+    assert beat.per_token_s == 0.01
+    got = read_heartbeat(tmp_path / "beat")
+    assert isinstance(got, StepBeat) and got.longest_step_s == pytest.approx(0.25, rel=0.01)
+    # A step scheduled while one is under way (async scheduling) is not after a pause.
+    beat.on_schedule(0, tokens=5)
+    assert beat.longest_s == pytest.approx(0.25, rel=0.01)
+
+
 def test_no_file_is_no_heartbeat_and_a_torn_or_foreign_record_is_a_failure(tmp_path: Path) -> None:
     assert read_heartbeat(tmp_path / "absent") is None
     (tmp_path / "zeros").write_bytes(bytes(4096))  # created, not yet written
