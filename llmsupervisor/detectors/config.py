@@ -166,8 +166,8 @@ class DetectorConfig:
     )
     # The rules that read the step heartbeat (issue 25, detectors/steps.py: frozen, spinning).
     # A step is overdue when none completed for hang_step_factor x the engine's longest recent
-    # step (the heartbeat's own, decaying over a few hundred steps), and at least
-    # hang_spin_after_s for the spinning rule (hang_cpu_min_span_s for the frozen one).
+    # step (the heartbeat's own, decaying over a few hundred steps and by half every 2 s idle),
+    # and at least hang_spin_after_s for the spinning rule (hang_cpu_min_span_s for the frozen one).
     hang_step_factor: float = _setting(
         "hang (step heartbeat): a step is overdue after this x the engine's longest recent step", 4.0, lo=1
     )
