@@ -266,31 +266,34 @@ class Observer:
         /health, /metrics and the process sweep still run with their deadlines, and the first
         round back in rotation sends a canary at once (docs/operations.md, "Hang detection")."""
         spec = self._spec
-        progressing = (
-            bool(
+        now = aio.now()
+        idle = idle_by_heartbeat(self.window, now)
+        # While step counters move the engine is alive: a canary would only queue behind real
+        # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
+        # they move through a long prefill, when vLLM's counters do not. But not vLLM's counters
+        # once the heartbeat says nothing is held: read metrics_interval_s apart, they still
+        # move for up to two reads after the last request, when there is nothing left for a
+        # canary to queue behind, and an engine that deadlocked as its last request ended went
+        # unasked that long.
+        progressing = self._beat_moved or (
+            not idle
+            and bool(
                 self._previous_metrics
                 and self._last_metrics
                 and counters_progressed(self._previous_metrics, self._last_metrics)
             )
-            or self._beat_moved
         )
-        now = aio.now()
-        # While step counters move the engine is alive: a canary would only queue behind real
-        # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
-        # they move through a long prefill, when vLLM's counters do not.
         may_ask = spec.canary_kind != "none" and in_rotation
         timeout_s = spec.health_timeout_s
         swept: host.ProcSample | ProbeFailure | None = None
         if may_ask and not progressing and now - self._last_canary_s >= spec.canary_interval_s:
             run_canary = True
-        elif may_ask and idle_by_heartbeat(self.window, now):
+        elif may_ask and idle:
             # An idle engine, no canary due: this round's sweep first, so that one burning CPU
             # with nothing to do (a spinning Worker, an EngineCore looping) is asked in this
             # round, not the next (detectors/steps.py, idle_but_busy). A busy engine's round
-            # keeps its probes and its sweep together. Whatever the counters did: the
-            # heartbeat says nothing is held, so a canary queues behind nothing, and /metrics
-            # read a metrics_interval_s apart still "moves" for up to two intervals after the
-            # last request (issue 25: a Worker that began to spin as a load ended went unasked
+            # keeps its probes and its sweep together. Even while the heartbeat's last steps
+            # were moving (issue 25: a Worker that began to spin as a load ended went unasked
             # for 9 s).
             swept = await _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
             fresh = swept if isinstance(swept, host.ProcSample) else None

@@ -308,3 +308,33 @@ def test_an_idle_engine_that_burns_cpu_is_asked_though_its_counters_moved_last_i
         assert http.steps == 300 and http.canaries == 2
 
     asyncio.run(asyncio.wait_for(three_rounds(), timeout=60))
+
+
+@pytest.mark.parametrize(("held", "canaries"), [(0, 3), (5, 2)])
+def test_counters_that_still_move_hold_the_canary_back_only_while_the_heartbeat_holds_work(
+    tmp_path: Path, held: int, canaries: int
+) -> None:
+    # A canary is due every round. /metrics read every round, its counters moving from the
+    # second read on. Idle by the heartbeat: the counters are the last request's lag, and the
+    # canary goes (an engine that deadlocked as its load ended is asked at once). Work held:
+    # the canary would queue behind it, and waits.
+    spec = EngineSpec(name="e1", model="m", gpus=(), port=8001, canary_interval_s=0.0, metrics_interval_s=0.0)
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_schedule(held)
+    beat.on_done(held)
+    http = CountersStillMoving()
+
+    async def three_rounds() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=http,  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=FakeSweeper(),
+            heartbeat_path=tmp_path / "beat",
+        )
+        for _ in range(3):
+            await observer.round(Leader())  # type: ignore[arg-type]
+        assert http.steps == 300 and http.canaries == canaries
+
+    asyncio.run(asyncio.wait_for(three_rounds(), timeout=60))
