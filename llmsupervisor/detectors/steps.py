@@ -228,24 +228,34 @@ def overdue_step(
     return stuck, bound_s, worker_s / span_s, span_s
 
 
+def beat_idle(beat: StepBeat) -> bool:
+    """The engine holds nothing and has no step under way."""
+    return beat.work == 0 and not beat.pending
+
+
 def idle_by_heartbeat(window: ObservationWindow, now: float) -> bool:
-    """The newest heartbeat says the engine holds nothing and has no step under way."""
+    """The newest heartbeat in the window says the engine holds nothing and has no step under way."""
     obs = next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
     if obs is None or not isinstance(obs.heartbeat, StepBeat):
         return False
-    return obs.heartbeat.work == 0 and not obs.heartbeat.pending
+    return beat_idle(obs.heartbeat)
 
 
 def idle_but_busy(
-    window: ObservationWindow, now: float, cfg: DetectorConfig, fresh: ProcSample | None = None
+    window: ObservationWindow,
+    now: float,
+    cfg: DetectorConfig,
+    fresh: ProcSample | None = None,
+    beat: StepBeat | None = None,
 ) -> bool:
-    """The heartbeat says the engine holds nothing, yet its processes other than the API server
-    used at least ``hang_spin_busy_ratio`` of a core over the last two sweeps (``fresh``, this
-    round's, and the window's newest; else the window's two newest): an idle EngineCore blocks
-    at ~0 %, and so does an idle Worker once its poll is over, so something spins. The observer
-    sends its canary now rather than at ``canary_interval_s``: the spinning and overdue rules
-    need a request the engine fails to step."""
-    if not idle_by_heartbeat(window, now):
+    """The heartbeat (``beat``, read as the round began, else the window's newest) says the
+    engine holds nothing, yet its processes other than the API server used at least
+    ``hang_spin_busy_ratio`` of a core over the last two sweeps (``fresh``, this round's, and the
+    window's newest; else the window's two newest): an idle EngineCore blocks at ~0 %, and so
+    does an idle Worker once its poll is over, so something spins. The observer sends its canary
+    now rather than at ``canary_interval_s``: the spinning and overdue rules need a request the
+    engine fails to step."""
+    if not (beat_idle(beat) if beat is not None else idle_by_heartbeat(window, now)):
         return False
     sweeps = sweeps_in(window, now, now - cfg.hang_cpu_max_span_s)
     newer = fresh if fresh is not None and fresh.at_s is not None else next(sweeps, None)
@@ -265,6 +275,7 @@ def beat_progressed(older: Observation, newer: Observation) -> bool:
 
 __all__ = [
     "Stuck",
+    "beat_idle",
     "beat_progressed",
     "frozen_engine",
     "idle_but_busy",

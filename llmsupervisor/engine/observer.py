@@ -30,7 +30,7 @@ from llmsupervisor.detectors import (
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
-from llmsupervisor.detectors.steps import idle_but_busy, idle_by_heartbeat, step_bound_s
+from llmsupervisor.detectors.steps import beat_idle, idle_but_busy, idle_by_heartbeat, step_bound_s
 from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
@@ -267,7 +267,16 @@ class Observer:
         round back in rotation sends a canary at once (docs/operations.md, "Hang detection")."""
         spec = self._spec
         now = aio.now()
-        idle = idle_by_heartbeat(self.window, now)
+        may_ask = spec.canary_kind != "none" and in_rotation
+        # Whether the engine is idle, by its heartbeat now, not the last round's: a round after
+        # the last request ended read it busy, and an engine that began to spin then went a
+        # round unasked (issue 25: found in 5.5 s). Two preads, not kept (``_heartbeat`` reads
+        # the round's own after its probes).
+        start_beat = await self._heartbeat(keep=False) if may_ask else None
+        if isinstance(start_beat, StepBeat):
+            idle = beat_idle(start_beat)
+        else:
+            start_beat, idle = None, idle_by_heartbeat(self.window, now)
         # While step counters move the engine is alive: a canary would only queue behind real
         # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
         # they move through a long prefill, when vLLM's counters do not. But not vLLM's counters
@@ -283,7 +292,6 @@ class Observer:
                 and counters_progressed(self._previous_metrics, self._last_metrics)
             )
         )
-        may_ask = spec.canary_kind != "none" and in_rotation
         timeout_s = spec.health_timeout_s
         swept: host.ProcSample | ProbeFailure | None = None
         if may_ask and not progressing and now - self._last_canary_s >= spec.canary_interval_s:
@@ -297,7 +305,7 @@ class Observer:
             # for 9 s).
             swept = await _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
             fresh = swept if isinstance(swept, host.ProcSample) else None
-            run_canary = idle_but_busy(self.window, now, self._cfg, fresh)
+            run_canary = idle_but_busy(self.window, now, self._cfg, fresh, start_beat)
         else:
             run_canary = False
 
@@ -440,14 +448,15 @@ class Observer:
             return None
         return second_sweep_at(beat, now, swept.at_s, self._cfg)
 
-    async def _heartbeat(self) -> StepBeat | ProbeFailure | None:
-        """The step heartbeat, read after the round's probes (so after its canary was sent)."""
+    async def _heartbeat(self, *, keep: bool = True) -> StepBeat | ProbeFailure | None:
+        """The step heartbeat, read after the round's probes (so after its canary was sent);
+        ``keep`` False: a look that leaves what the progress test compares (``_beat_moved``)."""
         if self._heartbeat_path is None:
             return None
         # In the loop, not a thread: two preads of a 96-byte record from a file in the daemon's own
         # state dir (7-12 us, docs/benchmarks.md), cheaper than the hop to a thread.
         beat = await _guarded("heartbeat", _now(read_heartbeat, self._heartbeat_path))
-        if isinstance(beat, StepBeat):
+        if keep and isinstance(beat, StepBeat):
             previous = self._last_beat
             self._beat_moved_since = None if previous is None else previous.done
             self._last_beat = beat

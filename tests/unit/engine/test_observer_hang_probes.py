@@ -338,3 +338,33 @@ def test_counters_that_still_move_hold_the_canary_back_only_while_the_heartbeat_
         assert http.steps == 300 and http.canaries == canaries
 
     asyncio.run(asyncio.wait_for(three_rounds(), timeout=60))
+
+
+def test_the_idle_test_reads_the_heartbeat_as_the_round_begins_not_the_last_round_s(tmp_path: Path) -> None:
+    # The last round read the engine busy (5 requests held); its load has since ended, and its
+    # Worker burns a core. The round reads the heartbeat before deciding, so the canary goes now,
+    # not a round later (issue 25: a spin that began as the load ended, found in 5.5 s).
+    spec = EngineSpec(name="e1", model="m", gpus=(), port=8001, canary_interval_s=3600.0)
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_schedule(5)
+    beat.on_done(5)
+    http = CountingCanaries()
+
+    async def two_rounds() -> None:
+        observer = Observer(
+            spec,
+            incarnation_started_s=0.0,
+            http=http,  # type: ignore[arg-type]
+            gpus=NoGpus(),
+            sweeper=IdleButBusySweeper(),
+            heartbeat_path=tmp_path / "beat",
+        )
+        first = await observer.round(Leader())  # type: ignore[arg-type]
+        assert isinstance(first.heartbeat, StepBeat) and first.heartbeat.work == 5
+        beat.on_schedule(0)  # the last step: nothing held after it
+        beat.on_done(0)
+        await asyncio.sleep(0.2)
+        await observer.round(Leader())  # type: ignore[arg-type]
+        assert http.canaries == 1
+
+    asyncio.run(asyncio.wait_for(two_rounds(), timeout=60))
