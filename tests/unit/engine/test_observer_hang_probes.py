@@ -64,6 +64,18 @@ class CountingSweeper(FakeSweeper):
         return await super().sample(pgid, timeout_s=timeout_s, fresh_after_s=fresh_after_s)
 
 
+def observer_of(spec: EngineSpec, http: object, sweeper: object, tmp_path: Path) -> Observer:
+    """An observer of ``spec`` over scripted HTTP and sweeps, reading the heartbeat in ``tmp_path``."""
+    return Observer(
+        spec,
+        incarnation_started_s=0.0,
+        http=http,  # type: ignore[arg-type]
+        gpus=NoGpus(),
+        sweeper=sweeper,  # type: ignore[arg-type]
+        heartbeat_path=tmp_path / "beat",
+    )
+
+
 def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_s(tmp_path: Path) -> None:
     spec = EngineSpec(
         name="e1",
@@ -250,14 +262,7 @@ def test_an_idle_engine_that_burns_cpu_is_asked_in_the_round_that_sees_it(tmp_pa
     http = CountingCanaries()
 
     async def two_rounds() -> None:
-        observer = Observer(
-            spec,
-            incarnation_started_s=0.0,
-            http=http,  # type: ignore[arg-type]
-            gpus=NoGpus(),
-            sweeper=IdleButBusySweeper(),
-            heartbeat_path=tmp_path / "beat",
-        )
+        observer = observer_of(spec, http, IdleButBusySweeper(), tmp_path)
         await observer.round(Leader())  # type: ignore[arg-type]
         assert http.canaries == 0  # one sweep: no span yet
         await asyncio.sleep(0.2)
@@ -293,14 +298,7 @@ def test_an_idle_engine_that_burns_cpu_is_asked_though_its_counters_moved_last_i
     http = CountersStillMoving()
 
     async def three_rounds() -> None:
-        observer = Observer(
-            spec,
-            incarnation_started_s=0.0,
-            http=http,  # type: ignore[arg-type]
-            gpus=NoGpus(),
-            sweeper=IdleButBusySweeper(),
-            heartbeat_path=tmp_path / "beat",
-        )
+        observer = observer_of(spec, http, IdleButBusySweeper(), tmp_path)
         for _ in range(3):
             await observer.round(Leader())  # type: ignore[arg-type]
             await asyncio.sleep(0.2)
@@ -325,14 +323,7 @@ def test_counters_that_still_move_hold_the_canary_back_only_while_the_heartbeat_
     http = CountersStillMoving()
 
     async def three_rounds() -> None:
-        observer = Observer(
-            spec,
-            incarnation_started_s=0.0,
-            http=http,  # type: ignore[arg-type]
-            gpus=NoGpus(),
-            sweeper=FakeSweeper(),
-            heartbeat_path=tmp_path / "beat",
-        )
+        observer = observer_of(spec, http, FakeSweeper(), tmp_path)
         for _ in range(3):
             await observer.round(Leader())  # type: ignore[arg-type]
         assert http.steps == 300 and http.canaries == canaries
@@ -351,14 +342,7 @@ def test_the_idle_test_reads_the_heartbeat_as_the_round_begins_not_the_last_roun
     http = CountingCanaries()
 
     async def two_rounds() -> None:
-        observer = Observer(
-            spec,
-            incarnation_started_s=0.0,
-            http=http,  # type: ignore[arg-type]
-            gpus=NoGpus(),
-            sweeper=IdleButBusySweeper(),
-            heartbeat_path=tmp_path / "beat",
-        )
+        observer = observer_of(spec, http, IdleButBusySweeper(), tmp_path)
         first = await observer.round(Leader())  # type: ignore[arg-type]
         assert isinstance(first.heartbeat, StepBeat) and first.heartbeat.work == 5
         beat.on_schedule(0)  # the last step: nothing held after it
