@@ -121,11 +121,16 @@ def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Fr
     span_s = newer.at_s - older.at_s
     ratio = used_s / span_s
     loop_s = _main_thread_used_s(older, newer)
-    # Asleep, not waiting for a CPU: a process starved on a saturated host is runnable ("running").
+    # Asleep, not waiting for a CPU: a process starved on a saturated host is runnable ("running")
+    # whenever it is looked at. Asleep in either sweep: a main thread waiting on the GIL wakes
+    # every switch interval (5 ms) to ask for it, and one sweep in a real-vLLM run caught it
+    # runnable at no CPU (issue 25).
+    before = next((p for p in older.processes if p.pid == newer.pgid), None)
+    asleep = front.status == SLEEPING or (before is not None and before.status == SLEEPING)
     if (
         (used_s if loop_s is None else loop_s) <= cfg.hang_cpu_idle_ratio * span_s
         and used_s < cfg.hang_spin_busy_ratio * span_s
-        and front.status == SLEEPING
+        and asleep
     ):
         return FrontHang("deadlocked", front.pid, since_s, misses, ratio, span_s)
     if used_s < cfg.hang_spin_busy_ratio * span_s:

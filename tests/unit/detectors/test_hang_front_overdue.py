@@ -55,11 +55,13 @@ def front_rounds(
     admitting: bool = False,
     late_before: bool = False,
     loop_rate: float | None = None,
+    api_status_after: str | None = None,
 ) -> list[Observation]:
     """An idle engine; from ``hang_s`` on its API server answers no /health (a round waits 1 s,
     asks again, waits 1 s, then sweeps again) and uses ``api_rate`` of a core; ``admitting``: the
     scheduler is still handed requests (a loaded API server); ``loop_rate``: its main thread's
-    share of that, read by the sweep (None: not read). A round every 2 s after the last ended."""
+    share of that, read by the sweep (None: not read); ``api_status_after``: its state in a late
+    round's second sweep, if not ``api_status``. A round every 2 s after the last ended."""
     engine, loop, out, t, added = Engine(), Engine(), [], 0.0, 0
 
     def at(t: float, rate: dict[int, float], status: dict[int, str]) -> ProcSample:
@@ -82,7 +84,7 @@ def front_rounds(
             out.append(Observation(engine="e1", at_s=t + 0.01, health=HEALTH_OK, proc=first, heartbeat=beat))
             t += 2.01
             continue
-        second = at(t + 2.0, rate, {API: api_status})
+        second = at(t + 2.0, rate, {API: api_status_after or api_status})
         out.append(
             Observation(
                 engine="e1",
@@ -126,6 +128,19 @@ def test_a_deadlocked_api_server_whose_io_threads_still_run_is_front_by_its_main
     # Without the main thread's reading (an older sweep), the process's 15 % is no deadlock.
     found = first_hang(front_rounds(hang_s=10.0, until_s=30.0, api_rate=0.15))
     assert found is None or found[1]["rule"] != "front"
+
+
+def test_a_deadlocked_api_server_caught_runnable_by_one_sweep_is_still_front() -> None:
+    # Its main thread waits on the GIL and wakes every switch interval to ask for it: a sweep
+    # may catch it runnable, at no CPU. Asleep in the other sweep, it is deadlocked (a real-vLLM
+    # run had this one found by the frozen rule instead, the API server's stack lost).
+    found = detection_time_s(
+        front_rounds(hang_s=10.0, until_s=30.0, api_rate=0.0, loop_rate=0.0, api_status_after="running"), 10.0
+    )
+    assert found is not None
+    took_s, evidence = found
+    assert evidence["rule"] == "front" and evidence["front"] == "deadlocked"
+    assert took_s <= 2.1
 
 
 def test_a_loop_waiting_on_a_thread_that_burns_a_core_is_not_deadlocked() -> None:
