@@ -352,3 +352,44 @@ def test_the_idle_test_reads_the_heartbeat_as_the_round_begins_not_the_last_roun
         assert http.canaries == 1
 
     asyncio.run(asyncio.wait_for(two_rounds(), timeout=60))
+
+
+@dataclass
+class HeldAfterHealth(FrozenApiServer):
+    """An API server whose loop is held just after it answered the round's first /health: the
+    /metrics read that started with it waits, and so does every /health after."""
+
+    healths: int = 0
+
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        self.healths += 1
+        if self.healths == 1:
+            return HttpCheck(ok=True, detail="HTTP 200", latency_s=0.001, status_code=200)
+        return await self._wait("health", timeout_s)
+
+
+def test_a_loop_held_after_health_answered_does_not_hold_the_round_for_metrics(tmp_path: Path) -> None:
+    # /health answered, /metrics did not: the round asks /health again hang_probe_late_s on, and
+    # that miss ends the /metrics wait (not health_timeout_s) and is the round's first miss, so
+    # the front rule has its two misses in this round (issue 25: a 9 s API server deadlock).
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        health_timeout_s=30.0,
+        canary_interval_s=3600.0,
+        detectors=DetectorConfig(hang_probe_late_s=0.05),
+    )
+    Heartbeat(str(tmp_path / "beat"))
+    http = HeldAfterHealth()
+
+    async def one_round() -> None:
+        observer = observer_of(spec, http, CountingSweeper(), tmp_path)
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert http.deadlines_s["metrics"] == 30.0  # /metrics keeps its deadline while /health answers
+        assert isinstance(obs.metrics, ProbeFailure) and "went late" in obs.metrics.detail
+        assert check_timed_out(obs.health) and check_timed_out(obs.health_after)
+        assert http.healths == 3  # the round's, the one asked while /metrics was read, again
+
+    asyncio.run(asyncio.wait_for(one_round(), timeout=10))
