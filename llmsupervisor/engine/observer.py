@@ -398,6 +398,17 @@ class Observer:
         canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
         metrics_r, proc_r = metrics_g, proc_g
         at_s = aio.now()
+        second_after_s = at_s  # the second sweep below starts after this
+        if went_late:
+            # The loop was held after the round's sweep was taken: the hang rules read CPU from a
+            # sweep taken while it was held (front's span begins no earlier than its first miss),
+            # so this one replaces it, and the second sweep below comes a miss later (a real-vLLM
+            # run otherwise waited a round more: found in 7 s).
+            held = await _guarded(
+                "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=at_s)
+            )
+            if isinstance(held, host.ProcSample):
+                proc_r, second_after_s = held, aio.now()
         beat = await self._heartbeat()
         proc_after = None
         health_after: HttpCheck | None = None
@@ -424,7 +435,8 @@ class Observer:
             if overdue is not None:
                 await asyncio.sleep(max(0.0, overdue - aio.now()))
             after = await _guarded(
-                "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=at_s)
+                "proc_sweep",
+                self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=second_after_s),
             )
             proc_after = after if isinstance(after, host.ProcSample) else None
             if overdue is not None:

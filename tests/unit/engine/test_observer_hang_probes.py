@@ -393,3 +393,31 @@ def test_a_loop_held_after_health_answered_does_not_hold_the_round_for_metrics(t
         assert http.healths == 3  # the round's, the one asked while /metrics was read, again
 
     asyncio.run(asyncio.wait_for(one_round(), timeout=10))
+
+
+def test_a_loop_held_after_health_answered_is_front_in_that_round(tmp_path: Path) -> None:
+    # The round's first sweep was taken before the loop was held, and front's span must begin no
+    # earlier than its first miss: the round sweeps again at the miss, so the span across the
+    # second /health miss is there this round, not a round later (a real-vLLM run: 7 s).
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        health_timeout_s=30.0,
+        canary_interval_s=3600.0,
+        detectors=DetectorConfig(hang_probe_late_s=0.5, hang_front_after_s=0.9, hang_cpu_min_span_s=0.4),
+    )
+    Heartbeat(str(tmp_path / "beat"))
+    sweeper = CountingSweeper()
+
+    async def one_round() -> None:
+        observer = observer_of(spec, HeldAfterHealth(), sweeper, tmp_path)
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert isinstance(obs.proc, ProcSample) and obs.proc_after is not None
+        assert obs.proc.at_s is not None and obs.proc_after.at_s is not None
+        assert obs.proc.at_s >= obs.at_s and obs.proc_after.at_s - obs.proc.at_s >= 0.4
+        assert [f.kind.value for f in observer.findings] == ["hang"]
+        assert observer.findings[0].evidence["rule"] == "front"
+
+    asyncio.run(asyncio.wait_for(one_round(), timeout=10))
