@@ -37,7 +37,6 @@ from llmsupervisor.detectors.series import newest_first
 from llmsupervisor.detectors.steps import DISK_SLEEP, span_in
 from llmsupervisor.detectors.sweeps import cpu_used_s
 from llmsupervisor.probes.heartbeat import StepBeat
-from llmsupervisor.probes.host import ProcSample
 
 SLEEPING = "sleeping"  # psutil.STATUS_SLEEPING: blocked on something, not waiting for a CPU
 
@@ -88,17 +87,6 @@ def _beats(window: ObservationWindow, now: float, since_s: float) -> tuple[StepB
     return reads[-1], reads[0]
 
 
-def _main_thread_used_s(older: ProcSample, newer: ProcSample) -> float | None:
-    """The API server's main thread's CPU seconds between two sweeps, None unless both read it."""
-    before = next((p for p in older.processes if p.pid == newer.pgid), None)
-    after = next((p for p in newer.processes if p.pid == newer.pgid), None)
-    if before is None or after is None:
-        return None
-    if before.main_thread_cpu_seconds is None or after.main_thread_cpu_seconds is None:
-        return None
-    return after.main_thread_cpu_seconds - before.main_thread_cpu_seconds
-
-
 def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> FrontHang | None:
     """The API server's loop held for ``hang_front_after_s`` (module docstring), or None."""
     missed = _health_misses(window, now, cfg)
@@ -120,7 +108,7 @@ def front_hung(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Fr
         return None
     span_s = newer.at_s - older.at_s
     ratio = used_s / span_s
-    loop_s = _main_thread_used_s(older, newer)
+    loop_s = cpu_used_s(older, newer, lambda p: p.pid == newer.pgid, lambda p: p.main_thread_cpu_seconds)
     # Asleep, not waiting for a CPU: a process starved on a saturated host is runnable ("running")
     # whenever it is looked at. Asleep in either sweep: a main thread waiting on the GIL wakes
     # every switch interval (5 ms) to ask for it, and one sweep in a real-vLLM run caught it

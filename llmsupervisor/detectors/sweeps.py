@@ -25,16 +25,25 @@ def sweeps_in(window: ObservationWindow, now: float, oldest_s: float) -> Iterato
             yield sample
 
 
+def _process_cpu_s(p: ProcInfo) -> float | None:
+    return p.cpu_seconds
+
+
 def cpu_used_s(
-    older: ProcSample, newer: ProcSample, keep: Callable[[ProcInfo], bool] = lambda p: True
+    older: ProcSample,
+    newer: ProcSample,
+    keep: Callable[[ProcInfo], bool] = lambda p: True,
+    seconds: Callable[[ProcInfo], float | None] = _process_cpu_s,
 ) -> float | None:
     """CPU seconds the group's processes (those ``keep`` keeps) used between two sweeps, over
-    the processes in both; None if no process is in both with a readable CPU time."""
-    before = {p.pid: p.cpu_seconds for p in older.processes if p.cpu_seconds is not None}
+    the processes in both; None if no process is in both with a readable CPU time. ``seconds``
+    reads a process's CPU time (the whole process's; the API server's main thread's for the
+    front rule)."""
+    before = {p.pid: t for p in older.processes if (t := seconds(p)) is not None}
     used = [
-        p.cpu_seconds - before[p.pid]
+        t - before[p.pid]
         for p in newer.processes
-        if p.cpu_seconds is not None and p.pid in before and keep(p)
+        if p.pid in before and keep(p) and (t := seconds(p)) is not None
     ]
     return sum(used) if used else None
 
