@@ -206,6 +206,7 @@ class ObservationWindow:
         "_baseline_memo",
         "_baseline_s",
         "_baseline_span",
+        "_beat_seen",
         "_candidate",
         "_engine",
         "_gpu_seen",
@@ -213,6 +214,7 @@ class ObservationWindow:
         "_max_age_s",
         "_max_count",
         "_old",
+        "_rss",
         "_thin",
         "_thin_after_s",
     )
@@ -245,6 +247,10 @@ class ObservationWindow:
         self._thin = thin
         self._items: deque[Observation] = deque()  # whole, newer than thin_after_s
         self._old: deque[Observation] = deque()  # thinned, older
+        # (at_s, pgid, rss_bytes_total) of each kept observation with a process sweep, oldest
+        # first: what the memory slope reads over 30 minutes (~900 observations) on every tick,
+        # without walking the observations themselves (thinning keeps these totals).
+        self._rss: deque[tuple[float, int, int]] = deque()
         self._candidate: deque[Observation] = deque(maxlen=max_count)
         self._baseline: tuple[Observation, ...] | None = None
         self._baseline_span: tuple[float, float] | None = None
@@ -252,6 +258,7 @@ class ObservationWindow:
         self._baseline_memo: tuple[Callable[[tuple[Observation, ...]], object], object] | None = None
         self._engine: str | None = None
         self._gpu_seen = False
+        self._beat_seen = False
 
     @property
     def max_count(self) -> int:
@@ -278,6 +285,19 @@ class ObservationWindow:
         GPU event. A latch, never cleared: the GPU detectors read nothing else, so while it is
         False they have nothing to find (``detect_all`` skips them, on every CPU engine)."""
         return self._gpu_seen
+
+    @property
+    def beat_seen(self) -> bool:
+        """Whether any observation appended so far carried a step heartbeat reading (a beat or
+        a failed read). A latch, like ``gpu_seen``: an engine without the heartbeat has none in
+        any observation, and the rules that look for the newest one need not walk the window."""
+        return self._beat_seen
+
+    @property
+    def rss_series(self) -> deque[tuple[float, int, int]]:
+        """``(at_s, pgid, rss_bytes_total)`` of every kept observation that has a process sweep,
+        oldest first (read it, never change it)."""
+        return self._rss
 
     def baseline_stats(self, compute: Callable[[tuple[Observation, ...]], T]) -> T | None:
         """``compute(baseline)``, computed once per pinned baseline; None until one is pinned.
@@ -307,13 +327,21 @@ class ObservationWindow:
             raise ValueError(f"observation at {obs.at_s} is older than the newest ({newest.at_s})")
         if obs.gpus or obs.gpu_events:
             self._gpu_seen = True
-        items, old = self._items, self._old
+        if obs.heartbeat is not None:
+            self._beat_seen = True
+        items, old, rss = self._items, self._old, self._rss
         items.append(obs)
+        if isinstance(obs.proc, ProcSample):
+            rss.append((obs.at_s, obs.proc.pgid, obs.proc.rss_bytes_total))
         horizon = obs.at_s - self._max_age_s
+        # Both loops drop the oldest kept observation (old ones before any whole one), so the
+        # RSS series drops its oldest entry with each one that had a sweep.
         while old and (old[0].at_s < horizon or len(old) + len(items) > self._max_count):
-            old.popleft()
+            if isinstance(old.popleft().proc, ProcSample):
+                rss.popleft()
         while items[0].at_s < horizon or (not old and len(items) > self._max_count):
-            items.popleft()
+            if isinstance(items.popleft().proc, ProcSample):
+                rss.popleft()
         if self._thin_after_s is not None:
             thin_before = obs.at_s - self._thin_after_s
             while items[0].at_s < thin_before:

@@ -49,12 +49,22 @@ def canary_sent_s(obs: Observation) -> float | None:
     return obs.at_s - obs.canary.latency_s
 
 
+def newest_beat(window: ObservationWindow, now: float) -> Observation | None:
+    """The newest observation (at or before ``now``) that carries a heartbeat reading. None at
+    once when no observation ever did (the engine has no heartbeat: the plugin did not load,
+    or an engine other than vLLM), rather than after walking the whole window: the rules ask
+    for it on every round, three times."""
+    if not window.beat_seen:
+        return None
+    return next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
+
+
 def find_stuck(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Stuck | None:
     """The newest heartbeat, read after its round's probes, if the engine held work and did not
     step: requests held at its last step (or one in flight), or, on an idle engine, a canary
     that missed its deadline without a step even being scheduled for it (an idle vLLM picks a
     request up within milliseconds)."""
-    obs = next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
+    obs = newest_beat(window, now)
     if obs is None or not isinstance(obs.heartbeat, StepBeat) or now - obs.at_s > cfg.stale_after_s:
         return None
     beat = obs.heartbeat
@@ -235,7 +245,7 @@ def beat_idle(beat: StepBeat) -> bool:
 
 def idle_by_heartbeat(window: ObservationWindow, now: float) -> bool:
     """The newest heartbeat in the window says the engine holds nothing and has no step under way."""
-    obs = next((o for o in newest_first(window, now) if o.heartbeat is not None), None)
+    obs = newest_beat(window, now)
     if obs is None or not isinstance(obs.heartbeat, StepBeat):
         return False
     return beat_idle(obs.heartbeat)
