@@ -74,3 +74,12 @@ def test_the_commands_print_them(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("#compdef llm-supervisor")
     assert cli.main(["man"]) == 0
     assert ".SH COMMANDS" in capsys.readouterr().out
+
+
+def test_the_man_page_is_dated_by_source_date_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package build that sets SOURCE_DATE_EPOCH gets the same page from the same sources
+    (packaging/build puts this page in the .deb and the .rpm)."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")  # 2026-01-01 00:00:00 UTC
+    assert '"2026-01-01"' in completion.man(cli._parser()).splitlines()[1]
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "not a number")
+    assert '"2026-01-01"' not in completion.man(cli._parser()).splitlines()[1]
