@@ -40,5 +40,13 @@ def test_overhead_smoke_writes_a_well_formed_result(tmp_path: Path) -> None:
         assert run["rss_bytes"] > 0 and run["body_bytes"] > 40_000  # the real capture, not the built-in body
         assert run["engine_tick"]["rounds"] >= 0
         assert run["samples"] and all(len(s) == 4 for s in run["samples"])
-    assert set(report["targets"]) == {"cpu_at_8_under_1_percent", "rss_at_8_under_60_MB"}
+    assert set(report["targets"]) == {
+        "cpu_at_8_under_1_percent",  # issue 16's
+        "cpu_at_8_at_most_half_percent",  # issue 25's
+        "rss_at_8_under_60_MB",
+    }
+    for run in report["runs"]:  # the daemon's CPU by thread, and the fakes' beside it
+        for key in ("cpu_main_thread_percent_of_one_core", "cpu_other_threads_percent_of_one_core"):
+            assert isinstance(run[key], numbers.Real) and run[key] >= 0, key
+        assert run["fake_engines_cpu_percent_of_one_core"] >= 0
     assert "| 8 | 1x" in done.stdout
