@@ -133,11 +133,11 @@ _ATTRS: Final = ["name", "cmdline", "memory_info", "cpu_times", "status"]
 _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
-def main_thread_cpu_s(pid: int) -> float | None:
-    """``pid``'s main thread's user + system CPU seconds, None if it cannot be read (blocking:
-    one small read). psutil reads every thread's file for ``threads()``; one is wanted here."""
+def task_cpu_s(stat_path: str) -> float | None:
+    """User + system CPU seconds from a ``/proc/PID/stat`` or ``/proc/PID/task/TID/stat`` file,
+    None if it cannot be read (blocking: one small read)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+        with open(stat_path, "rb") as f:
             stat = f.read()
     except OSError:
         return None
@@ -148,6 +148,12 @@ def main_thread_cpu_s(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
     except (IndexError, ValueError):
         return None
+
+
+def main_thread_cpu_s(pid: int) -> float | None:
+    """``pid``'s main thread's user + system CPU seconds, None if it cannot be read. psutil reads
+    every thread's file for ``threads()``; one is wanted here."""
+    return task_cpu_s(f"/proc/{pid}/task/{pid}/stat")
 
 
 def list_groups_psutil(pgids: Collection[int]) -> dict[int, list[RawProcess]]:
@@ -284,4 +290,5 @@ __all__ = [
     "main_thread_cpu_s",
     "summarize",
     "sweep_groups",
+    "task_cpu_s",
 ]
