@@ -191,6 +191,12 @@ class EngineProcess:
     async def wait(self) -> ExitStatus:
         return await asyncio.shield(self._exited)
 
+    @property
+    def exited(self) -> asyncio.Future[ExitStatus]:
+        """Done when the process has exited, for ``aio.wait_any`` to watch without a task.
+        Shared by every waiter: never to be cancelled (``wait`` is the cancellable form)."""
+        return self._exited
+
     def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         try:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from llmsupervisor import control
+from llmsupervisor import aio, control
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.holds import Holds, operator_name
@@ -65,7 +65,7 @@ class Intake:
         self._stopping = stopping
         self._reload = reload
         self.requests: collections.deque[AnyRequest] = collections.deque()
-        self.arrived = asyncio.Event()
+        self.arrived = aio.Flag()
         self._sigint_count = 0
         self._background: set[asyncio.Task[Any]] = set()  # reloads
 

@@ -24,7 +24,6 @@ task, and one that dies of a bug is replaced by the fleet (daemon/fleet.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -328,10 +327,8 @@ class Supervisor:
                 next_tick_s = aio.now() + tick_s
             elif state_changed:
                 self._write_status()
-            seen = self.fleet.changes.version
-            await aio.wait_any(
-                self.intake.arrived.wait(), self.fleet.changes.wait(seen), timeout_s=next_tick_s - aio.now()
-            )
+            changed = self.fleet.changes.future(self.fleet.changes.version)
+            await aio.wait_any(self.intake.arrived.future(), changed, timeout_s=next_tick_s - aio.now())
 
     def _look(self, changed: set[str] | None) -> tuple[bool, bool]:
         """(did anything the policy reads change, did any engine change state) among the engines
@@ -457,9 +454,9 @@ class Supervisor:
             # Wake at least every 5 s to keep systemd's stop timeout and watchdog from firing
             # while engines drain; the daemon's own deadline is shutdown_timeout_s.
             await aio.wait_any(
-                *(asyncio.shield(t) for t in pending),
-                self.intake.arrived.wait(),
-                self.fleet.changes.wait(seen),
+                *pending,
+                self.intake.arrived.future(),
+                self.fleet.changes.future(seen),
                 timeout_s=min(5.0, max(0.0, deadline - aio.now())),
             )
             if aio.now() - notified_s >= SHUTDOWN_NOTIFY_S:

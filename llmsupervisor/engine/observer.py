@@ -202,7 +202,7 @@ class GroupSampler(Protocol):
 async def round_unless_interrupted(
     observer: Observer,
     proc: EngineProcess,
-    woken: asyncio.Event,
+    woken: aio.Flag,
     in_rotation: bool,
     on_wake: Callable[[], None],
     interrupted: Callable[[], bool],
@@ -214,7 +214,7 @@ async def round_unless_interrupted(
     observing = asyncio.ensure_future(observer.round(proc, in_rotation=in_rotation))
     try:
         while not observing.done():
-            await aio.wait_any(asyncio.shield(observing), woken.wait(), proc.wait(), timeout_s=None)
+            await aio.wait_any(observing, woken.future(), proc.exited, timeout_s=None)
             if not observing.done():
                 woken.clear()
                 on_wake()

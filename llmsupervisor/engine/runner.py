@@ -120,7 +120,7 @@ class EngineRunner:
         # What the helpers' tasks saw, for the runner to take at its waits: output lines do not
         # wake it (a start's phase waits for the next readiness poll), a reset's end does.
         self._reports: collections.deque[OutputSeen | ResetDone] = collections.deque()
-        self._wake = asyncio.Event()
+        self._wake = aio.Flag()
         self._ladder = LadderStore(procs.state_dir, spec)
         self._proc: EngineProcess | None = None
         self._inc: Incarnation | None = None
@@ -220,9 +220,9 @@ class EngineRunner:
         exits; then the inbox is taken. A command sent while the runner was busy elsewhere left
         the wake event set, so it is never lost (defect D11)."""
         if not self._inbox:
-            waits: list[Awaitable[object]] = [self._wake.wait()]
+            waits: list[Awaitable[object]] = [self._wake.future()]
             if self._proc is not None and not self._proc.returned:
-                waits.append(self._proc.wait())
+                waits.append(self._proc.exited)
             await aio.wait_any(*waits, timeout_s=timeout_s)
         self._wake.clear()
         self._take_inbox()

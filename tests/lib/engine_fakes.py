@@ -80,6 +80,10 @@ class FakeProcess:
     async def wait(self) -> ExitStatus:
         return await asyncio.shield(self._exited)
 
+    @property
+    def exited(self) -> asyncio.Future[ExitStatus]:
+        return self._exited
+
     def say(self, line: str, *, stderr: bool = False) -> None:
         os.write(self._err_w if stderr else self._out_w, line.encode() + b"\n")
 
