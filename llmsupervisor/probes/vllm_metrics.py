@@ -23,10 +23,15 @@ wins. Rules that follow from how vLLM exposes them (docs/vllm-notes.md §3.1):
   rest summed under ``"other"``. Every observation window holds ~1,200 scrapes per engine: before
   these caps a hostile body could make one engine's window 812 MB (issue 17).
 
-The body is parsed in a thread of its own (``_PARSE_POOL``) under the same overall deadline as
-the request: a 50 MB body once took 29 s to parse on the event loop, which then stood still. A
-parse past its deadline goes on in its thread, and the next scrape of that engine is a timeout
-until it ends, so a hostile engine holds one thread at most.
+A body that could be slow to parse is parsed in a thread of its own (``_PARSE_POOL``) under the
+same overall deadline as the request: a 50 MB body once took 29 s to parse on the event loop,
+which then stood still. A parse past its deadline goes on in its thread, and the next scrape of
+that engine is a timeout until it ends, so a hostile engine holds one thread at most. What makes
+a parse slow is a large body or series keys not seen before (below); a body of at most
+``INLINE_PARSE_MAX_BYTES`` whose keys were all seen before, every scrape of a running vLLM after
+its first, is parsed on the loop (``parse_familiar``, 0.18 ms at 50 kB), which gives up for the
+thread at the ``INLINE_NEW_KEYS_MAX``-th new key: the hop to the thread and back cost more than
+the parse.
 
 prometheus_client's parser reads label values one character at a time: vLLM 0.32's body is ~600
 lines, of which this module reads ~90, and parsing all of them was 10 ms a scrape, most of the
@@ -122,6 +127,15 @@ MAX_LABEL_VALUES: Final = 64  # distinct finished_reason values kept; the rest s
 # counts past it; a larger one is absurd, and its series is dropped.
 MAX_COUNT: Final = 2**63 - 1
 DROP_LOG_EVERY_S: Final = 60.0
+# A body is parsed on the event loop when it is no larger than this and holds at most
+# INLINE_NEW_KEYS_MAX series keys not seen before; any other goes to a parse thread. A body of
+# keys seen before (every scrape of a running vLLM after its first) takes 0.18 ms at 50 kB, less
+# than the hop to a thread and back (~70 us on the loop, and twice the parse's CPU in the thread:
+# docs/benchmarks.md, "Fewer tasks per round"); at this size it stays under ~1.5 ms. New keys are
+# what is slow (prometheus_client's parser, ~15 us each: a 64 kB body of new keys took 9 ms), so
+# a parse on the loop gives up at the 65th new key, having spent well under a millisecond.
+INLINE_PARSE_MAX_BYTES: Final = 256 * 1024
+INLINE_NEW_KEYS_MAX: Final = 64
 OTHER_LABEL_VALUE: Final = "other"
 _SLEEP_STATES: Final[tuple[SleepState, ...]] = ("discard_all", "weights_offloaded", "awake")
 
@@ -144,6 +158,11 @@ _Series = list[tuple[Mapping[str, str], float]]
 
 class _BadBody(Exception):
     pass
+
+
+class _Unfamiliar(Exception):
+    """More series keys not read before than a parse on the event loop may read (see
+    ``parse_familiar``): the body goes to a parse thread instead."""
 
 
 _Shareable = TypeVar("_Shareable", tuple[float, ...], frozenset[str])
@@ -337,16 +356,18 @@ def _value(fields: list[str], line: str) -> float:
         raise _BadBody(f"not a metric line: {line[:80]!r}") from None
 
 
-def _collect(body: str) -> dict[str, _Series]:
+def _collect(body: str, new_keys_max: int | None = None) -> dict[str, _Series]:
     """Every sample of a wanted name, as {sample name: [(labels, value)]}, in body order.
 
     Every other sample line is still checked: a metric name, then (after the labels, if any) a
-    number and at most a timestamp. Its labels are not parsed, which is the point.
+    number and at most a timestamp. Its labels are not parsed, which is the point. With
+    ``new_keys_max``, more keys than that not read before raise ``_Unfamiliar``.
     """
     store: dict[str, _Series] = defaultdict(list)
     keys = _KEYS
     checked = _CHECKED
     kept = 0
+    new_keys = 0
     for raw in body.splitlines():
         if raw in checked:
             continue
@@ -366,6 +387,9 @@ def _collect(body: str) -> dict[str, _Series]:
         try:
             reading = keys[key]
         except KeyError:
+            new_keys += 1
+            if new_keys_max is not None and new_keys > new_keys_max:
+                raise _Unfamiliar from None
             reading = _read_key(key, brace)
             if len(key) <= _KEY_MEMO_MAX_CHARS:
                 if len(keys) >= _KEYS_MAX:
@@ -522,8 +546,24 @@ def _sleep_state(series: _Series | None) -> SleepState | None:
 
 def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
     """Read a ``/metrics`` body; never raises for what the body contains."""
+    parsed = _parse(body, None)
+    assert parsed is not None  # only a parse with new_keys_max gives up
+    return parsed
+
+
+def parse_familiar(body: str) -> EngineMetrics | ProbeFailure | None:
+    """``parse_metrics`` for the event loop: None, having read little, when ``body`` is larger
+    than ``INLINE_PARSE_MAX_BYTES`` or holds more than ``INLINE_NEW_KEYS_MAX`` series keys that
+    no body held before (a first scrape, a server that invents label values), which is what makes
+    a parse slow; then it goes to a parse thread (``fetch_metrics``)."""
+    if len(body) > INLINE_PARSE_MAX_BYTES:
+        return None
+    return _parse(body, INLINE_NEW_KEYS_MAX)
+
+
+def _parse(body: str, new_keys_max: int | None) -> EngineMetrics | ProbeFailure | None:
     try:
-        store = _collect(body)
+        store = _collect(body, new_keys_max)
         present: set[str] = set()
         reasons = _by_label(_first(store, "vllm:request_success_total", present), "finished_reason")
         return EngineMetrics(
@@ -548,6 +588,8 @@ def parse_metrics(body: str) -> EngineMetrics | ProbeFailure:
             sleep_state=_sleep_state(_first(store, "vllm:engine_sleep_state", present)),
             present=_shared(frozenset(present)),
         )
+    except _Unfamiliar:
+        return None
     except _BadBody as exc:
         return ProbeFailure("parse", str(exc))
     except Exception as exc:  # the parser raises ValueError, but garbage may find other paths
@@ -592,6 +634,9 @@ async def fetch_metrics(
                 return ProbeFailure("http", f"GET {url}: HTTP {answer.status}: {head}")
             # The Prometheus text format is UTF-8 (vLLM serves it as such).
             body = answer.body.decode("utf-8", "replace")
+            quick = parse_familiar(body)
+            if quick is not None:
+                return quick
             parsing = _PARSING[url] = asyncio.get_running_loop().run_in_executor(
                 _parse_pool(), parse_metrics, body
             )
@@ -614,6 +659,8 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DROPPED_SERIES",
     "HISTOGRAM_ROWS",
+    "INLINE_NEW_KEYS_MAX",
+    "INLINE_PARSE_MAX_BYTES",
     "MAX_BUCKETS",
     "MAX_COUNT",
     "MAX_LABEL_VALUES",
@@ -622,6 +669,7 @@ __all__ = [
     "Histogram",
     "SleepState",
     "fetch_metrics",
+    "parse_familiar",
     "parse_metrics",
     "window_quantile",
 ]

@@ -18,6 +18,7 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path
@@ -386,6 +387,8 @@ def test_a_slow_parse_does_not_block_the_loop_and_times_out(monkeypatch: pytest.
         return ProbeFailure("parse", "slow")
 
     monkeypatch.setattr(vllm_metrics, "parse_metrics", slow_parse)
+    # A body that could be slow: one the loop would not parse itself (too large, or new keys).
+    monkeypatch.setattr(vllm_metrics, "parse_familiar", lambda body: None)
 
     async def scenario() -> tuple[EngineMetrics | ProbeFailure, int]:
         ticks = 0
@@ -407,6 +410,60 @@ def test_a_slow_parse_does_not_block_the_loop_and_times_out(monkeypatch: pytest.
     result, ticks = run(scenario)
     assert isinstance(result, ProbeFailure) and result.kind == "timeout", result
     assert ticks >= 5  # the loop kept running while the parse did (0 when it ran on the loop)
+
+
+def _fetch_in(monkeypatch: pytest.MonkeyPatch, body: str) -> tuple[EngineMetrics | ProbeFailure, list[str]]:
+    """``fetch_metrics`` of ``body``, and the threads its parse ran in (none: on the loop)."""
+    threads: list[str] = []
+    real = vllm_metrics.parse_metrics
+
+    def parse_in_thread(text_body: str) -> EngineMetrics | ProbeFailure:
+        threads.append(threading.current_thread().name)
+        return real(text_body)
+
+    monkeypatch.setattr(vllm_metrics, "parse_metrics", parse_in_thread)
+
+    async def scenario() -> EngineMetrics | ProbeFailure:
+        async with canned_server(lambda p, h: reply(200, body.encode())) as server:
+            probe = ProbeHttp(server.url)
+            try:
+                return await fetch_metrics(probe, timeout_s=5.0)
+            finally:
+                probe.close()
+
+    return run(scenario), threads
+
+
+def test_a_body_of_keys_seen_before_is_parsed_on_the_loop_like_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every scrape of a running vLLM after its first: cheaper than the hop to a thread."""
+    body = (FIXTURES / "metrics" / "vllm-0.32.0-cpu.txt").read_text()
+    in_thread = parse_metrics(body)  # its keys are seen now
+    on_loop, threads = _fetch_in(monkeypatch, body)
+    assert threads == [] and on_loop == in_thread
+    assert vllm_metrics.parse_familiar(body) == in_thread
+
+
+def test_a_body_of_new_keys_or_a_large_one_is_parsed_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    def new_keys(tag: str) -> str:  # series keys no earlier parse has seen
+        return "".join(
+            f'vllm:num_requests_running{{engine="{i}",pod="{tag}{time.monotonic_ns()}"}} 1\n'
+            for i in range(vllm_metrics.INLINE_NEW_KEYS_MAX + 1)
+        )
+
+    assert vllm_metrics.parse_familiar(new_keys("a")) is None  # gave up at the key over the cap
+    body = new_keys("b")
+    result, threads = _fetch_in(monkeypatch, body)
+    assert isinstance(result, EngineMetrics)
+    assert result.requests_running == vllm_metrics.INLINE_NEW_KEYS_MAX + 1
+    assert [t.startswith("metrics-parse") for t in threads] == [True]
+
+    # Its keys seen now, but larger than the loop parses: a thread too.
+    padding = "# " + "p" * vllm_metrics.INLINE_PARSE_MAX_BYTES + "\n"
+    assert vllm_metrics.parse_familiar(body) is not None
+    result, threads = _fetch_in(monkeypatch, body + padding)
+    assert isinstance(result, EngineMetrics) and len(threads) == 1
 
 
 def test_too_many_series_of_a_read_family_is_a_parse_failure() -> None:
