@@ -215,6 +215,8 @@ class ObservationWindow:
         "_max_count",
         "_old",
         "_rss",
+        "_rss_appended",
+        "_rss_run_from",
         "_thin",
         "_thin_after_s",
     )
@@ -251,6 +253,11 @@ class ObservationWindow:
         # first: what the memory slope reads over 30 minutes (~900 observations) on every tick,
         # without walking the observations themselves (thinning keeps these totals).
         self._rss: deque[tuple[float, int, int]] = deque()
+        # Entries ever appended to it, and the number (counted the same way) of the first entry
+        # of the newest run of one process group: the span the memory slope fits is almost
+        # always inside that run, and then needs no look at each entry's group.
+        self._rss_appended = 0
+        self._rss_run_from = 0
         self._candidate: deque[Observation] = deque(maxlen=max_count)
         self._baseline: tuple[Observation, ...] | None = None
         self._baseline_span: tuple[float, float] | None = None
@@ -299,6 +306,12 @@ class ObservationWindow:
         oldest first (read it, never change it)."""
         return self._rss
 
+    @property
+    def rss_run_start(self) -> int:
+        """The index in ``rss_series`` from which every entry has the newest entry's process
+        group (0 when they all have; ``len(rss_series)`` when it is empty)."""
+        return max(0, self._rss_run_from - (self._rss_appended - len(self._rss)))
+
     def baseline_stats(self, compute: Callable[[tuple[Observation, ...]], T]) -> T | None:
         """``compute(baseline)``, computed once per pinned baseline; None until one is pinned.
 
@@ -332,7 +345,10 @@ class ObservationWindow:
         items, old, rss = self._items, self._old, self._rss
         items.append(obs)
         if isinstance(obs.proc, ProcSample):
+            if not rss or rss[-1][1] != obs.proc.pgid:
+                self._rss_run_from = self._rss_appended
             rss.append((obs.at_s, obs.proc.pgid, obs.proc.rss_bytes_total))
+            self._rss_appended += 1
         horizon = obs.at_s - self._max_age_s
         # Both loops drop the oldest kept observation (old ones before any whole one), so the
         # RSS series drops its oldest entry with each one that had a sweep.

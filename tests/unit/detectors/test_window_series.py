@@ -165,6 +165,9 @@ def test_memory_growth_reads_the_series_as_the_walk_read_the_observations(
             (o.at_s, o.proc.pgid, o.proc.rss_bytes_total) for o in window if isinstance(o.proc, ProcSample)
         ]
         assert list(window.rss_series) == kept
+        run_start = window.rss_run_start
+        assert {group for _, group, _ in kept[run_start:]} <= {kept[-1][1]} if kept else run_start == 0
+        assert run_start == 0 or kept[run_start - 1][1] != kept[-1][1]
         for offset in now_offsets:
             now = obs.at_s + offset
             assert detect_memory_growth(window, now, CFG) == memory_growth_by_walk(window, now, CFG)
@@ -181,6 +184,27 @@ def test_a_steady_rise_is_found_by_both() -> None:
     now = window.latest().at_s  # type: ignore[union-attr]
     found = detect_memory_growth(window, now, CFG)
     assert found is not None and found.kind is FindingKind.MEMORY_GROWTH
+    assert found == memory_growth_by_walk(window, now, CFG)
+
+
+def test_a_rise_across_a_restart_fits_only_the_newest_group_by_both() -> None:
+    """The span holds two groups: the rule looks at each entry's group (not the newest run's
+    shortcut), and fits the newest group's points only."""
+    sweep: dict[str, object] = {
+        "gap_s": 2.0,
+        "proc": "sweep",
+        "pgid": 100,
+        "rss_step": 5_000_000,
+        "beat": None,
+    }
+    rounds = [sweep] * 10 + [{**sweep, "pgid": 200}] * 20
+    window = _window(60)
+    for obs in _observations(rounds, beats=False):
+        window.append(obs)
+    assert window.rss_run_start == 10 - (30 - len(window.rss_series))
+    now = window.latest().at_s  # type: ignore[union-attr]
+    found = detect_memory_growth(window, now, CFG)
+    assert found is not None and found.evidence["samples"] == 20
     assert found == memory_growth_by_walk(window, now, CFG)
 
 
