@@ -434,6 +434,13 @@ class Observer:
             # and the heartbeat read again after it: a step may have come back meanwhile.
             if overdue is not None:
                 await asyncio.sleep(max(0.0, overdue - aio.now()))
+            elif stopped and isinstance(proc_r, host.ProcSample) and proc_r.at_s is not None:
+                # A stopped process is a hang in sweeps hang_stopped_after_s apart (liveness.py).
+                # The round's first sweep is that far back already, unless a held loop had it
+                # taken again just now (went_late): then the second waits for it. Otherwise a
+                # stop that came while /metrics was read waited a round more whenever the steps
+                # before it counted as life (a real-vLLM run: 5.0 s).
+                await asyncio.sleep(max(0.0, proc_r.at_s + self._cfg.hang_stopped_after_s - aio.now()))
             after = await _guarded(
                 "proc_sweep",
                 self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=second_after_s),

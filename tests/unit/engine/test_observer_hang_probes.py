@@ -213,6 +213,56 @@ def test_a_stopped_process_in_the_round_s_sweep_is_not_asked_again(tmp_path: Pat
     asyncio.run(asyncio.wait_for(one_round(), timeout=60))
 
 
+class Switch:
+    """The engine's HTTP as the test has it now: ``now`` is swapped between rounds."""
+
+    def __init__(self, now: object) -> None:
+        self.now = now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.now, name)
+
+
+def test_a_stop_while_metrics_was_read_is_found_in_that_round_though_steps_came_before_it(
+    tmp_path: Path,
+) -> None:
+    # The API server stopped while the round read /metrics, after /health answered: the round's
+    # sweep is taken again at the miss (went late), and the steps done since the last round are
+    # life, so the miss alone proves nothing. The stopped rule needs sweeps hang_stopped_after_s
+    # apart: the second one waits for that, and the hang is found in this round, not the next
+    # (a real-vLLM run: 5.0 s).
+    spec = EngineSpec(
+        name="e1",
+        model="m",
+        gpus=(),
+        port=8001,
+        health_timeout_s=30.0,
+        canary_interval_s=3600.0,
+        metrics_interval_s=0.01,  # read in both rounds
+        detectors=DetectorConfig(hang_probe_late_s=0.05, hang_stopped_after_s=0.3),
+    )
+    beat = Heartbeat(str(tmp_path / "beat"))
+    beat.on_schedule(2)
+    beat.on_done(2)
+    sweeper = CountingSweeper()
+    http = Switch(AnsweringApiServer())
+
+    async def two_rounds() -> None:
+        observer = observer_of(spec, http, sweeper, tmp_path)
+        await observer.round(Leader())  # type: ignore[arg-type]
+        assert not observer.findings
+        beat.on_schedule(2)
+        beat.on_done(2)  # steps until the stop
+        http.now, sweeper.stopped = HeldAfterHealth(), True
+        obs = await observer.round(Leader())  # type: ignore[arg-type]
+        assert isinstance(obs.proc, ProcSample) and obs.proc.at_s is not None
+        assert obs.proc_after is not None and obs.proc_after.at_s is not None
+        assert obs.proc_after.at_s - obs.proc.at_s >= 0.3
+        assert [finding.evidence["rule"] for finding in observer.findings] == ["stopped"]
+
+    asyncio.run(asyncio.wait_for(two_rounds(), timeout=10))
+
+
 @dataclass
 class IdleButBusySweeper:
     """The API server at rest and a Worker burning a core: an idle engine that spins."""
