@@ -439,8 +439,10 @@ class Observer:
                 # The round's first sweep is that far back already, unless a held loop had it
                 # taken again just now (went_late): then the second waits for it. Otherwise a
                 # stop that came while /metrics was read waited a round more whenever the steps
-                # before it counted as life (a real-vLLM run: 5.0 s).
-                await asyncio.sleep(max(0.0, proc_r.at_s + self._cfg.hang_stopped_after_s - aio.now()))
+                # before it counted as life (a real-vLLM run: 5.0 s). At most the round's probe
+                # deadline: a longer hang_stopped_after_s is left to the rounds after.
+                due_s = min(proc_r.at_s + self._cfg.hang_stopped_after_s, at_s + timeout_s)
+                await asyncio.sleep(max(0.0, due_s - aio.now()))
             after = await _guarded(
                 "proc_sweep",
                 self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=second_after_s),
