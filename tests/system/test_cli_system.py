@@ -20,12 +20,20 @@ from tests.lib.daemon import Daemon, cli, fake_engine, free_port, wait_for
 pytestmark = pytest.mark.system
 
 
+def _interruptible() -> None:
+    # Ctrl-C as at a terminal, whatever this run inherited: a test run started in the background
+    # by a shell without job control (`cmd &`, nohup) ignores SIGINT, every child keeps ignoring
+    # it, and the CLI's Ctrl-C tests below would wait out their timeouts.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def popen_cli(d: Daemon, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
 
 
