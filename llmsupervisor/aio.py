@@ -119,9 +119,6 @@ class Flag:
                 self._future.set_result(None)
         return self._future
 
-    async def wait(self) -> None:
-        await asyncio.shield(self.future())
-
 
 class Changes:
     """A change counter that any number of tasks can wait on: runners ``set(name)`` it after

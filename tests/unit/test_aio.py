@@ -104,14 +104,14 @@ async def test_a_flag_set_before_the_wait_ends_it_at_once_and_clear_rearms_it() 
 async def test_a_flag_wakes_every_waiter_and_a_cancelled_waiter_leaves_it_working() -> None:
     flag = aio.Flag()
     first = asyncio.ensure_future(aio.wait_any(flag.future(), timeout_s=5))
-    second = asyncio.ensure_future(flag.wait())
-    gone = asyncio.ensure_future(flag.wait())
+    second = asyncio.ensure_future(aio.wait_any(flag.future(), timeout_s=5))
+    gone = asyncio.ensure_future(aio.wait_any(flag.future(), timeout_s=5))
     await asyncio.sleep(0)
     gone.cancel()
     await asyncio.sleep(0)
     flag.set()
     assert await first is True
-    await second
+    assert await second is True
     assert gone.cancelled()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,11 @@ class FrozenApiServer:
         raise AssertionError("not reached")
 
 
+def spec_of(**fields: Any) -> EngineSpec:
+    """Engine e1 on port 8001, no GPU, with ``fields`` (deadlines, intervals, detectors)."""
+    return EngineSpec(name="e1", model="m", gpus=(), port=8001, **fields)
+
+
 class Leader:
     """The spawned API server, as far as a round reads it (its group)."""
 
@@ -77,11 +83,7 @@ def observer_of(spec: EngineSpec, http: object, sweeper: object, tmp_path: Path)
 
 
 def test_a_frozen_api_server_costs_a_round_hang_probe_late_s_not_health_timeout_s(tmp_path: Path) -> None:
-    spec = EngineSpec(
-        name="e1",
-        model="m",
-        gpus=(),
-        port=8001,
+    spec = spec_of(
         health_timeout_s=30.0,
         live_canary_timeout_s=0.05,
         canary_interval_s=0.0,
@@ -128,11 +130,7 @@ def test_an_overdue_step_brings_a_second_sweep_and_a_second_heartbeat_read(tmp_p
     # Work held and no step back for OVERDUE_AFTER_S: the round sweeps again at least
     # hang_cpu_min_span_s after its first sweep, so the hang rules have a span of the stuck
     # engine's CPU this round.
-    spec = EngineSpec(
-        name="e1",
-        model="m",
-        gpus=(),
-        port=8001,
+    spec = spec_of(
         detectors=DetectorConfig(hang_cpu_min_span_s=0.01, hang_spin_after_s=0.01),
     )
     beat = Heartbeat(str(tmp_path / "beat"))
@@ -187,11 +185,7 @@ def test_the_second_sweep_waits_for_the_spin_bound_but_never_past_hang_spin_afte
 def test_a_stopped_process_in_the_round_s_sweep_is_not_asked_again(tmp_path: Path) -> None:
     # The stopped rule decides in this round from its first sweep; asking /health again would
     # only hold the round (and the finding) another hang_probe_late_s.
-    spec = EngineSpec(
-        name="e1",
-        model="m",
-        gpus=(),
-        port=8001,
+    spec = spec_of(
         health_timeout_s=30.0,
         live_canary_timeout_s=0.05,
         canary_interval_s=3600.0,
@@ -231,11 +225,7 @@ def test_a_stop_while_metrics_was_read_is_found_in_that_round_though_steps_came_
     # life, so the miss alone proves nothing. The stopped rule needs sweeps hang_stopped_after_s
     # apart: the second one waits for that, and the hang is found in this round, not the next
     # (a real-vLLM run: 5.0 s).
-    spec = EngineSpec(
-        name="e1",
-        model="m",
-        gpus=(),
-        port=8001,
+    spec = spec_of(
         health_timeout_s=30.0,
         canary_interval_s=3600.0,
         metrics_interval_s=0.01,  # read in both rounds
@@ -307,7 +297,7 @@ class CountingCanaries(AnsweringApiServer):
 def test_an_idle_engine_that_burns_cpu_is_asked_in_the_round_that_sees_it(tmp_path: Path) -> None:
     # The round's sweep is taken before its probes when the heartbeat says idle and no canary
     # is due: a Worker spinning with nothing to do gets its canary this round, not the next.
-    spec = EngineSpec(name="e1", model="m", gpus=(), port=8001, canary_interval_s=3600.0)
+    spec = spec_of(canary_interval_s=3600.0)
     Heartbeat(str(tmp_path / "beat"))  # idle: nothing held, nothing under way
     http = CountingCanaries()
 
@@ -341,9 +331,7 @@ def test_an_idle_engine_that_burns_cpu_is_asked_though_its_counters_moved_last_i
     # intervals after the last request. The heartbeat says nothing is held: a canary queues
     # behind nothing, and a Worker that began to spin as the load ended is asked at once
     # (issue 25: 9 s unasked in the real-vLLM table).
-    spec = EngineSpec(
-        name="e1", model="m", gpus=(), port=8001, canary_interval_s=3600.0, metrics_interval_s=0.0
-    )
+    spec = spec_of(canary_interval_s=3600.0, metrics_interval_s=0.0)
     Heartbeat(str(tmp_path / "beat"))  # idle: nothing held, nothing under way
     http = CountersStillMoving()
 
@@ -366,7 +354,7 @@ def test_counters_that_still_move_hold_the_canary_back_only_while_the_heartbeat_
     # second read on. Idle by the heartbeat: the counters are the last request's lag, and the
     # canary goes (an engine that deadlocked as its load ended is asked at once). Work held:
     # the canary would queue behind it, and waits.
-    spec = EngineSpec(name="e1", model="m", gpus=(), port=8001, canary_interval_s=0.0, metrics_interval_s=0.0)
+    spec = spec_of(canary_interval_s=0.0, metrics_interval_s=0.0)
     beat = Heartbeat(str(tmp_path / "beat"))
     beat.on_schedule(held)
     beat.on_done(held)
@@ -385,7 +373,7 @@ def test_the_idle_test_reads_the_heartbeat_as_the_round_begins_not_the_last_roun
     # The last round read the engine busy (5 requests held); its load has since ended, and its
     # Worker burns a core. The round reads the heartbeat before deciding, so the canary goes now,
     # not a round later (issue 25: a spin that began as the load ended, found in 5.5 s).
-    spec = EngineSpec(name="e1", model="m", gpus=(), port=8001, canary_interval_s=3600.0)
+    spec = spec_of(canary_interval_s=3600.0)
     beat = Heartbeat(str(tmp_path / "beat"))
     beat.on_schedule(5)
     beat.on_done(5)
@@ -422,11 +410,7 @@ def test_a_loop_held_after_health_answered_does_not_hold_the_round_for_metrics(t
     # /health answered, /metrics did not: the round asks /health again hang_probe_late_s on, and
     # that miss ends the /metrics wait (not health_timeout_s) and is the round's first miss, so
     # the front rule has its two misses in this round (issue 25: a 9 s API server deadlock).
-    spec = EngineSpec(
-        name="e1",
-        model="m",
-        gpus=(),
-        port=8001,
+    spec = spec_of(
         health_timeout_s=30.0,
         canary_interval_s=3600.0,
         detectors=DetectorConfig(hang_probe_late_s=0.05),
@@ -449,11 +433,7 @@ def test_a_loop_held_after_health_answered_is_front_in_that_round(tmp_path: Path
     # The round's first sweep was taken before the loop was held, and front's span must begin no
     # earlier than its first miss: the round sweeps again at the miss, so the span across the
     # second /health miss is there this round, not a round later (a real-vLLM run: 7 s).
-    spec = EngineSpec(
-        name="e1",
-        model="m",
-        gpus=(),
-        port=8001,
+    spec = spec_of(
         health_timeout_s=30.0,
         canary_interval_s=3600.0,
         detectors=DetectorConfig(hang_probe_late_s=0.5, hang_front_after_s=0.9, hang_cpu_min_span_s=0.4),
