@@ -23,10 +23,10 @@ from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, FindingKind, FindingTracker, detect_all, new_window
 from llmsupervisor.engine.observer import canary_deadline_s, second_sweep_at
 from llmsupervisor.probes.fake_gpu import nominal_sample
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuProcess
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuProcess
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -55,7 +55,8 @@ from llmsupervisor.daemon import lock
 from llmsupervisor.daemon.placement import place_config, topology
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.cpus import format_cpu_list
-from llmsupervisor.probes.nvml import GpuReader, NvmlReader
+from llmsupervisor.probes.gpu_readings import GpuReader
+from llmsupervisor.probes.nvml import NvmlReader
 from llmsupervisor.redact import redact
 
 SERVICE_USER: Final = "llm-supervisor"

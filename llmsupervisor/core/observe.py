@@ -26,10 +26,10 @@ from types import MappingProxyType
 from typing import TypeVar, cast
 
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuSample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
 T = TypeVar("T")

@@ -96,7 +96,7 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.status import Snapshot, held_by_operator
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import CLOCK_EVENT_REASONS, GpuSample
+from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, GpuSample
 
 log = logging.getLogger(__name__)
 

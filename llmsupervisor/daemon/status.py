@@ -30,7 +30,7 @@ from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import JsonFileWriter, flush_all, remove_stale_temporaries
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
-from llmsupervisor.probes.nvml import GpuSample
+from llmsupervisor.probes.gpu_readings import GpuSample
 from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor")

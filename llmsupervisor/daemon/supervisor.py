@@ -66,9 +66,9 @@ from llmsupervisor.engine.processes import HostProcesses, Processes
 from llmsupervisor.http_api import parse_listen
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes import PROBE_ERRORS
+from llmsupervisor.probes.gpu_readings import GpuReader
 from llmsupervisor.probes.gpus import GpuMonitor
 from llmsupervisor.probes.host import GroupSweeper
-from llmsupervisor.probes.nvml import GpuReader
 
 log = logging.getLogger("llmsupervisor")
 

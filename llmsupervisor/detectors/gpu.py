@@ -19,7 +19,7 @@ from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import MIB, new_finding, newest_first, upto
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import RECOVERY_NONE, GpuEvent, GpuSample, recovery_action_name
+from llmsupervisor.probes.gpu_readings import RECOVERY_NONE, GpuEvent, GpuSample, recovery_action_name
 
 K = FindingKind
 

@@ -36,9 +36,9 @@ from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuSample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat, read_heartbeat
-from llmsupervisor.probes.nvml import GpuEvent, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, window_quantile
 
 log = logging.getLogger("llmsupervisor.engine")

@@ -1,7 +1,7 @@
 """The runner's seam to the operating system: ``Processes``, and ``HostProcesses``, the real one.
 
 Everything the runner does to the operating system goes through one ``Processes`` object (the
-seam tests replace with a fake, tests/engine_fakes.py): spawning, looking at a process group,
+seam tests replace with a fake, tests/lib/engine_fakes.py): spawning, looking at a process group,
 killing trees, and the recorded-group files in the state dir.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from llmsupervisor import process
-from llmsupervisor.engine.evidence import StackDump, dump_stacks
+from llmsupervisor.stacks import StackDump, dump_stacks
 
 log = logging.getLogger("llmsupervisor.engine")
 
@@ -84,7 +84,7 @@ class Processes(Protocol):
     def describe(self, pid: int) -> str: ...
 
     async def dump_stacks(self, pids: Sequence[int], *, timeout_s: float) -> list[StackDump] | None:
-        """Each process's Python stacks (engine/evidence.py); None when py-spy is missing."""
+        """Each process's Python stacks (stacks.py, for engine/evidence.py); None when py-spy is missing."""
         ...
 
 

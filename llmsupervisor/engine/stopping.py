@@ -26,7 +26,7 @@ from llmsupervisor.core.restarts import StopLadder
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import GpuSample
+from llmsupervisor.probes.gpu_readings import GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmsupervisor.engine")

@@ -21,13 +21,7 @@ from typing import Any
 
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.cpus import parse_cpu_list
-from llmsupervisor.probes.nvml import (
-    CLOCK_EVENT_REASONS,
-    GpuEvent,
-    GpuLost,
-    GpuProcess,
-    GpuSample,
-)
+from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, GpuEvent, GpuLost, GpuProcess, GpuSample
 
 
 def nominal_sample(index: int = 0, uuid: str | None = None, **changes: Any) -> GpuSample:

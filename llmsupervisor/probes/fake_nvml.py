@@ -21,10 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsupervisor.probes.cpus import parse_cpu_list
-from llmsupervisor.probes.nvml import (
-    CLOCK_EVENT_REASONS,
-    EVENT_KINDS,
-)
+from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, EVENT_KINDS
 
 GIB = 1024**3
 MIB = 1024**2

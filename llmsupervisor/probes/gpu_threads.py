@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import GpuEvent, GpuLost, GpuReader, GpuSample
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuLost, GpuReader, GpuSample
 
 log = logging.getLogger(__name__)
 

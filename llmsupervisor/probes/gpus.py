@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuReader, GpuSample
 from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
-from llmsupervisor.probes.nvml import GpuEvent, GpuReader, GpuSample
 
 log = logging.getLogger("llmsupervisor.probes.gpus")
 

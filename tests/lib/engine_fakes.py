@@ -20,7 +20,6 @@ from pathlib import Path
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.engine.evidence import StackDump
 from llmsupervisor.engine.http import PrefixReset
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.probes import ProbeFailure
@@ -28,6 +27,7 @@ from llmsupervisor.probes.health import HttpCheck, OwnAddresses
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, parse_metrics
 from llmsupervisor.process import ExitStatus
+from llmsupervisor.stacks import StackDump
 
 _pids = itertools.count(50_000)
 

@@ -55,20 +55,18 @@ from typing import Any, Final
 import psutil
 
 from llmsupervisor.probes.fake_nvml import FakeDevice, FakeNvml, fake_uuid
+from llmsupervisor.probes.gpu_readings import EVENT_KINDS, GpuSample, recovery_action_name
 from llmsupervisor.probes.nvml import (
-    _VALUE_MEMBERS,
     DEFAULT_EVENT_TYPES,
-    EVENT_KINDS,
     FI_GPU_RECOVERY_ACTION,
     FI_HW_POWER_BRAKE_NS,
     FI_HW_THERMAL_NS,
     FI_SW_THERMAL_NS,
     PROC_PID_INIT_INO,
-    GpuSample,
     NvmlReader,
     in_host_pid_namespace,
-    recovery_action_name,
 )
+from llmsupervisor.probes.nvml import VALUE_MEMBERS as _VALUE_MEMBERS
 from tests.lib.paths import LIB, REPO
 
 GIB: Final = 1024**3

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmsupervisor.engine.evidence import find_py_spy
 from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus
+from llmsupervisor.stacks import find_py_spy
 from tests.lib.daemon import alive, fake_engine, free_port
 
 

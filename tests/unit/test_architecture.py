@@ -4,11 +4,17 @@ says why each module over 500 lines is that large: the layout map cannot go stal
 The convention the checks read: each module is a list item that starts with its path under
 llmsupervisor/ in backticks (``- `engine/runner.py`: ...``), and the item of a module over
 LARGE_LINES lines contains ``**Why large:**``.
+
+And no import circle in llmsupervisor/, counting every import the source writes: under
+``if TYPE_CHECKING:`` and inside functions too. The layer contracts (``lint-imports``) hold the
+order between and inside packages; this holds it for every module, listed in a contract or not.
 """
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,3 +63,97 @@ def test_every_large_module_says_why() -> None:
         if lines > LARGE_LINES and "**Why large:**" not in described.get(path, "")
     )
     assert unexplained == [], f"say under **Why large:** in docs/architecture.md why: {unexplained}"
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` by its dotted name (a package by its own name, not ``__init__``)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imported(module: str, path: Path, known: Mapping[str, Path]) -> Iterator[str]:
+    """The modules of ``known`` that ``module`` imports anywhere in its source: at the top, under
+    ``if TYPE_CHECKING:``, inside a function. ``from a import b`` is module ``a.b`` where there is
+    one, else ``a``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.name
+                while name and name not in known:
+                    name = name.rpartition(".")[0]
+                if name:
+                    yield name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    yield f"{base}.{alias.name}"
+                elif base in known:
+                    yield base
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports."""
+    known = module_files(package)
+    return {module: set(_imported(module, path, known)) - {module} for module, path in known.items()}
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each holds
+    at least one circle of imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_counts_type_checking_and_late_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from pkg.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import a\n")
+    (pkg / "sub" / "c.py").write_text("from .. import b\nfrom . import d\nimport pkg.sub.d\n")
+    (pkg / "sub" / "d.py").write_text("")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
+    assert graph["pkg.sub.c"] == {"pkg.b", "pkg.sub.d"}
+    assert circles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_no_import_circle_in_the_package() -> None:
+    assert circles(import_graph(PACKAGE)) == [], "an import circle: move the shared part below both"

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from llmsupervisor import process
-from llmsupervisor.engine.evidence import find_py_spy
 from llmsupervisor.probes.cpus import allowed_cpus_of, host_cpus, parse_cpu_list
+from llmsupervisor.stacks import find_py_spy
 from tests.lib.daemon import Daemon, alive, free_port
 from tests.lib.vllm_env import READY_TIMEOUT_S, VLLM_VENV, build_model, complete, vllm_engine, vllm_python
 

@@ -24,7 +24,8 @@ from llmsupervisor.daemon import lock
 from llmsupervisor.doctor import DoctorCheck, Identity, Level
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.fake_gpu import FakeGpu
-from llmsupervisor.probes.nvml import GpuSample, NvmlReader
+from llmsupervisor.probes.gpu_readings import GpuSample
+from llmsupervisor.probes.nvml import NvmlReader
 from tests.lib.daemon import FAKE_VLLM, fake_engine, free_port
 from tests.lib.vllm_env import vllm_python
 

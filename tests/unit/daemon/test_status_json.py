@@ -17,7 +17,7 @@ from llmsupervisor.daemon import status as daemon_status
 from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus, Incarnation
-from llmsupervisor.probes.nvml import GpuSample
+from llmsupervisor.probes.gpu_readings import GpuSample
 
 TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions"}
 ENGINE_KEYS = {

@@ -48,9 +48,9 @@ from llmsupervisor.detectors import (
 )
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.fake_gpu import nominal_sample
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuProcess, GpuSample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample
-from llmsupervisor.probes.nvml import GpuEvent, GpuProcess, GpuSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics, Histogram, parse_metrics
 from tests.lib.paths import FIXTURES
 

@@ -23,7 +23,7 @@ from llmsupervisor.engine.http import _success
 from llmsupervisor.engine.ledger import History, Ledger
 from llmsupervisor.engine.observer import canary_deadline_s
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.nvml import GpuEvent, GpuSample
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuSample
 from tests.lib.engine_fakes import metrics
 from tests.lib.runner_harness import Harness, S, ready_as, run, spec
 from tests.unit.test_files import HeldDisk

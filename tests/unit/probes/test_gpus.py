@@ -8,8 +8,8 @@ from collections.abc import Callable
 from llmsupervisor.daemon.exporter import gpu_metric_values
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.fake_gpu import FakeGpu, nominal_sample
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuLost
 from llmsupervisor.probes.gpus import GpuMonitor
-from llmsupervisor.probes.nvml import GpuEvent, GpuLost
 
 
 async def until(condition: Callable[[], object], timeout_s: float = 5.0) -> None:

@@ -22,19 +22,19 @@ import pynvml
 import pytest
 
 from llmsupervisor.errors import NvmlUnavailable, SupervisorError
-from llmsupervisor.probes import ProbeFailure, gpu_threads, nvml
+from llmsupervisor.probes import ProbeFailure, gpu_readings, gpu_threads, nvml
 from llmsupervisor.probes.fake_gpu import FakeGpu, nominal_sample
-from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
-from llmsupervisor.probes.nvml import (
+from llmsupervisor.probes.gpu_readings import (
     CLOCK_EVENT_REASONS,
     EVENT_KINDS,
     GpuEvent,
     GpuLost,
     GpuProcess,
     GpuSample,
-    NvmlReader,
     decode_clock_event_reasons,
 )
+from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
+from llmsupervisor.probes.nvml import NvmlReader
 
 UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000")
 
@@ -227,9 +227,9 @@ def test_constants_match_the_binding() -> None:
         for prefix in ("nvmlClocksThrottleReason", "nvmlClocksEventReason"):
             if hasattr(pynvml, prefix + theirs):
                 assert by_name[ours] == getattr(pynvml, prefix + theirs)
-    assert pynvml.nvmlEventTypeXidCriticalError == nvml.EVENT_XID
-    assert pynvml.nvmlEventTypeDoubleBitEccError == nvml.EVENT_DOUBLE_BIT_ECC
-    assert pynvml.nvmlEventTypeGpuUnavailableError == nvml.EVENT_GPU_UNAVAILABLE
+    assert pynvml.nvmlEventTypeXidCriticalError == gpu_readings.EVENT_XID
+    assert pynvml.nvmlEventTypeDoubleBitEccError == gpu_readings.EVENT_DOUBLE_BIT_ECC
+    assert pynvml.nvmlEventTypeGpuUnavailableError == gpu_readings.EVENT_GPU_UNAVAILABLE
     assert set(EVENT_KINDS) | {0} >= {
         getattr(pynvml, n)
         for n in dir(pynvml)
@@ -408,9 +408,9 @@ def test_xid_events_registered_per_device_within_the_supported_mask() -> None:
     reader.open()
     # SBE, DBE and XID are acted on; P-state (0x4) is not, so it is not registered. One type per call.
     assert lib.registered == [
-        (0, nvml.EVENT_SINGLE_BIT_ECC),
-        (0, nvml.EVENT_DOUBLE_BIT_ECC),
-        (0, nvml.EVENT_XID),
+        (0, gpu_readings.EVENT_SINGLE_BIT_ECC),
+        (0, gpu_readings.EVENT_DOUBLE_BIT_ECC),
+        (0, gpu_readings.EVENT_XID),
     ]
     assert reader.wait_event(1000) is None  # NVML's timeout is "no event"
     lib.events.append(SimpleNamespace(device=handle(0), eventType=0x8, eventData=79))
@@ -422,7 +422,9 @@ def test_xid_events_registered_per_device_within_the_supported_mask() -> None:
         index=0, uuid=UUIDS[0], kind="double_bit_ecc", xid=None, at_s=0
     )
     last = reader.wait_event(1000)
-    assert unstamped(last) == GpuEvent(index=None, uuid=None, kind="xid", xid=nvml.XID_UNKNOWN, at_s=0)
+    assert unstamped(last) == GpuEvent(
+        index=None, uuid=None, kind="xid", xid=gpu_readings.XID_UNKNOWN, at_s=0
+    )
     assert last is not None and before <= last.at_s <= time.monotonic()  # stamped as it left NVML
     reader.close()
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from llmsupervisor.probes import nvml
+from llmsupervisor.probes import gpu_readings, nvml
 from llmsupervisor.probes.fake_nvml import GIB, MIB, FakeDevice, FakeNvml, FileNvml
-from llmsupervisor.probes.nvml import GpuLost, NvmlReader
+from llmsupervisor.probes.gpu_readings import GpuLost
+from llmsupervisor.probes.nvml import NvmlReader
 
 
 def reader(*devices: FakeDevice, missing: tuple[str, ...] = (), pids_visible: bool = True) -> NvmlReader:
@@ -30,13 +31,13 @@ def test_the_fake_is_built_from_the_real_binding() -> None:
         pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
         pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
     )
-    assert nvml.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET] == "gpu_reset"
-    assert nvml.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET] == "drain_and_reset"
+    assert gpu_readings.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET] == "gpu_reset"
+    assert gpu_readings.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET] == "drain_and_reset"
     assert nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
     assert nvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX == pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX
-    assert pynvml.nvmlEventTypeFatalPoisonError == nvml.EVENT_FATAL_POISON
-    assert pynvml.nvmlEventTypeGpuRecoveryAction == nvml.EVENT_GPU_RECOVERY_ACTION
-    assert pynvml.nvmlEventTypeDramRetirementFailure == nvml.EVENT_DRAM_RETIREMENT_FAILURE
+    assert pynvml.nvmlEventTypeFatalPoisonError == gpu_readings.EVENT_FATAL_POISON
+    assert pynvml.nvmlEventTypeGpuRecoveryAction == gpu_readings.EVENT_GPU_RECOVERY_ACTION
+    assert pynvml.nvmlEventTypeDramRetirementFailure == gpu_readings.EVENT_DRAM_RETIREMENT_FAILURE
 
 
 def test_idle_memory_is_0_used_with_reserved_on_its_own() -> None:
@@ -147,7 +148,7 @@ def test_an_xid_event_carries_the_recovery_action_read_after_it() -> None:
 def test_host_pids_are_marked_when_the_daemon_is_in_its_own_pid_namespace() -> None:
     dev = FakeDevice("GPU-a", processes=[(4242, 70 * GIB)])
     sample = reader(dev, pids_visible=False).sample("GPU-a")
-    assert sample.processes == (nvml.GpuProcess(4242, 70 * GIB),)
+    assert sample.processes == (gpu_readings.GpuProcess(4242, 70 * GIB),)
     assert sample.pids_visible is False
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from llmsupervisor.probes.fake_nvml import MIB, FakeDevice, FakeNvml
-from llmsupervisor.probes.nvml import GpuSample, NvmlReader
+from llmsupervisor.probes.gpu_readings import GpuSample
+from llmsupervisor.probes.nvml import NvmlReader
 from tests.lib.paths import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
