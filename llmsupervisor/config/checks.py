@@ -1,6 +1,10 @@
 """One engine's entry to an ``EngineSpec`` (defaults merged, command and model paths resolved,
 then the checks that need the whole engine: executable, model, parallelism, ladder against its
 own args), and the checks between engines (names, ports, GPUs).
+
+``_engine`` is two tables around one build: ``ENTRY_STEPS`` resolve the entry's fields in order
+(each reporting its own problems), the spec is built whenever its fields allow, then
+``SPEC_CHECKS`` check it as a whole. A new per-engine check is one function and one row.
 """
 
 from __future__ import annotations
@@ -8,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,6 +28,201 @@ from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 from llmsupervisor.redact import register_secret
 
 
+@dataclass(slots=True, kw_only=True)
+class _Entry:
+    """One engine's entry while it is resolved: its own keys as written (``own``), the defaults,
+    the merge of the two that becomes the ``EngineSpec``'s fields (``merged``), and where it is."""
+
+    own: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+    merged: dict[str, Any]
+    path: Path_
+    file: Path
+    out: _Collector
+    check_paths: bool
+    hub_env: Mapping[str, str] | None
+
+    def relative(self, value: str) -> str:
+        """A path as the config file means it: relative to the file, not to the daemon's
+        working directory."""
+        return os.path.abspath(self.file.parent / value)
+
+
+def _merge(defaults: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine's keys over the defaults'; ``env`` and ``args`` merged key by key."""
+    merged: dict[str, Any] = {**defaults, **own}
+    merged["env"] = {**defaults.get("env", {}), **own.get("env", {})}
+    merged["args"] = {**defaults.get("args", {}), **own.get("args", {})}
+    return merged
+
+
+def _required(e: _Entry) -> None:
+    """Every required key is the engine's own (not where the key has a problem already)."""
+    for key in REQUIRED_ENGINE_FIELDS:
+        if key not in e.own and not any(p.field == _field_name(e.path + (key,)) for p in e.out.problems):
+            e.out.add(e.path, f"missing required key '{key}'")
+
+
+def _detectors(e: _Entry) -> None:
+    """The engine's overrides over the defaults', key by key (a `sustain_s` replaces the
+    defaults' `sustain_s`), built into the DetectorConfig the engine runs with."""
+    detectors = {**e.defaults.get("detectors", {}), **e.own.get("detectors", {})}
+    try:
+        e.merged["detectors"] = DetectorConfig(**detectors)
+    except (TypeError, ValueError) as exc:  # only if a DetectorConfig rule ever spans two fields
+        e.out.add(e.path + ("detectors",), str(exc))
+
+
+def _command(e: _Entry) -> None:
+    """What to run: the engine's ``command`` as written, or one chosen for its ``venv``."""
+    own, merged, path = e.own, e.merged, e.path
+    if "venv" in own and "command" in own:
+        e.out.add(path + ("command",), "set either 'venv' or 'command', not both")
+    if "launcher" in own and "command" in own:
+        e.out.add(path + ("launcher",), "applies to engines started from a venv; 'command' is run as written")
+    venv = merged.pop("venv", None)
+    launcher = merged.pop("launcher", "auto")
+    if venv is not None:
+        venv = _home_expanded(venv, path + ("venv",), e.out)
+    if "command" not in merged or ("venv" in own and "command" not in own):
+        if venv is not None and not os.path.isabs(venv):
+            venv = e.relative(venv)  # like model paths
+        choice = choose(venv, launcher)
+        merged["command"] = choice.command
+        merged["launcher"] = choice.launcher
+        merged["launcher_reason"] = choice.why
+    else:
+        merged["launcher"] = "command"
+    program = _home_expanded(merged["command"][0], path + ("command",), e.out) or merged["command"][0]
+    if "/" in program:
+        merged["command"] = (e.relative(program), *merged["command"][1:])  # like model paths
+
+
+def _gpus(e: _Entry) -> None:
+    e.merged.setdefault("gpus", ())
+    if any(isinstance(g, str) for g in e.merged["gpus"]):
+        # Named by UUID: resolved to NVML indices at start (EngineSpec.with_gpus).
+        e.merged["gpu_uuids"], e.merged["gpus"] = e.merged["gpus"], ()
+
+
+def _cpus(e: _Entry) -> None:
+    """An explicit CPU list is the placement (and exists on this host); the supervisor, not
+    ``env``, binds vLLM's OpenMP threads to it."""
+    merged = e.merged
+    if isinstance(merged.get("cpus"), tuple):
+        merged["placement"] = merged["cpus"]
+        if e.check_paths:
+            _check_cpus_exist(merged["cpus"], e.path + ("cpus",), e.out)
+    if merged.get("cpus") and "VLLM_CPU_OMP_THREADS_BIND" in merged["env"]:
+        e.out.add(
+            e.path + ("env", "VLLM_CPU_OMP_THREADS_BIND"),
+            "set by the supervisor from the engine's 'cpus'; leave one of them out",
+        )
+
+
+def _model(e: _Entry) -> None:
+    if isinstance(e.merged.get("model"), str) and _is_local_model(e.merged["model"]):
+        # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
+        model = _home_expanded(e.merged["model"], e.path + ("model",), e.out)
+        e.merged["model"] = e.relative(model) if model is not None else e.merged["model"]
+
+
+def _api_key(e: _Entry) -> None:
+    """The key in ``api_key_file``, the one way to give it: vLLM takes --api-key over
+    VLLM_API_KEY, and two keys would leave the probes with the wrong one."""
+    merged, path = e.merged, e.path
+    if not isinstance(merged.get("api_key_file"), str):
+        return
+    if "api-key" in merged["args"]:
+        e.out.add(path + ("args", "api-key"), "set either 'api_key_file' or args 'api-key', not both")
+    if "VLLM_API_KEY" in merged["env"]:
+        e.out.add(path + ("env", "VLLM_API_KEY"), "set either 'api_key_file' or env VLLM_API_KEY, not both")
+    key_file = _home_expanded(merged["api_key_file"], path + ("api_key_file",), e.out)
+    merged["api_key_file"] = e.relative(key_file) if key_file else merged["api_key_file"]
+    if e.check_paths and key_file:
+        merged["api_key"] = _read_api_key(merged["api_key_file"], path + ("api_key_file",), e.out)
+
+
+# The entry's fields in this order, each step reporting its own problems, before the spec is built.
+ENTRY_STEPS: Final[tuple[Callable[[_Entry], None], ...]] = (
+    _required,
+    _detectors,
+    _command,
+    _gpus,
+    _cpus,
+    _model,
+    _api_key,
+)
+
+
+def _files(spec: EngineSpec, e: _Entry) -> None:
+    """With ``check_paths``: the executable, a local model, a hub model offline. Not where the
+    field has a problem of its own already: its fix decides what to run."""
+    if not e.check_paths:
+        return
+    path, own = e.path, e.own
+    cmd_path = path + (("command",) if "command" in own else ("venv",) if "venv" in own else ())
+    said = {p.field for p in e.out.problems}
+    if _field_name(cmd_path) not in said and _field_name(path + ("command",)) not in said:
+        _check_executable(spec.command[0], cmd_path, e.out)
+    if _field_name(path + ("model",)) not in said:
+        _check_model(spec.model, e.file, path + ("model",), e.out)
+    if e.hub_env is not None:
+        problem = hub_offline_problem(spec, e.hub_env)
+        if problem is not None:
+            e.out.add(path + ("model",), problem)
+
+
+def _parallelism(spec: EngineSpec, e: _Entry) -> None:
+    _check_parallelism(spec, e.path, e.out)
+
+
+def _ladder_steps(spec: EngineSpec, e: _Entry) -> None:
+    """Per ladder step: a warning for a flag that costs the compile cache, and a problem for a
+    max-num-active-seqs above the step's max-num-seqs."""
+    for i, step in enumerate(spec.ladder):
+        changed = [f for f in COMPILE_KEY_FLAGS if f in step]
+        if changed:
+            e.out.warn(
+                e.path + ("ladder", i),
+                f"sets {', '.join(changed)}, part of vLLM's torch.compile cache key: the first start at "
+                "this step compiles from scratch (minutes on a big model) instead of loading the "
+                "compile cache; steps of max-num-active-seqs (vLLM 0.32 and later) and "
+                "gpu-memory-utilization keep the cache",
+            )
+        # vLLM refuses max_num_active_seqs above max_num_seqs (config/scheduler.py): caught here
+        # rather than as a failed start at the step.
+        args = spec.args_at(i + 1)
+        active, seqs = args.get("max-num-active-seqs"), args.get("max-num-seqs")
+        if (
+            "max-num-active-seqs" in step
+            and isinstance(active, int)
+            and isinstance(seqs, int)
+            and active > seqs
+        ):
+            e.out.add(
+                e.path + ("ladder", i, "max-num-active-seqs"),
+                f"{active} is above this step's max-num-seqs {seqs}: vLLM refuses to start with it",
+            )
+
+
+def _ladder_goes_down(spec: EngineSpec, e: _Entry) -> None:
+    """The first step is not above the engine's own args."""
+    for flag, value in spec.ladder[0].items() if spec.ladder else ():
+        top = spec.args.get(flag)
+        if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
+            e.out.add(e.path + ("ladder", 0, flag), f"steps go down: {value} is above the engine's own {top}")
+
+
+# The checks that need the whole engine, in this order, on the built spec.
+SPEC_CHECKS: Final[tuple[Callable[[EngineSpec, _Entry], None], ...]] = (
+    _files,
+    _parallelism,
+    _ladder_steps,
+    _ladder_goes_down,
+)
+
+
 def _engine(
     raw: Any,
     path: Path_,
@@ -33,124 +233,36 @@ def _engine(
     check_paths: bool,
     hub_env: Mapping[str, str] | None = None,
 ) -> EngineSpec | None:
-    checked = _check_section(raw, path, ENGINE_FIELDS, out, what="one engine")
-    if checked is None:
+    """The entry's keys checked, its fields resolved (ENTRY_STEPS), the spec built, then checked
+    as a whole (SPEC_CHECKS); None when no spec can be built (its problems are reported)."""
+    own = _check_section(raw, path, ENGINE_FIELDS, out, what="one engine")
+    if own is None:
         return None
-    for key in REQUIRED_ENGINE_FIELDS:
-        if key not in checked and not any(p.field == _field_name(path + (key,)) for p in out.problems):
-            out.add(path, f"missing required key '{key}'")
-    merged: dict[str, Any] = {**defaults, **checked}
-    merged["env"] = {**defaults.get("env", {}), **checked.get("env", {})}
-    merged["args"] = {**defaults.get("args", {}), **checked.get("args", {})}
-    # The engine's overrides over the defaults', key by key (a `sustain_s` replaces the defaults'
-    # `sustain_s`), built into the DetectorConfig the engine runs with.
-    detectors = {**defaults.get("detectors", {}), **checked.get("detectors", {})}
-    try:
-        merged["detectors"] = DetectorConfig(**detectors)
-    except (TypeError, ValueError) as exc:  # only if a DetectorConfig rule ever spans two fields
-        out.add(path + ("detectors",), str(exc))
-    if "venv" in checked and "command" in checked:
-        out.add(path + ("command",), "set either 'venv' or 'command', not both")
-    if "launcher" in checked and "command" in checked:
-        out.add(path + ("launcher",), "applies to engines started from a venv; 'command' is run as written")
-    venv = merged.pop("venv", None)
-    launcher = merged.pop("launcher", "auto")
-    if venv is not None:
-        venv = _home_expanded(venv, path + ("venv",), out)
-    if "command" not in merged or ("venv" in checked and "command" not in checked):
-        if venv is not None and not os.path.isabs(venv):
-            venv = os.path.abspath(file.parent / venv)  # like model paths: relative to the config file
-        choice = choose(venv, launcher)
-        merged["command"] = choice.command
-        merged["launcher"] = choice.launcher
-        merged["launcher_reason"] = choice.why
-    else:
-        merged["launcher"] = "command"
-    program = _home_expanded(merged["command"][0], path + ("command",), out) or merged["command"][0]
-    if "/" in program:
-        # Like model paths: relative to the config file, not to the daemon's working directory.
-        merged["command"] = (os.path.abspath(file.parent / program), *merged["command"][1:])
-    merged.setdefault("gpus", ())
-    if any(isinstance(g, str) for g in merged["gpus"]):
-        # Named by UUID: resolved to NVML indices at start (EngineSpec.with_gpus).
-        merged["gpu_uuids"], merged["gpus"] = merged["gpus"], ()
-    if isinstance(merged.get("cpus"), tuple):
-        merged["placement"] = merged["cpus"]
-        if check_paths:
-            _check_cpus_exist(merged["cpus"], path + ("cpus",), out)
-    if merged.get("cpus") and "VLLM_CPU_OMP_THREADS_BIND" in merged["env"]:
-        out.add(
-            path + ("env", "VLLM_CPU_OMP_THREADS_BIND"),
-            "set by the supervisor from the engine's 'cpus'; leave one of them out",
-        )
-    if isinstance(merged.get("model"), str) and _is_local_model(merged["model"]):
-        # vLLM runs in the daemon's working directory, not the config's: give it the checked path.
-        model = _home_expanded(merged["model"], path + ("model",), out)
-        merged["model"] = os.path.abspath(file.parent / model) if model is not None else merged["model"]
-    if isinstance(merged.get("api_key_file"), str):
-        # vLLM takes --api-key over VLLM_API_KEY: two keys would leave the probes with the wrong one.
-        if "api-key" in merged["args"]:
-            out.add(path + ("args", "api-key"), "set either 'api_key_file' or args 'api-key', not both")
-        if "VLLM_API_KEY" in merged["env"]:
-            out.add(path + ("env", "VLLM_API_KEY"), "set either 'api_key_file' or env VLLM_API_KEY, not both")
-        key_file = _home_expanded(merged["api_key_file"], path + ("api_key_file",), out)
-        merged["api_key_file"] = (
-            os.path.abspath(file.parent / key_file) if key_file else merged["api_key_file"]
-        )
-        if check_paths and key_file:
-            merged["api_key"] = _read_api_key(merged["api_key_file"], path + ("api_key_file",), out)
+    entry = _Entry(
+        own=own,
+        defaults=defaults,
+        merged=_merge(defaults, own),
+        path=path,
+        file=file,
+        out=out,
+        check_paths=check_paths,
+        hub_env=hub_env,
+    )
+    for step in ENTRY_STEPS:
+        step(entry)
     # Built whenever its fields allow, problems or not, so that the checks below and those between
     # engines (CPU overlap, placement) still run on it: every problem at once (a missing command
     # hid a CPU overlap until it was fixed, issue 26). Any problem rejects the whole config
     # (load_config), so a spec with problems never runs.
     try:
-        spec = EngineSpec(**merged)
+        spec = EngineSpec(**entry.merged)
     except (TypeError, ValueError):
         return None  # a required field is missing or unusable: that problem is reported
     for secret in (spec.api_key, spec.bearer_key):
         if secret:
             register_secret(secret)
-    cmd_path = path + (("command",) if "command" in checked else ("venv",) if "venv" in checked else ())
-    if check_paths:
-        # Not where the field has a problem of its own already: its fix decides what to run.
-        said = {p.field for p in out.problems}
-        if _field_name(cmd_path) not in said and _field_name(path + ("command",)) not in said:
-            _check_executable(spec.command[0], cmd_path, out)
-        if _field_name(path + ("model",)) not in said:
-            _check_model(spec.model, file, path + ("model",), out)
-        if hub_env is not None:
-            problem = hub_offline_problem(spec, hub_env)
-            if problem is not None:
-                out.add(path + ("model",), problem)
-    _check_parallelism(spec, path, out)
-    for i, step in enumerate(spec.ladder):
-        changed = [f for f in COMPILE_KEY_FLAGS if f in step]
-        if changed:
-            out.warn(
-                path + ("ladder", i),
-                f"sets {', '.join(changed)}, part of vLLM's torch.compile cache key: the first start at "
-                "this step compiles from scratch (minutes on a big model) instead of loading the "
-                "compile cache; steps of max-num-active-seqs (vLLM 0.32 and later) and "
-                "gpu-memory-utilization keep the cache",
-            )
-        # vLLM refuses max_num_active_seqs above max_num_seqs (config/scheduler.py): caught here
-        # rather than as a failed start at the step.
-        merged = spec.args_at(i + 1)
-        active, seqs = merged.get("max-num-active-seqs"), merged.get("max-num-seqs")
-        if (
-            "max-num-active-seqs" in step
-            and isinstance(active, int)
-            and isinstance(seqs, int)
-            and active > seqs
-        ):
-            out.add(
-                path + ("ladder", i, "max-num-active-seqs"),
-                f"{active} is above this step's max-num-seqs {seqs}: vLLM refuses to start with it",
-            )
-    for flag, value in spec.ladder[0].items() if spec.ladder else ():
-        top = spec.args.get(flag)
-        if isinstance(top, int | float) and not isinstance(top, bool) and value > top:
-            out.add(path + ("ladder", 0, flag), f"steps go down: {value} is above the engine's own {top}")
+    for check in SPEC_CHECKS:
+        check(spec, entry)
     return spec
 
 

@@ -25,6 +25,14 @@ Cause first, least disruptive first::
     foreign GPU memory, power brake/cap, INFO report only                      -
     GPU lost / needs a reset, while STARTING  mark GPU (node condition), stop  -
 
+The table is two tables in the code. ``decide`` takes the engines the policy governs
+(``in_policy``) by name, and tries ``ENGINE_RULES`` on each in order until one settles it: the
+config roll, report-only, out of memory at start, a GPU lost while starting, not serving (left
+alone), broken, KV pressure, pressure cleared, then the one planned action. That one is the first
+of ``PLANNED_RULES`` that applies (step down, degradation, memory growth, step up, schedule),
+within the rate limits and ``max_unavailable``. An action taken changes the fleet's counts
+(``_Tally``) that bound the engines after it.
+
 Rules every decision obeys:
 - one action in flight per engine (``EngineView.busy``);
 - planned actions (those that take a serving engine away by choice) never make more than
@@ -58,8 +66,9 @@ one that runs keeps its old spec, and its view says ``config_pending`` until a c
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from llmsupervisor.core.findings import Blame, Finding, FindingKind, Severity, blame_of
 from llmsupervisor.core.node_condition import VERDICT_RESET, gpu_verdicts
@@ -290,68 +299,115 @@ def _first(
     return None
 
 
+# What a planned rule says: the action it wants; WAIT, when the engine wants nothing now and no
+# later rule may ask for it either (a repair being verified); None, when the rule does not apply.
+WAIT: Final = "wait"
+Wanted = Action | Literal["wait"] | None
+
+
+def _step_down(view: EngineView, now_s: float, minute_of_day: int) -> Wanted:
+    """Too much load for this GPU's settings (preemption storm, thermal): one ladder step down."""
+    cause = _first(view.findings, STEP_DOWN_CAUSES, min_severity=Severity.WARNING)
+    if cause is None or view.ladder_step >= view.ladder_steps:
+        return None
+    return Action(
+        engine=view.name,
+        kind=ActionKind.STEP_DOWN,
+        reason=cause.kind.value,
+        detail=cause.summary,
+        planned=True,
+        step=view.ladder_step + 1,
+    )
+
+
+def _degradation(view: EngineView, now_s: float, minute_of_day: int) -> Wanted:
+    """Slower than its baseline: reset the prefix cache first, then, if that did not help within
+    ``repair_verify_s`` (or the engine has no reset), a restart. WAIT while the reset is verified."""
+    degraded = _first(view.findings, DEGRADATION, min_severity=Severity.WARNING)
+    if degraded is None:
+        return None
+    if view.prefix_reset_supported is not False and view.prefix_reset_at_s is None:
+        return Action(
+            engine=view.name,
+            kind=ActionKind.RESET_PREFIX_CACHE,
+            reason=degraded.kind.value,
+            detail=degraded.summary,
+            drain=False,
+        )
+    tried_s = view.prefix_reset_at_s
+    if tried_s is not None and now_s - tried_s < view.rules.repair_verify_s:
+        return WAIT
+    tried = "" if tried_s is None else " (resetting the prefix cache did not help)"
+    return Action(
+        engine=view.name,
+        kind=ActionKind.RESTART,
+        reason=degraded.kind.value,
+        detail=degraded.summary + tried,
+        planned=True,
+    )
+
+
+def _memory_growth(view: EngineView, now_s: float, minute_of_day: int) -> Wanted:
+    """A leak: a drain-restart."""
+    leak = _first(view.findings, (K.MEMORY_GROWTH,), min_severity=Severity.WARNING)
+    if leak is None:
+        return None
+    return Action(
+        engine=view.name, kind=ActionKind.RESTART, reason=leak.kind.value, detail=leak.summary, planned=True
+    )
+
+
+def _step_up(view: EngineView, now_s: float, minute_of_day: int) -> Wanted:
+    """On a lower step with no step-down cause for ``ladder_calm_s``: one step back up."""
+    if (
+        view.ladder_step <= 0
+        or _first(view.findings, STEP_DOWN_CAUSES, min_severity=Severity.WARNING) is not None
+    ):
+        return None
+    calm_since_s = max(t for t in (view.ladder_changed_s, view.step_cause_seen_s, 0.0) if t is not None)
+    if now_s - calm_since_s < view.rules.ladder_calm_s:
+        return None
+    return Action(
+        engine=view.name,
+        kind=ActionKind.STEP_UP,
+        reason="calm",
+        detail=f"no throttling or preemption storm for {now_s - calm_since_s:.0f} s",
+        planned=True,
+        step=view.ladder_step - 1,
+    )
+
+
+def _scheduled(view: EngineView, now_s: float, minute_of_day: int) -> Wanted:
+    """``restart_every_h`` due, inside the restart window."""
+    due_s = view.scheduled_due_s
+    if due_s is None or now_s < due_s or not in_window(minute_of_day, view.rules.restart_window):
+        return None
+    return Action(
+        engine=view.name,
+        kind=ActionKind.SCHEDULED_RESTART,
+        reason="schedule",
+        detail="periodic restart (restart_every_h)",
+        planned=True,
+    )
+
+
+# The planned (or cheap) actions a serving engine may want, cause first: the first rule that
+# applies gives the one action, before rate limits and capacity.
+PLANNED_RULES: Final[tuple[Callable[[EngineView, float, int], Wanted], ...]] = (
+    _step_down,
+    _degradation,
+    _memory_growth,
+    _step_up,
+    _scheduled,
+)
+
+
 def _planned(view: EngineView, now_s: float, minute_of_day: int) -> Action | None:
     """The one planned (or cheap) action this engine wants, before rate limits and capacity."""
-    name, findings = view.name, view.findings
-    cause = _first(findings, STEP_DOWN_CAUSES, min_severity=Severity.WARNING)
-    if cause is not None and view.ladder_step < view.ladder_steps:
-        return Action(
-            engine=name,
-            kind=ActionKind.STEP_DOWN,
-            reason=cause.kind.value,
-            detail=cause.summary,
-            planned=True,
-            step=view.ladder_step + 1,
-        )
-    degraded = _first(findings, DEGRADATION, min_severity=Severity.WARNING)
-    if degraded is not None:
-        if view.prefix_reset_supported is not False and view.prefix_reset_at_s is None:
-            return Action(
-                engine=name,
-                kind=ActionKind.RESET_PREFIX_CACHE,
-                reason=degraded.kind.value,
-                detail=degraded.summary,
-                drain=False,
-            )
-        tried_s = view.prefix_reset_at_s
-        if tried_s is None or now_s - tried_s >= view.rules.repair_verify_s:
-            tried = "" if tried_s is None else " (resetting the prefix cache did not help)"
-            return Action(
-                engine=name,
-                kind=ActionKind.RESTART,
-                reason=degraded.kind.value,
-                detail=degraded.summary + tried,
-                planned=True,
-            )
-        return None
-    leak = _first(findings, (K.MEMORY_GROWTH,), min_severity=Severity.WARNING)
-    if leak is not None:
-        return Action(
-            engine=name, kind=ActionKind.RESTART, reason=leak.kind.value, detail=leak.summary, planned=True
-        )
-    if cause is None and view.ladder_step > 0:
-        calm_since_s = max(t for t in (view.ladder_changed_s, view.step_cause_seen_s, 0.0) if t is not None)
-        if now_s - calm_since_s >= view.rules.ladder_calm_s:
-            return Action(
-                engine=name,
-                kind=ActionKind.STEP_UP,
-                reason="calm",
-                detail=f"no throttling or preemption storm for {now_s - calm_since_s:.0f} s",
-                planned=True,
-                step=view.ladder_step - 1,
-            )
-    if (
-        view.scheduled_due_s is not None
-        and now_s >= view.scheduled_due_s
-        and in_window(minute_of_day, view.rules.restart_window)
-    ):
-        return Action(
-            engine=name,
-            kind=ActionKind.SCHEDULED_RESTART,
-            reason="schedule",
-            detail="periodic restart (restart_every_h)",
-            planned=True,
-        )
+    for rule in PLANNED_RULES:
+        wanted = rule(view, now_s, minute_of_day)
+        if wanted is not None:
+            return wanted if isinstance(wanted, Action) else None
     return None
 
 
@@ -389,138 +445,225 @@ def _config_restart(view: EngineView, halted_by: tuple[str, ...]) -> Action | De
     )
 
 
-def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fleet: FleetRules) -> Decision:
-    actions: list[Action] = []
-    deferred: list[Deferred] = []
-    enabled = [v for v in views if v.enabled]
-    in_rotation = sum(1 for v in enabled if v.state is S.READY)
-    unavailable = len(enabled) - sum(1 for v in enabled if back_in_rotation(v, now_s))
-    halted_by = roll_failures(enabled)
-    for view in sorted(views, key=lambda v: v.name):
-        if not view.enabled:
-            continue
-        name = view.name
-        if view.config_pending and not view.busy:
-            # The operator's request (a reload): before automatic_actions and the rate limits.
-            rolled = _config_restart(view, halted_by)
-            if isinstance(rolled, Deferred):
-                deferred.append(rolled)
-            elif rolled is not None:
-                if rolled.planned and view.state is S.READY and not back_in_rotation(view, now_s):
-                    # READY again only rotation_grace_s ago: it serves, and it is counted as out
-                    # of rotation until the balancer is sure of it; restarting it now would be
-                    # free by that count and take a second engine out (two engines that became
-                    # READY together were both restarted with max_unavailable 1). Its turn comes
-                    # when it is back in rotation, under the capacity check below.
-                    deferred.append(
-                        Deferred(name, rolled.kind, rolled.reason, "back in rotation only just now")
-                    )
-                elif not rolled.planned or not back_in_rotation(view, now_s):
-                    actions.append(rolled)  # out of rotation already (shedding, not serving): free
-                    continue
-                elif unavailable < fleet.max_unavailable:
-                    unavailable += 1
-                    in_rotation -= 1
-                    actions.append(rolled)
-                    continue
-                else:
-                    deferred.append(
-                        Deferred(
-                            name,
-                            rolled.kind,
-                            rolled.reason,
-                            f"max_unavailable={fleet.max_unavailable}: "
-                            f"{unavailable} engine(s) already out of rotation",
-                        )
-                    )
-            # Not rolled now: the engine's automatic rules still apply, on its old spec.
-        if not view.rules.automatic:
-            continue
-        if view.start_failed_oom and view.state is S.BACKOFF and not view.busy:
-            if view.ladder_step < view.ladder_steps:
-                actions.append(
-                    Action(
-                        engine=name,
-                        kind=ActionKind.STEP_DOWN,
-                        reason="oom_at_start",
-                        detail="the last start ran out of memory: the next one starts a step down",
-                        drain=False,
-                        step=view.ladder_step + 1,
-                    )
-                )
-            continue
-        if view.state in (S.STARTING, S.BACKOFF) and not view.busy and not view.held_out:
-            # A starting engine's errors are its own (the start-failure budget handles them),
-            # but a GPU that is lost or says it needs a reset is the GPU's, whatever the engine
-            # is doing: mark it, so that the node condition is set (the executor then stops the
-            # engine instead of restarting it).
-            gpu_broken = _gpu_needs_reset(view.findings)
-            if gpu_broken is not None:
-                actions.append(_gpu_restart(name, gpu_broken))
-            continue
-        if view.state not in (S.READY, S.SHEDDING) or view.busy or view.held_out:
-            continue
-        broken = _first(view.findings, BROKEN, min_severity=Severity.WARNING)
-        if broken is not None and (broken.kind is K.STALL or broken.severity is Severity.CRITICAL):
-            actions.append(_gpu_restart(name, broken))
-            continue
-        pressure = _first(view.findings, (K.KV_PRESSURE,), min_severity=Severity.WARNING)
-        if pressure is not None and view.state is S.READY:
-            if in_rotation - 1 >= 0 and in_rotation - 1 >= min(fleet.min_in_rotation, len(enabled)):
-                actions.append(
-                    Action(
-                        engine=name,
-                        kind=ActionKind.SHED,
-                        reason=pressure.kind.value,
-                        detail=pressure.summary,
-                        drain=False,
-                    )
-                )
-                in_rotation -= 1
-                unavailable += 1
-            else:
-                deferred.append(
-                    Deferred(
-                        name,
-                        ActionKind.SHED,
-                        pressure.kind.value,
-                        f"min_in_rotation={fleet.min_in_rotation}: it is the last engine in rotation",
-                    )
-                )
-            continue
-        if pressure is None and view.state is S.SHEDDING:
-            actions.append(
-                Action(
-                    engine=name,
-                    kind=ActionKind.UNSHED,
-                    reason=K.KV_PRESSURE.value,
-                    detail="KV-cache pressure cleared",
-                    drain=False,
-                )
+def in_policy(view: EngineView) -> bool:
+    """Whether the policy acts on this engine and counts it in the fleet's bounds: the one test
+    of which engines the policy governs."""
+    return view.enabled
+
+
+@dataclass(slots=True, kw_only=True)
+class _Tally:
+    """One decision while it is made: the fleet's counts, which each action taken changes for the
+    engines after it, and what was decided so far."""
+
+    fleet: FleetRules
+    now_s: float
+    minute_of_day: int
+    governed: int  # engines the policy counts (in_policy)
+    in_rotation: int  # READY
+    unavailable: int  # not back in rotation (back_in_rotation), or leaving by an action taken
+    halted_by: tuple[str, ...]  # roll_failures
+    actions: list[Action] = field(default_factory=list)
+    deferred: list[Deferred] = field(default_factory=list)
+
+    @classmethod
+    def count(
+        cls, views: Sequence[EngineView], now_s: float, minute_of_day: int, fleet: FleetRules
+    ) -> _Tally:
+        return cls(
+            fleet=fleet,
+            now_s=now_s,
+            minute_of_day=minute_of_day,
+            governed=len(views),
+            in_rotation=sum(1 for v in views if v.state is S.READY),
+            unavailable=len(views) - sum(1 for v in views if back_in_rotation(v, now_s)),
+            halted_by=roll_failures(views),
+        )
+
+    def act(self, action: Action) -> bool:
+        self.actions.append(action)
+        return True
+
+    def defer(self, action: Action, why: str) -> None:
+        self.deferred.append(Deferred(action.engine, action.kind, action.reason, why))
+
+    def take_out(self, action: Action) -> None:
+        """An action that takes an engine in rotation out of it."""
+        self.actions.append(action)
+        self.in_rotation -= 1
+        self.unavailable += 1
+
+    def take_out_within_capacity(self, action: Action) -> bool:
+        """A planned action on an engine in rotation: taken within ``max_unavailable``, else
+        deferred. Whether it was taken."""
+        if self.unavailable >= self.fleet.max_unavailable:
+            self.defer(
+                action,
+                f"max_unavailable={self.fleet.max_unavailable}: "
+                f"{self.unavailable} engine(s) already out of rotation",
             )
-            in_rotation += 1
-            unavailable -= 1
-            continue
-        wanted = _planned(view, now_s, minute_of_day)
-        if wanted is None:
-            continue
-        limited = rate_limit(view, now_s)
-        if limited is not None:
-            deferred.append(Deferred(name, wanted.kind, wanted.reason, limited))
-            continue
-        if wanted.planned and back_in_rotation(view, now_s):
-            if unavailable >= fleet.max_unavailable:
-                deferred.append(
-                    Deferred(
-                        name,
-                        wanted.kind,
-                        wanted.reason,
-                        f"max_unavailable={fleet.max_unavailable}: "
-                        f"{unavailable} engine(s) already out of rotation",
-                    )
-                )
-                continue
-            unavailable += 1
-            in_rotation -= 1
-        actions.append(wanted)
-    return Decision(tuple(actions), tuple(deferred), halted_by)
+            return False
+        self.take_out(action)
+        return True
+
+    def decision(self) -> Decision:
+        return Decision(tuple(self.actions), tuple(self.deferred), self.halted_by)
+
+
+# A rule for one engine: True when it settled the engine for this decision (an action taken or
+# deferred, or the engine left alone), so that no later rule is tried.
+EngineRule = Callable[[EngineView, _Tally], bool]
+
+
+def _config_roll(view: EngineView, t: _Tally) -> bool:
+    """A reload's config restart: the operator's request, so before ``automatic_actions`` and the
+    rate limits. Not rolled now, the engine's automatic rules still apply, on its old spec."""
+    if not view.config_pending or view.busy:
+        return False
+    rolled = _config_restart(view, t.halted_by)
+    if isinstance(rolled, Deferred):
+        t.deferred.append(rolled)
+        return False
+    if rolled is None:
+        return False
+    if rolled.planned and view.state is S.READY and not back_in_rotation(view, t.now_s):
+        # READY again only rotation_grace_s ago: it serves, and it is counted as out of rotation
+        # until the balancer is sure of it; restarting it now would be free by that count and
+        # take a second engine out (two engines that became READY together were both restarted
+        # with max_unavailable 1). Its turn comes when it is back in rotation, under the
+        # capacity check below.
+        t.defer(rolled, "back in rotation only just now")
+        return False
+    if not rolled.planned or not back_in_rotation(view, t.now_s):
+        return t.act(rolled)  # out of rotation already (shedding, not serving): free
+    return t.take_out_within_capacity(rolled)
+
+
+def _report_only(view: EngineView, t: _Tally) -> bool:
+    """``automatic_actions: false``: findings are reported, never acted on."""
+    return not view.rules.automatic
+
+
+def _oom_at_start(view: EngineView, t: _Tally) -> bool:
+    """The last start ran out of memory: the next one starts a ladder step down (if any)."""
+    if not view.start_failed_oom or view.state is not S.BACKOFF or view.busy:
+        return False
+    if view.ladder_step < view.ladder_steps:
+        t.act(
+            Action(
+                engine=view.name,
+                kind=ActionKind.STEP_DOWN,
+                reason="oom_at_start",
+                detail="the last start ran out of memory: the next one starts a step down",
+                drain=False,
+                step=view.ladder_step + 1,
+            )
+        )
+    return True
+
+
+def _starting(view: EngineView, t: _Tally) -> bool:
+    """A starting engine's errors are its own (the start-failure budget handles them), but a GPU
+    that is lost or says it needs a reset is the GPU's, whatever the engine is doing: mark it, so
+    that the node condition is set (the executor then stops the engine instead of restarting it)."""
+    if view.state not in (S.STARTING, S.BACKOFF) or view.busy or view.held_out:
+        return False
+    gpu_broken = _gpu_needs_reset(view.findings)
+    if gpu_broken is not None:
+        t.act(_gpu_restart(view.name, gpu_broken))
+    return True
+
+
+def _not_serving(view: EngineView, t: _Tally) -> bool:
+    """Only an engine that serves (READY, SHEDDING), with no action in flight and not held out by
+    the operator, is acted on by the rules below."""
+    return view.state not in (S.READY, S.SHEDDING) or view.busy or view.held_out
+
+
+def _broken(view: EngineView, t: _Tally) -> bool:
+    """Hang, GPU lost, GPU fault (CRITICAL) or stall: restart now, whatever the rate limits."""
+    broken = _first(view.findings, BROKEN, min_severity=Severity.WARNING)
+    if broken is None or not (broken.kind is K.STALL or broken.severity is Severity.CRITICAL):
+        return False
+    return t.act(_gpu_restart(view.name, broken))
+
+
+def _kv_pressure(view: EngineView, t: _Tally) -> bool:
+    """KV-cache pressure on a READY engine: shed it, keeping ``min_in_rotation`` in rotation."""
+    pressure = _first(view.findings, (K.KV_PRESSURE,), min_severity=Severity.WARNING)
+    if pressure is None or view.state is not S.READY:
+        return False
+    shed = Action(
+        engine=view.name,
+        kind=ActionKind.SHED,
+        reason=pressure.kind.value,
+        detail=pressure.summary,
+        drain=False,
+    )
+    left = t.in_rotation - 1
+    if left >= 0 and left >= min(t.fleet.min_in_rotation, t.governed):
+        t.take_out(shed)
+    else:
+        t.defer(shed, f"min_in_rotation={t.fleet.min_in_rotation}: it is the last engine in rotation")
+    return True
+
+
+def _pressure_cleared(view: EngineView, t: _Tally) -> bool:
+    """A shedding engine whose KV-cache pressure cleared: back into rotation."""
+    pressure = _first(view.findings, (K.KV_PRESSURE,), min_severity=Severity.WARNING)
+    if view.state is not S.SHEDDING or pressure is not None:
+        return False
+    t.act(
+        Action(
+            engine=view.name,
+            kind=ActionKind.UNSHED,
+            reason=K.KV_PRESSURE.value,
+            detail="KV-cache pressure cleared",
+            drain=False,
+        )
+    )
+    t.in_rotation += 1
+    t.unavailable -= 1
+    return True
+
+
+def _planned_action(view: EngineView, t: _Tally) -> bool:
+    """The one planned (or cheap) action the engine wants (PLANNED_RULES), within the rate limits
+    and, for one that takes an engine in rotation away, ``max_unavailable``."""
+    wanted = _planned(view, t.now_s, t.minute_of_day)
+    if wanted is None:
+        return False
+    limited = rate_limit(view, t.now_s)
+    if limited is not None:
+        t.defer(wanted, limited)
+    elif wanted.planned and back_in_rotation(view, t.now_s):
+        t.take_out_within_capacity(wanted)
+    else:
+        t.act(wanted)
+    return True
+
+
+# Per engine, in this order; the first rule that settles the engine ends its turn.
+ENGINE_RULES: Final[tuple[EngineRule, ...]] = (
+    _config_roll,
+    _report_only,
+    _oom_at_start,
+    _starting,
+    _not_serving,
+    _broken,
+    _kv_pressure,
+    _pressure_cleared,
+    _planned_action,
+)
+
+
+def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fleet: FleetRules) -> Decision:
+    """Every engine the policy governs (``in_policy``), by name, through ENGINE_RULES; an action
+    taken for one changes the fleet's counts the next ones are bounded by."""
+    governed = [v for v in views if in_policy(v)]
+    tally = _Tally.count(governed, now_s, minute_of_day, fleet)
+    for view in sorted(governed, key=lambda v: v.name):
+        for rule in ENGINE_RULES:
+            if rule(view, tally):
+                break
+    return tally.decision()

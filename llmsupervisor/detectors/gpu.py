@@ -11,6 +11,7 @@ sample: it is evidence for ``gpu_fault_lookback_s`` after it happened, and opens
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
@@ -36,6 +37,8 @@ FAULT_EVENT_KINDS: Final = frozenset(
     {"double_bit_ecc", "fatal_poison", "dram_retirement_failure", "non_fatal_poison", "gpu_recovery_action"}
 )
 LOST_EVENT_KINDS: Final = frozenset({"gpu_unavailable"})
+# NVML event kinds that record a repair the GPU made: noted (INFO), not faults.
+REPAIR_EVENT_KINDS: Final = frozenset({"dram_retirement", "single_bit_ecc_storm"})
 XID_GPU_LOST: Final = 79  # fallen off the bus
 
 # What a GPU fault leads to (the finding's "verdicts" evidence, per GPU; core/node_condition.py):
@@ -249,6 +252,191 @@ def _action_verdict(action: int) -> str:
     return VERDICT_RESTART if action == RECOVERY_NONE else VERDICT_RESET
 
 
+@dataclass(frozen=True, slots=True)
+class FaultMark:
+    """One thing a GPU-fault rule found. With a verdict, a fault (CRITICAL) on GPU ``gpu`` (None:
+    a device NVML could not name); without one, a note (INFO: the engine's own error, or a repair
+    the GPU recorded). ``xid``: the XID it came from, if any."""
+
+    at_s: float
+    label: str
+    verdict: str | None = None
+    gpu: int | None = None
+    xid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Reads:
+    """What the event rules read besides the event: the settings, and the newest recovery action
+    each GPU's samples reported in the lookback, with when."""
+
+    cfg: DetectorConfig
+    actions: Mapping[int, tuple[float, int]]
+
+    def verdict(self, obs: Observation, event: GpuEvent) -> str:
+        """The event's own recovery action; else one a sample read after the fault; else the
+        XID catalogue's fallback."""
+        if event.recovery_action is not None:
+            return _action_verdict(event.recovery_action)
+        read = self.actions.get(event.index) if event.index is not None else None
+        if read is not None and read[0] >= obs.at_s:  # read after the fault: its verdict
+            return _action_verdict(read[1])
+        return _fallback_verdict(event)
+
+
+def _recovery_reads(observations: Sequence[Observation]) -> dict[int, tuple[float, int]]:
+    """The newest recovery action each GPU's samples reported, with when."""
+    actions: dict[int, tuple[float, int]] = {}
+    for obs in observations:
+        for index, sample in obs.gpus.items():
+            if isinstance(sample, GpuSample) and sample.recovery_action is not None:
+                actions[index] = (obs.at_s, sample.recovery_action)
+    return actions
+
+
+def _where(event: GpuEvent) -> str:
+    return "?" if event.index is None else str(event.index)
+
+
+# An event rule: the marks for an event it claims ((): claimed, nothing to report), or None when
+# the event is not its kind and the next rule is asked.
+EventRule = Callable[[Observation, GpuEvent, _Reads], tuple[FaultMark, ...] | None]
+
+
+def _lost_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
+    """XID 79 or a GPU gone unavailable: GPU_LOST's (detect_gpu_lost), not a fault here."""
+    return () if _is_lost_event(event) else None
+
+
+def _xid_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
+    """An XID: a fault with its verdict, or a note when the engine's own (``xid_engine_level``)
+    or informational (``xid_info_only``)."""
+    if event.kind != "xid" or event.xid is None:
+        return None
+    benign = event.xid in reads.cfg.xid_engine_level or event.xid in reads.cfg.xid_info_only
+    verdict = None if benign else reads.verdict(obs, event)
+    label = f"xid {event.xid} on GPU {_where(event)}"
+    return (FaultMark(obs.at_s, label, verdict, event.index, event.xid),)
+
+
+def _recovery_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
+    """The GPU's recovery action, carried by its event: anything but NONE needs a reset."""
+    if event.kind != "gpu_recovery_action" or event.recovery_action is None:
+        return None
+    if event.recovery_action == RECOVERY_NONE:
+        return ()
+    label = f"recovery action {recovery_action_name(event.recovery_action)} on GPU {_where(event)}"
+    return (FaultMark(obs.at_s, label, VERDICT_RESET, event.index),)
+
+
+def _fault_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
+    """A fault without an XID (FAULT_EVENT_KINDS: double-bit ECC, poison, a failed retirement, a
+    recovery-action event whose action could not be read), with its verdict."""
+    if event.kind not in FAULT_EVENT_KINDS:
+        return None
+    return (
+        FaultMark(obs.at_s, f"{event.kind} on GPU {_where(event)}", reads.verdict(obs, event), event.index),
+    )
+
+
+def _repair_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
+    """A repair the GPU recorded (REPAIR_EVENT_KINDS): a note."""
+    if event.kind not in REPAIR_EVENT_KINDS:
+        return None
+    return (FaultMark(obs.at_s, f"{event.kind} on GPU {_where(event)}"),)
+
+
+# Each event goes to the first rule that claims it; one no rule claims is not a fault.
+EVENT_RULES: Final[tuple[EventRule, ...]] = (
+    _lost_event,
+    _xid_event,
+    _recovery_event,
+    _fault_event,
+    _repair_event,
+)
+
+
+def _event_marks(observations: Sequence[Observation], reads: _Reads) -> list[FaultMark]:
+    marks: list[FaultMark] = []
+    for obs, event in _events(observations):
+        for rule in EVENT_RULES:
+            claimed = rule(obs, event, reads)
+            if claimed is not None:
+                marks.extend(claimed)
+                break
+    return marks
+
+
+def _ecc_marks(
+    observations: Sequence[Observation], start_s: float, actions: Mapping[int, tuple[float, int]]
+) -> list[FaultMark]:
+    """Uncorrected ECC counts are volatile (since the driver loaded): any rise from ``start_s``
+    on is a new error, a fault whose verdict is the newest recovery action read (else a reset)."""
+    marks: list[FaultMark] = []
+    last_count: dict[int, int] = {}
+    for obs in observations:
+        for index, sample in obs.gpus.items():
+            if not isinstance(sample, GpuSample) or sample.ecc_uncorrected_volatile is None:
+                continue
+            count = sample.ecc_uncorrected_volatile
+            previous = last_count.get(index)
+            if previous is not None and count > previous and obs.at_s >= start_s:
+                read = actions.get(index)
+                verdict = VERDICT_RESET if read is None else _action_verdict(read[1])
+                marks.append(
+                    FaultMark(obs.at_s, f"uncorrected ECC {previous}->{count} on GPU {index}", verdict, index)
+                )
+            last_count[index] = count
+    return marks
+
+
+def _standing_marks(latest: Mapping[int, GpuSample], now: float) -> list[FaultMark]:
+    """The GPU's own standing verdict, with or without an event (at start, say): a recovery
+    action other than NONE or a failed row remap (faults), a row remap pending (a note)."""
+    marks: list[FaultMark] = []
+    for index, sample in sorted(latest.items()):
+        if sample.recovery_action is not None and sample.recovery_action != RECOVERY_NONE:
+            label = f"recovery action {recovery_action_name(sample.recovery_action)} on GPU {index}"
+            marks.append(FaultMark(now, label, VERDICT_RESET, index))
+        if sample.remap_failed:
+            marks.append(FaultMark(now, f"row remap failed on GPU {index}", VERDICT_RESET, index))
+        elif sample.remap_pending:
+            marks.append(FaultMark(now, f"row remap pending the next reset on GPU {index}"))
+    return marks
+
+
+def _fault_finding(newest: Observation, marks: Sequence[FaultMark]) -> Finding:
+    """One finding for every mark: CRITICAL with any fault, the worst verdict per GPU."""
+    critical = [m for m in marks if m.verdict is not None]
+    info = [m for m in marks if m.verdict is None]
+    verdicts: dict[int, str] = {}  # per GPU with a critical fault, the worst verdict
+    for m in critical:
+        if m.gpu is not None and m.verdict is not None:
+            verdicts[m.gpu] = _worse(verdicts.get(m.gpu), m.verdict)
+    xids = {m.xid for m in marks if m.xid is not None}
+    # The worst first: the summary names it.
+    labels = sorted({m.label for m in critical}) + sorted({m.label for m in info})
+    evidence: dict[str, float | str] = {"faults": "; ".join(labels), "count": len(marks)}
+    if xids:
+        evidence["xids"] = ",".join(str(x) for x in sorted(xids))
+    if verdicts:
+        evidence["gpus"] = ",".join(str(g) for g in sorted(verdicts))
+        evidence["verdicts"] = ",".join(f"{g}={v}" for g, v in sorted(verdicts.items()))
+    if any(m.gpu is None for m in critical):  # a critical fault on a device NVML could not name
+        evidence["verdict_unknown_gpu"] = "an event's device could not be matched"
+    what = "GPU fault" if critical else "engine-level GPU error (not the GPU's fault)"
+    if VERDICT_RESET in verdicts.values():
+        what = "GPU fault that needs a GPU reset"
+    return new_finding(
+        newest,
+        K.GPU_FAULT,
+        Severity.CRITICAL if critical else Severity.INFO,
+        min(m.at_s for m in marks),
+        f"{what}: {labels[0]}" + (f" and {len(labels) - 1} more" if len(labels) > 1 else ""),
+        **evidence,
+    )
+
+
 def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
     """XIDs, fatal ECC/poison events, rising uncorrected ECC counts and the GPU's own recovery
     action in the lookback (docs/gpu.md, "What each fault leads to").
@@ -259,110 +447,24 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
     ``verdicts`` evidence ("0=reset,1=restart"): the recovery action read after the fault (field
     230; NONE is "restart", anything else "reset"), else the XID catalogue's fallback table. A
     recovery action other than NONE, or a failed row remap, is a fault by itself.
+
+    Three sources of marks, then one finding: the events (EVENT_RULES), the ECC counts, and the
+    GPUs' standing verdict.
     """
     start_s = now - cfg.gpu_fault_lookback_s
     # A little before the lookback, so that a count that rose at its start has a predecessor.
     observations = upto(window, start_s - cfg.stale_after_s, now)
     recent = [o for o in observations if o.at_s >= start_s]
-    critical: list[tuple[float, str]] = []
-    info: list[tuple[float, str]] = []
-    xids: set[int] = set()
-    verdicts: dict[int, str] = {}  # per GPU with a critical fault, the worst verdict
-    unknown_gpu = False  # a critical fault on a device NVML could not name
-
-    def fault(index: int | None, verdict: str) -> None:
-        nonlocal unknown_gpu
-        if index is None:
-            unknown_gpu = True
-        else:
-            verdicts[index] = _worse(verdicts.get(index), verdict)
-
-    # The newest recovery action each GPU's samples reported, with when.
-    actions: dict[int, tuple[float, int]] = {}
-    for obs in recent:
-        for index, sample in obs.gpus.items():
-            if isinstance(sample, GpuSample) and sample.recovery_action is not None:
-                actions[index] = (obs.at_s, sample.recovery_action)
-
-    def verdict_of(obs: Observation, event: GpuEvent) -> str:
-        if event.recovery_action is not None:
-            return _action_verdict(event.recovery_action)
-        read = actions.get(event.index) if event.index is not None else None
-        if read is not None and read[0] >= obs.at_s:  # read after the fault: its verdict
-            return _action_verdict(read[1])
-        return _fallback_verdict(event)
-
-    for obs, event in _events(recent):
-        if _is_lost_event(event):
-            continue
-        where = "?" if event.index is None else str(event.index)
-        if event.kind == "xid" and event.xid is not None:
-            label = f"xid {event.xid} on GPU {where}"
-            xids.add(event.xid)
-            benign = event.xid in cfg.xid_engine_level or event.xid in cfg.xid_info_only
-            (info if benign else critical).append((obs.at_s, label))
-            if not benign:
-                fault(event.index, verdict_of(obs, event))
-        elif event.kind == "gpu_recovery_action" and event.recovery_action is not None:
-            if event.recovery_action != RECOVERY_NONE:
-                name = recovery_action_name(event.recovery_action)
-                critical.append((obs.at_s, f"recovery action {name} on GPU {where}"))
-                fault(event.index, VERDICT_RESET)
-        elif event.kind in FAULT_EVENT_KINDS:
-            critical.append((obs.at_s, f"{event.kind} on GPU {where}"))
-            fault(event.index, verdict_of(obs, event))
-        elif event.kind in ("dram_retirement", "single_bit_ecc_storm"):
-            info.append((obs.at_s, f"{event.kind} on GPU {where}"))
-    # Uncorrected ECC counts are volatile (since the driver loaded): any rise is a new error.
-    last_count: dict[int, int] = {}
-    for obs in observations:
-        for index, sample in obs.gpus.items():
-            if not isinstance(sample, GpuSample) or sample.ecc_uncorrected_volatile is None:
-                continue
-            count = sample.ecc_uncorrected_volatile
-            previous = last_count.get(index)
-            if previous is not None and count > previous and obs.at_s >= start_s:
-                critical.append((obs.at_s, f"uncorrected ECC {previous}->{count} on GPU {index}"))
-                read = actions.get(index)
-                fault(index, VERDICT_RESET if read is None else _action_verdict(read[1]))
-            last_count[index] = count
-    # The GPU's own standing verdict, with or without an event (at start, say).
+    reads = _Reads(cfg, _recovery_reads(recent))
     _, latest = _gpu_latest(window, now, cfg)
-    for index, sample in sorted(latest.items()):
-        if sample.recovery_action is not None and sample.recovery_action != RECOVERY_NONE:
-            name = recovery_action_name(sample.recovery_action)
-            critical.append((now, f"recovery action {name} on GPU {index}"))
-            fault(index, VERDICT_RESET)
-        if sample.remap_failed:
-            critical.append((now, f"row remap failed on GPU {index}"))
-            fault(index, VERDICT_RESET)
-        elif sample.remap_pending:
-            info.append((now, f"row remap pending the next reset on GPU {index}"))
-    found = critical + info
-    if not found or not observations:
+    marks = [
+        *_event_marks(recent, reads),
+        *_ecc_marks(observations, start_s, reads.actions),
+        *_standing_marks(latest, now),
+    ]
+    if not marks or not observations:
         return None
-    severity = Severity.CRITICAL if critical else Severity.INFO
-    # The worst first: the summary names it.
-    labels = sorted({label for _, label in critical}) + sorted({label for _, label in info})
-    evidence: dict[str, float | str] = {"faults": "; ".join(labels), "count": len(found)}
-    if xids:
-        evidence["xids"] = ",".join(str(x) for x in sorted(xids))
-    if verdicts:
-        evidence["gpus"] = ",".join(str(g) for g in sorted(verdicts))
-        evidence["verdicts"] = ",".join(f"{g}={v}" for g, v in sorted(verdicts.items()))
-    if unknown_gpu:
-        evidence["verdict_unknown_gpu"] = "an event's device could not be matched"
-    what = "GPU fault" if critical else "engine-level GPU error (not the GPU's fault)"
-    if VERDICT_RESET in verdicts.values():
-        what = "GPU fault that needs a GPU reset"
-    return new_finding(
-        observations[-1],
-        K.GPU_FAULT,
-        severity,
-        min(t for t, _ in found),
-        f"{what}: {labels[0]}" + (f" and {len(labels) - 1} more" if len(labels) > 1 else ""),
-        **evidence,
-    )
+    return _fault_finding(observations[-1], marks)
 
 
 def detect_gpu_lost(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
@@ -478,11 +580,13 @@ def detect_foreign_gpu_memory(window: ObservationWindow, now: float, cfg: Detect
 
 
 __all__ = [
+    "EVENT_RULES",
     "FAULT_EVENT_KINDS",
     "HW_SLOWDOWN",
     "LOST_EVENT_KINDS",
     "POWER_BRAKE_REASONS",
     "POWER_CAP",
+    "REPAIR_EVENT_KINDS",
     "THERMAL_REASONS",
     "VERDICT_RESET",
     "VERDICT_RESTART",
@@ -490,6 +594,7 @@ __all__ = [
     "XID_GPU_LOST",
     "XID_RESET_REQUIRED",
     "XID_RESTART_ONLY",
+    "FaultMark",
     "detect_foreign_gpu_memory",
     "detect_gpu_fault",
     "detect_gpu_lost",

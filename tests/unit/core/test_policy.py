@@ -7,6 +7,9 @@ import dataclasses
 import pytest
 
 from llmsupervisor.core.policy import (
+    ENGINE_RULES,
+    PLANNED_RULES,
+    WAIT,
     Action,
     ActionKind,
     Decision,
@@ -404,3 +407,64 @@ def test_a_config_restart_comes_before_the_engines_own_planned_restart() -> None
     decision = run(hung, view("e2", state=S.STARTING))
     assert kinds(decision.actions) == [("e1", A.RESTART, "hang")]
     assert [d.kind for d in decision.deferred] == [A.CONFIG_RESTART]
+
+
+def test_the_rule_tables_run_in_the_order_the_module_docstring_gives() -> None:
+    assert [rule.__name__ for rule in ENGINE_RULES] == [
+        "_config_roll",
+        "_report_only",
+        "_oom_at_start",
+        "_starting",
+        "_not_serving",
+        "_broken",
+        "_kv_pressure",
+        "_pressure_cleared",
+        "_planned_action",
+    ]
+    assert [rule.__name__ for rule in PLANNED_RULES] == [
+        "_step_down",
+        "_degradation",
+        "_memory_growth",
+        "_step_up",
+        "_scheduled",
+    ]
+
+
+# Each planned rule alone, on one READY engine one step down with a due schedule at 10,000 s:
+# (the rule, the findings, what it wants: (kind, reason), or None).
+DOWN_ONE = {"ladder_step": 1, "ladder_steps": 2, "scheduled_due_s": 1.0}
+PLANNED_TABLE = [
+    ("_step_down", (K.THERMAL,), (A.STEP_DOWN, "thermal")),
+    ("_step_down", (K.POWER_THROTTLE,), None),  # the power brake: alerted on only
+    ("_degradation", (K.DEGRADATION_TTFT,), (A.RESET_PREFIX_CACHE, "degradation_ttft")),
+    ("_degradation", (K.MEMORY_GROWTH,), None),
+    ("_memory_growth", (K.MEMORY_GROWTH,), (A.RESTART, "memory_growth")),
+    ("_step_up", (), (A.STEP_UP, "calm")),
+    ("_step_up", (K.PREEMPTION_STORM,), None),  # never while a step-down cause is active
+    ("_scheduled", (), (A.SCHEDULED_RESTART, "schedule")),
+]
+
+
+@pytest.mark.parametrize(("name", "found", "wants"), PLANNED_TABLE)
+def test_each_planned_rule_alone(
+    name: str, found: tuple[FindingKind, ...], wants: tuple[ActionKind, str] | None
+) -> None:
+    (rule,) = [r for r in PLANNED_RULES if r.__name__ == name]
+    got = rule(view("e1", *(finding(k) for k in found), **DOWN_ONE), 10_000.0, NOON)
+    assert ((got.kind, got.reason) if isinstance(got, Action) else got) == wants
+
+
+def test_a_repair_being_verified_holds_the_later_planned_rules_back() -> None:
+    # The prefix cache was reset 200 s ago (repair_verify_s 300): WAIT, and neither the leak nor
+    # the due schedule behind it restarts the engine meanwhile.
+    verifying = view(
+        "e1",
+        finding(K.DEGRADATION_THROUGHPUT),
+        finding(K.MEMORY_GROWTH),
+        prefix_reset_at_s=9_800.0,
+        scheduled_due_s=1.0,
+        rules=EngineRules(repair_verify_s=300),
+    )
+    (degradation,) = [r for r in PLANNED_RULES if r.__name__ == "_degradation"]
+    assert degradation(verifying, 10_000.0, NOON) == WAIT
+    assert run(verifying) == Decision((), ())
