@@ -32,7 +32,7 @@ POWER_BRAKE_REASONS: Final = frozenset({"hw_power_brake"})
 HW_SLOWDOWN: Final = "hw_slowdown"
 POWER_CAP: Final = "sw_power_cap"  # routine at full load: INFO only
 
-# NVML event kinds (probes.nvml.EVENT_KINDS values) that are faults without an XID.
+# NVML event kinds (probes.gpu_readings.EVENT_KINDS values) that are faults without an XID.
 FAULT_EVENT_KINDS: Final = frozenset(
     {"double_bit_ecc", "fatal_poison", "dram_retirement_failure", "non_fatal_poison", "gpu_recovery_action"}
 )

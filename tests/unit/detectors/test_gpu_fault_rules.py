@@ -9,7 +9,7 @@ from llmsupervisor.core.observe import Observation
 from llmsupervisor.detectors import DetectorConfig, Severity, detect_gpu_fault, new_window
 from llmsupervisor.detectors.gpu import EVENT_RULES
 from llmsupervisor.probes.fake_gpu import nominal_sample
-from llmsupervisor.probes.nvml import GpuEvent
+from llmsupervisor.probes.gpu_readings import GpuEvent
 
 CFG = DetectorConfig()
 
