@@ -137,15 +137,21 @@ async def _guarded(probe: str, call: Awaitable[_T]) -> _T | ProbeFailure:
         return PROBE_ERRORS.record(probe, exc)
 
 
-def _http_error(failure: ProbeFailure) -> HttpCheck:
-    return HttpCheck(ok=False, detail=failure.detail, latency_s=0.0, failure="error")
+async def _checked(probe: str, call: Awaitable[HttpCheck]) -> HttpCheck:
+    """An HTTP check through the one catch-all, in the HTTP probes' own shape: one that raised
+    is a failed check of kind ``error`` (``_guarded``'s ``ProbeFailure("error")``), so a round
+    reads /health and its canary as one type whatever became of them."""
+    got = await _guarded(probe, call)
+    if isinstance(got, ProbeFailure):
+        return HttpCheck(ok=False, detail=got.detail, latency_s=0.0, failure=got.kind)
+    return got
 
 
 async def _unless_late(
     call: Awaitable[EngineMetrics | ProbeFailure | None],
-    health: asyncio.Future[HttpCheck | ProbeFailure],
+    health: asyncio.Future[HttpCheck],
     *,
-    ask_again: Callable[[], Awaitable[HttpCheck | ProbeFailure]],
+    ask_again: Callable[[], Awaitable[HttpCheck]],
     late_s: float,
     went_late: list[HttpCheck],
 ) -> EngineMetrics | ProbeFailure | None:
@@ -163,16 +169,14 @@ async def _unless_late(
             cast("asyncio.Future[object]", health),
         }
         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            answer = health.result()
-            if isinstance(answer, HttpCheck) and check_timed_out(answer):
-                return ProbeFailure("timeout", "not read: /health was late this round")
+        if not task.done() and check_timed_out(health.result()):
+            return ProbeFailure("timeout", "not read: /health was late this round")
         while not task.done():
             await asyncio.wait({task}, timeout=late_s)
             if task.done():
                 break
             again = await ask_again()
-            if isinstance(again, HttpCheck) and check_timed_out(again) and not task.done():
+            if check_timed_out(again) and not task.done():
                 went_late.append(again)
                 return ProbeFailure("timeout", "not read: /health went late while /metrics was read")
         return await task
@@ -388,18 +392,16 @@ class Observer:
         )
         # An idle engine's round has its sweep already (taken before its probes).
         proc_t = asyncio.ensure_future(self._sweep(proc, plan.timeout_s) if swept is None else _value(swept))
-        canary_t = asyncio.ensure_future(_guarded("canary", self._canary())) if ask else None
+        canary_t = asyncio.ensure_future(_checked("canary", self._canary())) if ask else None
         await asyncio.gather(*(t for t in (health_t, metrics_t, proc_t, canary_t) if t is not None))
-        health_g = health_t.result()
-        health = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
+        health = health_t.result()
         if went_late and not check_timed_out(health):
             health = went_late[0]  # the loop was held after /health answered: the round's miss
-        canary_g = canary_t.result() if canary_t is not None else None
         at_s = aio.now()
         look = _Look(
             at_s=at_s,
             health=health,
-            canary=_http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g,
+            canary=canary_t.result() if canary_t is not None else None,
             metrics=metrics_t.result() if metrics_t is not None else None,
             proc=proc_t.result(),
             sweep_after_s=at_s,
@@ -417,8 +419,7 @@ class Observer:
             # The round's sweep shows a process stopped: the stopped rule decides now, and a
             # second wait would only delay it.
             return look
-        again = await self._health(plan.late_s)
-        health_after = _http_error(again) if isinstance(again, ProbeFailure) else again
+        health_after = await self._health(plan.late_s)
         return replace(look, health_after=health_after, beat_at_miss=look.beat, beat=await self._heartbeat())
 
     async def _sweep_again(self, proc: EngineProcess, look: _Look, plan: RoundPlan) -> _Look:
@@ -432,7 +433,7 @@ class Observer:
         if overdue_s is not None:
             # A span of hang_cpu_min_span_s after the first sweep: a wait only while a step is
             # overdue.
-            await asyncio.sleep(max(0.0, overdue_s - aio.now()))
+            await aio.wait_any(timeout_s=max(0.0, overdue_s - aio.now()))
         elif look.stopped and isinstance(look.proc, host.ProcSample) and look.proc.at_s is not None:
             # A stopped process is a hang in sweeps hang_stopped_after_s apart (liveness.py).
             # The round's first sweep is that far back already, unless a held loop had it taken
@@ -441,7 +442,7 @@ class Observer:
             # counted as life (a real-vLLM run: 5.0 s). At most the round's probe deadline: a
             # longer hang_stopped_after_s is left to the rounds after.
             due_s = min(look.proc.at_s + self._cfg.hang_stopped_after_s, look.at_s + plan.timeout_s)
-            await asyncio.sleep(max(0.0, due_s - aio.now()))
+            await aio.wait_any(timeout_s=max(0.0, due_s - aio.now()))
         after = await self._sweep(proc, plan.timeout_s, fresh_after_s=look.sweep_after_s)
         look = replace(look, proc_after=after if isinstance(after, host.ProcSample) else None)
         if overdue_s is None:
@@ -487,8 +488,8 @@ class Observer:
         self.served = served_load(self.window, obs.at_s)
         return obs
 
-    def _health(self, timeout_s: float) -> Awaitable[HttpCheck | ProbeFailure]:
-        return _guarded("health", self._http.health(timeout_s=timeout_s))
+    def _health(self, timeout_s: float) -> Awaitable[HttpCheck]:
+        return _checked("health", self._http.health(timeout_s=timeout_s))
 
     def _sweep(
         self, proc: EngineProcess, timeout_s: float, *, fresh_after_s: float | None = None
