@@ -4,6 +4,11 @@ An ``Observer`` is created when an incarnation turns READY and dropped when it s
 holds (window, degradation baseline, findings, the last metrics, GPU events) survives a restart.
 GPU events received before the incarnation was spawned belong to the previous one and are
 dropped (XIDs of the incident that killed it reopened GPU_FAULT in its successor: defect D8).
+
+A round (``Observer.round``) is a short sequence of named phases, in order: the plan, decided
+before anything is asked (engine/round_plan.py, pure); the first look, every probe due at once;
+the follow-up on a miss (/health asked again, a second sweep); the record, into the window and
+through the detectors.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import asyncio
 import collections
 import contextlib
 import logging
-import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Protocol, TypeVar, cast
 
@@ -25,15 +30,15 @@ from llmsupervisor.detectors import (
     Finding,
     FindingTracker,
     Severity,
-    counters_progressed,
     detect_all,
     new_window,
 )
 from llmsupervisor.detectors.load import ServedLoad, served_load
-from llmsupervisor.detectors.steps import beat_idle, idle_but_busy, idle_by_heartbeat, step_bound_s
+from llmsupervisor.detectors.steps import step_bound_s
 from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
+from llmsupervisor.engine.round_plan import RoundPlan, canary_after_sweep, may_ask, plan_round
 from llmsupervisor.engine.status import EngineLoad
 from llmsupervisor.probes import PROBE_ERRORS, ProbeFailure, host
 from llmsupervisor.probes.gpu_readings import GpuEvent, GpuSample
@@ -62,15 +67,6 @@ OVERDUE_AFTER_S: Final = 0.5
 SPAN_MARGIN_S: Final = 0.05
 # How many of the engine's latest successful canaries its live canary's deadline is learned from.
 CANARY_HISTORY: Final = 8
-# Rounds start tick_interval_s after the previous one ended, a little later than a multiple of
-# the tick: /metrics is due this much before metrics_interval_s has fully passed, so that a 4 s
-# interval at a 2 s tick reads it every other round, not every third.
-METRICS_DUE_EARLY_S: Final = 0.5
-
-
-def _phase(name: str) -> float:
-    """A fraction in [0, 1) that is the same for a name in every run (unlike ``hash``)."""
-    return zlib.crc32(name.encode()) % 1000 / 1000
 
 
 def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> float:
@@ -141,15 +137,21 @@ async def _guarded(probe: str, call: Awaitable[_T]) -> _T | ProbeFailure:
         return PROBE_ERRORS.record(probe, exc)
 
 
-def _http_error(failure: ProbeFailure) -> HttpCheck:
-    return HttpCheck(ok=False, detail=failure.detail, latency_s=0.0, failure="error")
+async def _checked(probe: str, call: Awaitable[HttpCheck]) -> HttpCheck:
+    """An HTTP check through the one catch-all, in the HTTP probes' own shape: one that raised
+    is a failed check of kind ``error`` (``_guarded``'s ``ProbeFailure("error")``), so a round
+    reads /health and its canary as one type whatever became of them."""
+    got = await _guarded(probe, call)
+    if isinstance(got, ProbeFailure):
+        return HttpCheck(ok=False, detail=got.detail, latency_s=0.0, failure=got.kind)
+    return got
 
 
 async def _unless_late(
     call: Awaitable[EngineMetrics | ProbeFailure | None],
-    health: asyncio.Future[HttpCheck | ProbeFailure],
+    health: asyncio.Future[HttpCheck],
     *,
-    ask_again: Callable[[], Awaitable[HttpCheck | ProbeFailure]],
+    ask_again: Callable[[], Awaitable[HttpCheck]],
     late_s: float,
     went_late: list[HttpCheck],
 ) -> EngineMetrics | ProbeFailure | None:
@@ -167,16 +169,14 @@ async def _unless_late(
             cast("asyncio.Future[object]", health),
         }
         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            answer = health.result()
-            if isinstance(answer, HttpCheck) and check_timed_out(answer):
-                return ProbeFailure("timeout", "not read: /health was late this round")
+        if not task.done() and check_timed_out(health.result()):
+            return ProbeFailure("timeout", "not read: /health was late this round")
         while not task.done():
             await asyncio.wait({task}, timeout=late_s)
             if task.done():
                 break
             again = await ask_again()
-            if isinstance(again, HttpCheck) and check_timed_out(again) and not task.done():
+            if check_timed_out(again) and not task.done():
                 went_late.append(again)
                 return ProbeFailure("timeout", "not read: /health went late while /metrics was read")
         return await task
@@ -228,6 +228,33 @@ async def round_unless_interrupted(
                 await observing
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Look:
+    """What a round has seen so far: the first look makes it, each follow-up adds to it, and the
+    record keeps it as the round's ``Observation``."""
+
+    at_s: float  # when the round's probes came back
+    health: HttpCheck
+    canary: HttpCheck | None
+    metrics: EngineMetrics | ProbeFailure | None
+    proc: host.ProcSample | ProbeFailure
+    sweep_after_s: float  # a second sweep is fresh after this: at_s, or a held loop's sweep
+    beat: StepBeat | ProbeFailure | None = None
+    health_after: HttpCheck | None = None
+    beat_at_miss: StepBeat | ProbeFailure | None = None
+    proc_after: host.ProcSample | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """The round's sweep shows a process of the engine stopped (SIGSTOP, a debugger)."""
+        return isinstance(self.proc, host.ProcSample) and any(p.stopped for p in self.proc.processes)
+
+    @property
+    def missed(self) -> bool:
+        """A probe of the round missed its deadline."""
+        return check_timed_out(self.canary) or check_timed_out(self.health)
+
+
 class Observer:
     def __init__(
         self,
@@ -252,6 +279,7 @@ class Observer:
         self._cfg = spec.detectors
         self.window = new_window(self._cfg)
         self._canary_in_metrics = False  # the latest /metrics answered while a canary ran
+        self._canary_running = False  # this round's canary is under way
         self.tracker = FindingTracker(self._cfg)
         self.findings: tuple[Finding, ...] = ()
         # Why a hang is suspected, before a HANG finding proves it: the load balancer's cue.
@@ -278,201 +306,176 @@ class Observer:
         """One look at the engine, every probe at once, each under its own deadline; then the
         detectors over the window. Findings are logged when they open and when they clear.
 
-        ``in_rotation`` False (drained, held, shedding): no canary. It would be the only request
-        such an engine gets, counted as "in flight" by a drain, and a hang there hurts no user;
-        /health, /metrics and the process sweep still run with their deadlines, and the first
-        round back in rotation sends a canary at once (docs/operations.md, "Hang detection")."""
-        spec = self._spec
+        The kubelet's shape: decide first (``plan_round``, pure), then probe, then record. What
+        a miss brings is asked in this round, not the next: /health again after a late answer,
+        and a second sweep after a miss or while a step is overdue.
+
+        ``in_rotation`` False (drained, held, shedding): no canary (``may_ask``); /health,
+        /metrics and the process sweep still run with their deadlines, and the first round back
+        in rotation sends a canary at once (docs/operations.md, "Hang detection")."""
         now = aio.now()
-        may_ask = spec.canary_kind != "none" and in_rotation
         # Whether the engine is idle, by its heartbeat now, not the last round's: a round after
         # the last request ended read it busy, and an engine that began to spin then went a
         # round unasked (issue 25: found in 5.5 s). Two preads, not kept (``_heartbeat`` reads
         # the round's own after its probes).
-        start_beat = await self._heartbeat(keep=False) if may_ask else None
-        if isinstance(start_beat, StepBeat):
-            idle = beat_idle(start_beat)
-        else:
-            start_beat, idle = None, idle_by_heartbeat(self.window, now)
-        # While step counters move the engine is alive: a canary would only queue behind real
-        # work and read busy as dead (docs/vllm-notes.md §7). The heartbeat's steps count too:
-        # they move through a long prefill, when vLLM's counters do not. But not vLLM's counters
-        # once the heartbeat says nothing is held: read metrics_interval_s apart, they still
-        # move for up to two reads after the last request, when there is nothing left for a
-        # canary to queue behind, and an engine that deadlocked as its last request ended went
-        # unasked that long.
-        progressing = self._beat_moved or (
-            not idle
-            and bool(
-                self._previous_metrics
-                and self._last_metrics
-                and counters_progressed(self._previous_metrics, self._last_metrics)
-            )
+        asks = may_ask(self._spec, in_rotation=in_rotation)
+        start_beat = await self._heartbeat(keep=False) if asks else None
+        plan = plan_round(
+            self._spec,
+            now,
+            in_rotation=in_rotation,
+            window=self.window,
+            start_beat=start_beat,
+            beat_moved=self._beat_moved,
+            previous_metrics=self._previous_metrics,
+            last_metrics=self._last_metrics,
+            last_canary_s=self._last_canary_s,
+            last_metrics_s=self._last_metrics_s,
         )
-        timeout_s = spec.health_timeout_s
+        look = await self._first_look(proc, plan)
+        # The follow-up, in this round: /health again after a late answer, then a second sweep
+        # after a miss or while a step is overdue.
+        look = await self._ask_again(look, plan)
+        look = await self._sweep_again(proc, look, plan)
+        return self._record(look)
+
+    async def _first_look(self, proc: EngineProcess, plan: RoundPlan) -> _Look:
+        """The round's probes at once (``_probe_all``), after the sweep where the plan takes it
+        first; the sweep again at a miss of a loop held after /health answered; then the
+        heartbeat, read after the probes (so after the canary was sent)."""
         swept: host.ProcSample | ProbeFailure | None = None
-        if may_ask and not progressing and now - self._last_canary_s >= spec.canary_interval_s:
-            run_canary = True
-        elif may_ask and idle:
-            # An idle engine, no canary due: this round's sweep first, so that one burning CPU
-            # with nothing to do (a spinning Worker, an EngineCore looping) is asked in this
-            # round, not the next (detectors/steps.py, idle_but_busy). A busy engine's round
-            # keeps its probes and its sweep together. Even while the heartbeat's last steps
-            # were moving (issue 25: a Worker that began to spin as a load ended went unasked
-            # for 9 s).
-            swept = await _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
-            fresh = swept if isinstance(swept, host.ProcSample) else None
-            run_canary = idle_but_busy(self.window, now, self._cfg, fresh, start_beat)
-        else:
-            run_canary = False
+        ask = plan.canary
+        if plan.sweep_first:
+            swept = await self._sweep(proc, plan.timeout_s)
+            ask = canary_after_sweep(plan, swept, self.window, self._cfg)
+        if plan.metrics:
+            self._last_metrics_s = plan.metrics_from_s
+        look, held = await self._probe_all(proc, plan, swept, ask=ask)
+        if held:
+            # The loop was held after the round's sweep was taken: the hang rules read CPU from
+            # a sweep taken while it was held (front's span begins no earlier than its first
+            # miss), so this one replaces it, and the second sweep (``_sweep_again``) comes a
+            # miss later (a real-vLLM run otherwise waited a round more: found in 7 s).
+            again = await self._sweep(proc, plan.timeout_s, fresh_after_s=look.at_s)
+            if isinstance(again, host.ProcSample):
+                look = replace(look, proc=again, sweep_after_s=aio.now())
+        return replace(look, beat=await self._heartbeat())
 
-        run_metrics = (
-            self._last_metrics_s is None
-            or now - self._last_metrics_s >= spec.metrics_interval_s - METRICS_DUE_EARLY_S
-        )
-
-        # /health answers in milliseconds from a live API server; a frozen one would hold every
-        # round for the whole health_timeout_s (issue 25: 11.8 s to find a stopped API server).
-        # The round waits at most hang_probe_late_s for it: a late answer is a miss, and a miss
-        # is evidence for the hang rules, never a finding by itself. (/metrics keeps the full
-        # deadline: it is read every other round, and its 50 kB take longer on a loaded host.)
-        late_s = min(timeout_s, self._cfg.hang_probe_late_s)
-        if run_metrics:
-            # After the first read, each engine reads at its own phase of the interval (a
-            # fraction of it from its name), so that engines that became READY together do not
-            # all fetch and parse /metrics in the same round: at 64 engines those bursts made
-            # the slowest rounds (docs/benchmarks.md, "Faster and cheaper").
-            first = self._last_metrics_s is None
-            self._last_metrics_s = now - (spec.metrics_interval_s * _phase(spec.name) if first else 0.0)
-        canary_running = run_canary
-
-        async def canary() -> HttpCheck | None:
-            nonlocal canary_running
-            try:
-                return await self._http.canary(timeout_s=self.canary_deadline_s)
-            finally:
-                canary_running = False
-
-        async def metrics() -> EngineMetrics | ProbeFailure | None:
-            got = await self._http.metrics(timeout_s=timeout_s)
-            # vLLM counts a canary still running when /metrics answers: not a user's request.
-            if isinstance(got, EngineMetrics):
-                self._canary_in_metrics = canary_running
-            return got
-
+    async def _probe_all(
+        self, proc: EngineProcess, plan: RoundPlan, swept: host.ProcSample | ProbeFailure | None, *, ask: bool
+    ) -> tuple[_Look, bool]:
+        """/health, /metrics when due, the sweep unless ``swept`` already, and the canary when
+        ``ask``, at once. The round waits ``plan.late_s`` for /health, and gives /metrics up
+        when /health was late (``_unless_late``). True beside the look: the loop was held after
+        /health answered (a /health asked while /metrics was read went late)."""
         # Only the probes this round runs become tasks: a probe that is not due (/metrics every
         # other round, the canary on a busy engine) was a task of its own that returned None, a
         # few of the event loop's microseconds per engine per round for nothing (issue 25).
+        self._canary_running = ask
         went_late: list[HttpCheck] = []  # a /health asked again while /metrics was read, late
-        health_t = asyncio.ensure_future(_guarded("health", self._http.health(timeout_s=late_s)))
+        health_t = asyncio.ensure_future(self._health(plan.late_s))
         metrics_t = (
             asyncio.ensure_future(
                 _guarded(
                     "metrics",
                     _unless_late(
-                        metrics(),
+                        self._metrics(plan.timeout_s),
                         health_t,
-                        ask_again=lambda: _guarded("health", self._http.health(timeout_s=late_s)),
-                        late_s=late_s,
+                        ask_again=lambda: self._health(plan.late_s),
+                        late_s=plan.late_s,
                         went_late=went_late,
                     ),
                 )
             )
-            if run_metrics
+            if plan.metrics
             else None
         )
-        # An idle engine's round has its sweep already (taken before its probes, above).
-        proc_t = asyncio.ensure_future(
-            _guarded("proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s))
-            if swept is None
-            else _value(swept)
-        )
-        canary_t = asyncio.ensure_future(_guarded("canary", canary())) if run_canary else None
+        # An idle engine's round has its sweep already (taken before its probes).
+        proc_t = asyncio.ensure_future(self._sweep(proc, plan.timeout_s) if swept is None else _value(swept))
+        canary_t = asyncio.ensure_future(_checked("canary", self._canary())) if ask else None
         await asyncio.gather(*(t for t in (health_t, metrics_t, proc_t, canary_t) if t is not None))
-        health_g, proc_g = health_t.result(), proc_t.result()
-        metrics_g = metrics_t.result() if metrics_t is not None else None
-        canary_g = canary_t.result() if canary_t is not None else None
-        health_r = _http_error(health_g) if isinstance(health_g, ProbeFailure) else health_g
-        if went_late and not check_timed_out(health_r):
-            health_r = went_late[0]  # the loop was held after /health answered: the round's miss
-        canary_r = _http_error(canary_g) if isinstance(canary_g, ProbeFailure) else canary_g
-        metrics_r, proc_r = metrics_g, proc_g
+        health = health_t.result()
+        if went_late and not check_timed_out(health):
+            health = went_late[0]  # the loop was held after /health answered: the round's miss
         at_s = aio.now()
-        second_after_s = at_s  # the second sweep below starts after this
-        if went_late:
-            # The loop was held after the round's sweep was taken: the hang rules read CPU from a
-            # sweep taken while it was held (front's span begins no earlier than its first miss),
-            # so this one replaces it, and the second sweep below comes a miss later (a real-vLLM
-            # run otherwise waited a round more: found in 7 s).
-            held = await _guarded(
-                "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=at_s)
-            )
-            if isinstance(held, host.ProcSample):
-                proc_r, second_after_s = held, aio.now()
-        beat = await self._heartbeat()
-        proc_after = None
-        health_after: HttpCheck | None = None
-        beat_at_miss: StepBeat | ProbeFailure | None = None
-        stopped = isinstance(proc_r, host.ProcSample) and any(p.stopped for p in proc_r.processes)
-        if check_timed_out(health_r) and not stopped:
-            # Late: ask again at once, so that a held API server loop is two misses and
-            # hang_front_after_s old within this round (detectors/front.py), and the second
-            # sweep below spans both. Not when the round's sweep shows a process stopped: the
-            # stopped rule decides now, and a second wait would only delay it.
-            again = await _guarded("health", self._http.health(timeout_s=late_s))
-            health_after = _http_error(again) if isinstance(again, ProbeFailure) else again
-            # And the heartbeat again: whether the API server handed the scheduler anything
-            # while it did not answer (the front rule's "admits nothing").
-            beat_at_miss, beat = beat, await self._heartbeat()
-        missed = check_timed_out(canary_r) or check_timed_out(health_r)
-        overdue = self._step_overdue(beat, at_s, proc_r)
-        if missed or overdue is not None:
-            # A probe missed its deadline, or the engine holds work and no step came back for
-            # hang_cpu_min_span_s: a second sweep, so that the hang rules read the engine's CPU
-            # across it in this round, not a round later. For an overdue step, a span of
-            # hang_cpu_min_span_s after the first sweep (a wait only while a step is overdue),
-            # and the heartbeat read again after it: a step may have come back meanwhile.
-            if overdue is not None:
-                await asyncio.sleep(max(0.0, overdue - aio.now()))
-            elif stopped and isinstance(proc_r, host.ProcSample) and proc_r.at_s is not None:
-                # A stopped process is a hang in sweeps hang_stopped_after_s apart (liveness.py).
-                # The round's first sweep is that far back already, unless a held loop had it
-                # taken again just now (went_late): then the second waits for it. Otherwise a
-                # stop that came while /metrics was read waited a round more whenever the steps
-                # before it counted as life (a real-vLLM run: 5.0 s). At most the round's probe
-                # deadline: a longer hang_stopped_after_s is left to the rounds after.
-                due_s = min(proc_r.at_s + self._cfg.hang_stopped_after_s, at_s + timeout_s)
-                await asyncio.sleep(max(0.0, due_s - aio.now()))
-            after = await _guarded(
-                "proc_sweep",
-                self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=second_after_s),
-            )
-            proc_after = after if isinstance(after, host.ProcSample) else None
-            if overdue is not None:
-                beat = await self._heartbeat()
-        if canary_r is not None:
+        look = _Look(
+            at_s=at_s,
+            health=health,
+            canary=canary_t.result() if canary_t is not None else None,
+            metrics=metrics_t.result() if metrics_t is not None else None,
+            proc=proc_t.result(),
+            sweep_after_s=at_s,
+        )
+        return look, bool(went_late)
+
+    async def _ask_again(self, look: _Look, plan: RoundPlan) -> _Look:
+        """/health asked again at once after a late answer, so that a held API server loop is two
+        misses and hang_front_after_s old within this round (detectors/front.py), and the second
+        sweep spans both; then the heartbeat again: whether the API server handed the scheduler
+        anything while it did not answer (the front rule's "admits nothing")."""
+        if not check_timed_out(look.health):
+            return look
+        if look.stopped:
+            # The round's sweep shows a process stopped: the stopped rule decides now, and a
+            # second wait would only delay it.
+            return look
+        health_after = await self._health(plan.late_s)
+        return replace(look, health_after=health_after, beat_at_miss=look.beat, beat=await self._heartbeat())
+
+    async def _sweep_again(self, proc: EngineProcess, look: _Look, plan: RoundPlan) -> _Look:
+        """A second sweep when a probe missed its deadline, or while the engine holds work and no
+        step came back (``second_sweep_at``), so that the hang rules read the engine's CPU
+        across it in this round, not a round later; for an overdue step, the heartbeat read again
+        after it: a step may have come back meanwhile."""
+        overdue_s = self._step_overdue(look.beat, look.at_s, look.proc)
+        if overdue_s is None and not look.missed:
+            return look
+        if overdue_s is not None:
+            # A span of hang_cpu_min_span_s after the first sweep: a wait only while a step is
+            # overdue.
+            await aio.wait_any(timeout_s=max(0.0, overdue_s - aio.now()))
+        elif look.stopped and isinstance(look.proc, host.ProcSample) and look.proc.at_s is not None:
+            # A stopped process is a hang in sweeps hang_stopped_after_s apart (liveness.py).
+            # The round's first sweep is that far back already, unless a held loop had it taken
+            # again just now (``_first_look``): then the second waits for it. Otherwise a stop
+            # that came while /metrics was read waited a round more whenever the steps before it
+            # counted as life (a real-vLLM run: 5.0 s). At most the round's probe deadline: a
+            # longer hang_stopped_after_s is left to the rounds after.
+            due_s = min(look.proc.at_s + self._cfg.hang_stopped_after_s, look.at_s + plan.timeout_s)
+            await aio.wait_any(timeout_s=max(0.0, due_s - aio.now()))
+        after = await self._sweep(proc, plan.timeout_s, fresh_after_s=look.sweep_after_s)
+        look = replace(look, proc_after=after if isinstance(after, host.ProcSample) else None)
+        if overdue_s is None:
+            return look
+        return replace(look, beat=await self._heartbeat())
+
+    def _record(self, look: _Look) -> Observation:
+        """What the round saw, kept: the canary's latency, the /metrics reads, the group's PIDs,
+        and the observation in the window; then the detectors over it."""
+        spec = self._spec
+        if look.canary is not None:
             self._last_canary_s = aio.now()
-            if canary_r.ok:
-                self.note_canary(canary_r.latency_s)
+            if look.canary.ok:
+                self.note_canary(look.canary.latency_s)
                 self._on_canary()
-        if isinstance(metrics_r, EngineMetrics):
-            self._previous_metrics, self._last_metrics = self._last_metrics, metrics_r
-        if isinstance(proc_r, host.ProcSample):
-            self.engine_pids = frozenset(proc_r.pids)
+        if isinstance(look.metrics, EngineMetrics):
+            self._previous_metrics, self._last_metrics = self._last_metrics, look.metrics
+        if isinstance(look.proc, host.ProcSample):
+            self.engine_pids = frozenset(look.proc.pids)
         obs = Observation(
             engine=spec.name,
-            at_s=at_s,
-            metrics=metrics_r,
-            health=health_r,
-            canary=canary_r,
+            at_s=look.at_s,
+            metrics=look.metrics,
+            health=look.health,
+            canary=look.canary,
             gpus=self._gpus.samples_for(spec.gpus),
             gpu_events=self._gpus.take_events(spec.gpus, since_s=self._since_s),
-            proc=proc_r,
+            proc=look.proc,
             engine_pids=self.engine_pids,
-            heartbeat=beat,
-            proc_after=proc_after,
-            health_after=health_after,
-            heartbeat_at_miss=beat_at_miss,
+            heartbeat=look.beat,
+            proc_after=look.proc_after,
+            health_after=look.health_after,
+            heartbeat_at_miss=look.beat_at_miss,
         )
         self.window.append(obs)
         if log.isEnabledFor(logging.DEBUG):
@@ -484,6 +487,29 @@ class Observer:
         self._suspect(decided_s)
         self.served = served_load(self.window, obs.at_s)
         return obs
+
+    def _health(self, timeout_s: float) -> Awaitable[HttpCheck]:
+        return _checked("health", self._http.health(timeout_s=timeout_s))
+
+    def _sweep(
+        self, proc: EngineProcess, timeout_s: float, *, fresh_after_s: float | None = None
+    ) -> Awaitable[host.ProcSample | ProbeFailure]:
+        return _guarded(
+            "proc_sweep", self._sweeper.sample(proc.pgid, timeout_s=timeout_s, fresh_after_s=fresh_after_s)
+        )
+
+    async def _canary(self) -> HttpCheck:
+        try:
+            return await self._http.canary(timeout_s=self.canary_deadline_s)
+        finally:
+            self._canary_running = False
+
+    async def _metrics(self, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        got = await self._http.metrics(timeout_s=timeout_s)
+        # vLLM counts a canary still running when /metrics answers: not a user's request.
+        if isinstance(got, EngineMetrics):
+            self._canary_in_metrics = self._canary_running
+        return got
 
     @property
     def _beat_moved(self) -> bool:

@@ -5,6 +5,8 @@ the round's probes."""
 from __future__ import annotations
 
 import asyncio
+import errno
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,16 +15,17 @@ import pytest
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
-from llmsupervisor.core.observe import check_timed_out
+from llmsupervisor.core.observe import Observation, check_timed_out
 from llmsupervisor.detectors import DetectorConfig
 from llmsupervisor.engine.observer import OVERDUE_AFTER_S, NoGpus, Observer, second_sweep_at
-from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes import PROBE_ERRORS, ProbeErrors, ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 from llmsupervisor.probes.vllm_metrics import EngineMetrics
 from llmsupervisor.probes.vllm_plugin.llmsupervisor_step_heartbeat import Heartbeat
 from tests.lib.engine_fakes import FakeSweeper, metrics
+from tests.lib.virtual_time import run_virtual
 
 
 @dataclass
@@ -451,3 +454,68 @@ def test_a_loop_held_after_health_answered_is_front_in_that_round(tmp_path: Path
         assert observer.findings[0].evidence["rule"] == "front"
 
     asyncio.run(asyncio.wait_for(one_round(), timeout=10))
+
+
+class OutOfDescriptors:
+    """/health and the canary raise, as a connect does when the daemon has no descriptor left."""
+
+    async def health(self, *, timeout_s: float) -> HttpCheck:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    async def metrics(self, *, timeout_s: float) -> EngineMetrics | ProbeFailure:
+        return ProbeFailure("connect", "not scripted")
+
+
+@pytest.fixture
+def probe_errors() -> Iterator[ProbeErrors]:
+    PROBE_ERRORS.reset()
+    yield PROBE_ERRORS
+    PROBE_ERRORS.reset()
+
+
+def test_an_http_probe_that_raises_is_a_failed_check_counted_once_under_its_name(
+    tmp_path: Path, probe_errors: ProbeErrors
+) -> None:
+    # The round's one catch-all gives /health and the canary their own shape (E6): a failed
+    # check of kind "error", which is not a miss, so nothing is asked again.
+    spec = spec_of(canary_interval_s=0.0)
+
+    async def one_round() -> Observation:
+        observer = observer_of(spec, OutOfDescriptors(), FakeSweeper(), tmp_path)
+        return await observer.round(Leader())  # type: ignore[arg-type]
+
+    obs = run_virtual(one_round())
+    for check in (obs.health, obs.canary):
+        assert isinstance(check, HttpCheck) and check.failure == "error" and "EMFILE" in check.detail
+    assert obs.health_after is None and obs.proc_after is None
+    assert probe_errors.totals() == {("health", "EMFILE"): 1, ("canary", "EMFILE"): 1}
+
+
+class FrozenCanary(AnsweringApiServer):
+    """/health answers; the canary waits out its deadline (a frozen EngineCore)."""
+
+    async def canary(self, *, timeout_s: float) -> HttpCheck:
+        return await FrozenApiServer().canary(timeout_s=timeout_s)
+
+
+def test_the_second_sweep_after_a_stopped_process_waits_on_the_loop_s_clock(tmp_path: Path) -> None:
+    # A missed canary and a process stopped: the second sweep waits until hang_stopped_after_s
+    # after the first (at most health_timeout_s after the probes): 20 s, on virtual time.
+    spec = spec_of(
+        canary_interval_s=0.0,
+        health_timeout_s=30.0,
+        detectors=DetectorConfig(hang_stopped_after_s=20.0),
+    )
+
+    async def one_round() -> Observation:
+        observer = observer_of(spec, FrozenCanary(), FakeSweeper(stopped=True), tmp_path)
+        return await observer.round(Leader())  # type: ignore[arg-type]
+
+    obs = run_virtual(one_round())
+    assert check_timed_out(obs.canary) and obs.health_after is None
+    assert isinstance(obs.proc, ProcSample) and isinstance(obs.proc_after, ProcSample)
+    assert obs.proc.at_s is not None and obs.proc_after.at_s is not None
+    assert obs.proc_after.at_s - obs.proc.at_s == pytest.approx(20.0)
