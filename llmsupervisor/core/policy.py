@@ -144,14 +144,14 @@ class EngineView:
 
     name: str
     state: EngineState
-    enabled: bool = True
+    meant_to_serve: bool = True  # one of this run's serving engines (engine/status.py); else ignored
     ready_since_s: float | None = None  # None: READY since before anyone counted (tests)
     findings: tuple[Finding, ...] = ()
     # An action (planned restart, drain, step change, or commands sent but not yet taken) is in
     # flight: the policy leaves the engine alone, and a busy engine already counts against
     # max_unavailable (its restart may not have begun, but it is leaving).
     busy: bool = False
-    held_out: bool = False  # an operator drained it: leave it alone
+    held_out: bool = False  # held by the operator (drained, stopped): leave it alone
     ladder_step: int = 0  # 0 = the engine's own args; n = n steps down
     ladder_steps: int = 0  # how many steps down exist
     ladder_changed_s: float | None = None
@@ -392,12 +392,12 @@ def _config_restart(view: EngineView, halted_by: tuple[str, ...]) -> Action | De
 def decide(views: Sequence[EngineView], now_s: float, *, minute_of_day: int, fleet: FleetRules) -> Decision:
     actions: list[Action] = []
     deferred: list[Deferred] = []
-    enabled = [v for v in views if v.enabled]
+    enabled = [v for v in views if v.meant_to_serve]
     in_rotation = sum(1 for v in enabled if v.state is S.READY)
     unavailable = len(enabled) - sum(1 for v in enabled if back_in_rotation(v, now_s))
     halted_by = roll_failures(enabled)
     for view in sorted(views, key=lambda v: v.name):
-        if not view.enabled:
+        if not view.meant_to_serve:
             continue
         name = view.name
         if view.config_pending and not view.busy:
