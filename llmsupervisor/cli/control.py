@@ -215,7 +215,8 @@ def engine_commands(
         print(f"llm-supervisor: {exc}", file=err)
         return EX_FAILED
     if every:
-        names = [n for n, e in engines.items() if e.get("enabled", True)]
+        # Every engine meant to serve: enabled, or started by hand for this run of the daemon.
+        names = [n for n, e in engines.items() if render.meant_to_serve(e)]
         if command == "restart":  # --all restarts what runs; an engine an operator stopped stays so
             skipped = [n for n in names if not engines[n].get("wants_run", True)]
             names = [n for n in names if n not in skipped]

@@ -134,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         engine_parser.add_argument(
             "--all",
             action="store_true",
-            help="every enabled engine" + (" that is not stopped" if name == "restart" else ""),
+            help="every engine meant to serve (enabled, or started by hand)"
+            + (" that is not stopped" if name == "restart" else ""),
         )
         _waits(engine_parser, f"the engine is {targets[name]}")
         _common(engine_parser, top=False)

@@ -238,15 +238,19 @@ def unknown_engines(known: Iterable[str], names: Iterable[str]) -> list[str]:
     return [f"no engine named {n!r}; engines: {listed}" for n in names if n not in known]
 
 
+def meant_to_serve(engine: Mapping[str, Any]) -> bool:
+    """The daemon's word for it (engine/status.py ``meant_to_serve``: enabled, or started by hand
+    for this run of the daemon); from a daemon that does not say, ``enabled``."""
+    return bool(engine.get("meant_to_serve", engine.get("enabled", True)))
+
+
 def status_exit_code(status: Mapping[str, Any], names: Sequence[str] = ()) -> tuple[int, list[str]]:
-    """0, or 1 with why: a named engine (or, without names, any enabled one) is FATAL or down,
+    """0, or 1 with why: a named engine (or, without names, any meant to serve) is FATAL or down,
     or a named engine does not exist."""
     engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
     problems = unknown_engines(engines, names)
     checked = (
-        [n for n in names if n in engines]
-        if names
-        else [n for n, e in engines.items() if e.get("enabled", True)]
+        [n for n in names if n in engines] if names else [n for n, e in engines.items() if meant_to_serve(e)]
     )
     problems += [
         f"{n} is {engines[n]['state'].upper()}" for n in checked if engines[n]["state"] in DOWN_STATES

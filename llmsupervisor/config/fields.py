@@ -79,7 +79,11 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
         "repeated values after one flag, a mapping compact JSON; merged key by key with defaults",
     ),
     "env": Field(_env, "extra environment for the engine, NAME: value; merged key by key with defaults"),
-    "enabled": Field(_boolean, "false: keep the engine configured but do not start it"),
+    "enabled": Field(
+        _boolean,
+        "false: keep the engine configured but do not start it (`start NAME` starts it for this "
+        "run of the daemon)",
+    ),
     # ---- starting and readiness
     "start_timeout_s": Field(
         _number(lo=0, lo_open=True),
@@ -229,7 +233,8 @@ SUPERVISOR_FIELDS: Final[dict[str, Field]] = {
     ),
     "readyz_requires": Field(
         _string(choices=("all", "any")),
-        "/readyz is 200 when all engines meant to serve are in rotation, or any one (docs/fleet.md)",
+        "/readyz is 200 when all engines meant to serve (and not held by an operator) are in "
+        "rotation, or any one (docs/fleet.md)",
     ),
 }
 

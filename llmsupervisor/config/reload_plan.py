@@ -37,8 +37,9 @@ class ReloadPlan:
 
 
 def plan_reload(old: SupervisorConfig, new: SupervisorConfig, running: Mapping[str, bool]) -> ReloadPlan:
-    """``running``: per engine, whether it is meant to run now (not stopped by an operator, not
-    FATAL, enabled)."""
+    """``running``: per engine, whether it runs now (``EngineStatus.running``: not stopped, by an
+    operator or the config's ``enabled: false``, and not FATAL; a disabled engine started by
+    hand runs)."""
     old_specs = {s.name: s for s in old.engines}
     new_specs = {s.name: s for s in new.engines}
     restart, respec, enable, disable = [], [], [], []

@@ -209,6 +209,14 @@ class EngineSpec:
         return f"http://{host}:{self.port}"
 
     @property
+    def rotation_grace_s(self) -> float:
+        """How long a load balancer takes to notice that the engine left or rejoined rotation:
+        the drain waits this long before stopping it (engine/stopping.py), and the policy counts
+        an engine READY again as out of rotation for as long (core/policy.py). One setting says
+        it, ``drain_grace_s`` (its key since the first release)."""
+        return self.drain_grace_s
+
+    @property
     def restart_policy(self) -> RestartPolicy:
         return RestartPolicy(
             backoff_initial_s=self.backoff_initial_s,
@@ -237,7 +245,7 @@ class EngineSpec:
             ladder_calm_s=self.ladder_calm_s,
             repair_verify_s=self.repair_verify_s,
             restart_window=self.restart_window,
-            rotation_grace_s=self.drain_grace_s,
+            rotation_grace_s=self.rotation_grace_s,
         )
 
     def step_args(self, step: int) -> Mapping[str, Any]:

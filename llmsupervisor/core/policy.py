@@ -153,14 +153,14 @@ class EngineView:
 
     name: str
     state: EngineState
-    enabled: bool = True
+    meant_to_serve: bool = True  # one of this run's serving engines (engine/status.py); else ignored
     ready_since_s: float | None = None  # None: READY since before anyone counted (tests)
     findings: tuple[Finding, ...] = ()
     # An action (planned restart, drain, step change, or commands sent but not yet taken) is in
     # flight: the policy leaves the engine alone, and a busy engine already counts against
     # max_unavailable (its restart may not have begun, but it is leaving).
     busy: bool = False
-    held_out: bool = False  # an operator drained it: leave it alone
+    held_out: bool = False  # held by the operator (drained, stopped): leave it alone
     ladder_step: int = 0  # 0 = the engine's own args; n = n steps down
     ladder_steps: int = 0  # how many steps down exist
     ladder_changed_s: float | None = None
@@ -448,7 +448,7 @@ def _config_restart(view: EngineView, halted_by: tuple[str, ...]) -> Action | De
 def in_policy(view: EngineView) -> bool:
     """Whether the policy acts on this engine and counts it in the fleet's bounds: the one test
     of which engines the policy governs."""
-    return view.enabled
+    return view.meant_to_serve
 
 
 @dataclass(slots=True, kw_only=True)

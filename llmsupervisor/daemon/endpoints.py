@@ -31,7 +31,6 @@ from typing import Any
 from llmsupervisor.core.node_condition import NodeCondition, engine_blocked
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.exporter import Exporter
-from llmsupervisor.daemon.status import held_by_operator
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.http_api import HttpApi, Response, error
 from llmsupervisor.redact import redact_json
@@ -43,17 +42,12 @@ def _json(status: int, body: dict[str, Any]) -> Response:
     return Response(status=status, body=data, content_type="application/json")
 
 
-def meant_to_serve(status: EngineStatus) -> bool:
-    """Whether the daemon intends this engine to take traffic now: enabled, not stopped or
-    drained by an operator, not stopping for good. A FATAL or restarting engine still counts: it
-    is meant to serve and does not."""
-    return status.spec.enabled and status.wants_run and not status.held and not status.final
-
-
 def pod_ready(statuses: tuple[EngineStatus, ...], *, requires: str) -> tuple[bool, list[str], list[str]]:
-    """(ready, engines in rotation, engines meant to serve but out of rotation)."""
+    """(ready, engines in rotation, engines meant to serve but out of rotation). An engine held
+    by the operator is not missing; a FATAL or restarting one is: it is meant to serve and does
+    not."""
     in_rotation = [s.name for s in statuses if s.in_rotation]
-    missing = [s.name for s in statuses if meant_to_serve(s) and not s.in_rotation]
+    missing = [s.name for s in statuses if s.meant_to_serve and not s.held_by_operator and not s.in_rotation]
     ready = bool(in_rotation) and (requires == "any" or not missing)
     return ready, in_rotation, missing
 
@@ -61,7 +55,7 @@ def pod_ready(statuses: tuple[EngineStatus, ...], *, requires: str) -> tuple[boo
 def held_out(statuses: tuple[EngineStatus, ...]) -> list[str]:
     """Engines an operator holds out of service (drained, stopped, or disabled in the config):
     neither in rotation nor missing, and so in neither of /readyz's other lists."""
-    return [s.name for s in statuses if held_by_operator(s) and not s.final and not s.in_rotation]
+    return [s.name for s in statuses if s.held_by_operator and not s.final and not s.in_rotation]
 
 
 def http_api(

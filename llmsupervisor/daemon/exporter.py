@@ -93,7 +93,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from llmsupervisor import __version__
 from llmsupervisor.core.policy import RESTART_CAUSES
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.status import Snapshot, held_by_operator
+from llmsupervisor.daemon.status import Snapshot
 from llmsupervisor.engine.status import EngineStatus
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, GpuSample
@@ -342,7 +342,7 @@ _ENGINE_SCALARS: Final[
         "engine_held_by_operator",
         GaugeMetricFamily,
         "1 while an operator holds the engine out of service (drained, stopped or disabled), else 0.",
-        lambda _, e: float(held_by_operator(e)),
+        lambda _, e: float(e.held_by_operator),
     ),
     (
         "engine_start_timeout_seconds",

@@ -1,13 +1,14 @@
 """The engines the daemon runs: one runner and one task each, their HTTP clients, their statuses.
 
 The fleet is the only place runners are created, replaced and retired. A runner task that dies
-of a bug is out of rotation at once (its status says so the moment the task ends); its ledger
-records the death (``Ledger.runner_died``: a failure, and a state change along EDGES, logged and
-counted like any other). Its successor, after ``RUNNER_RESTART_DELAY_S``, carries on the same
-ledger and the same desired state, so an operator's stop or drain stays (review 3, E2), and the
-commands sent meanwhile are queued for it, not dropped. A runner is never replaced while the
-daemon shuts down; repeated deaths spend the budget and end in FATAL like any other crash loop
-(defect D6), where an operator's ``start`` replaces it again.
+of a bug is out of rotation at once (its status, made by ``died`` in engine/status.py, says so
+the moment the task ends); its ledger records the death (``Ledger.runner_died``: a failure, and a
+state change along EDGES, logged and counted like any other). Its successor, after
+``RUNNER_RESTART_DELAY_S``, carries on the same ledger and the same desired state, so an
+operator's stop or drain stays (review 3, E2), and the commands sent meanwhile are queued for
+it, not dropped. A runner is never replaced while the daemon shuts down; repeated deaths spend
+the budget and end in FATAL like any other crash loop (defect D6), where an operator's
+``start`` replaces it again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import functools
 import logging
 import ssl
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Final
 
 import httpx
@@ -31,7 +31,7 @@ from llmsupervisor.engine.ledger import Ledger
 from llmsupervisor.engine.observer import GpuSource, GroupSampler
 from llmsupervisor.engine.processes import Processes
 from llmsupervisor.engine.runner import EngineRunner
-from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.engine.status import EngineStatus, died
 from llmsupervisor.probes.probe_http import ProbeHttp
 
 log = logging.getLogger("llmsupervisor")
@@ -193,9 +193,11 @@ class Fleet:
         if exc is None and (runner.status().final or self.shutting_down):
             return  # a runner that was told to stop for good
         status, ledger = runner.status(), runner.ledger
-        now, policy = aio.now(), status.spec.restart_policy
+        now = aio.now()
         # The state it leaves walks EDGES, logged and counted, in the ledger (the one writer).
-        verdict = ledger.runner_died(exc, now=now, policy=policy, give_up=self.shutting_down)
+        verdict = ledger.runner_died(
+            exc, now=now, policy=status.spec.restart_policy, give_up=self.shutting_down
+        )
         log.error(
             "engine task ended unexpectedly%s; %s",
             f": {exc!r}" if exc else "",
@@ -203,14 +205,7 @@ class Fleet:
             extra={"engine": name},
             exc_info=exc,
         )
-        self._dead[name] = replace(
-            status,
-            **ledger.facts(now=now, policy=policy),
-            incarnation=None,
-            findings=(),
-            busy=True,
-            task_failed=ledger.history.last_failure,
-        )
+        self._dead[name] = died(status, ledger, now=now)
         self._successor[name] = (status.spec, ledger, runner.desired, [])
         self.changes.set()
         if not verdict.give_up:

@@ -64,6 +64,14 @@ def spec_pending(status: EngineStatus, target: EngineSpec | None) -> bool:
     return target is not None and status.spec is not target and status.spec != target
 
 
+def roll_due(status: EngineStatus, target: EngineSpec | None) -> bool:
+    """The policy will restart this engine onto ``target``, the config's spec for it
+    (``CONFIG_RESTART``): it runs (a stopped one takes a new spec at once), on another spec, and
+    ``target`` does not disable it (a reload stops an engine it disables instead)."""
+    disables = target is not None and status.spec.enabled and not target.enabled
+    return status.running and not disables and spec_pending(status, target)
+
+
 def view_of(
     status: EngineStatus,
     memory: EngineMemory,
@@ -78,11 +86,11 @@ def view_of(
     return EngineView(
         name=status.name,
         state=status.state,
-        enabled=status.spec.enabled,
+        meant_to_serve=status.meant_to_serve,
         ready_since_s=status.ready_since_s,
         findings=status.findings,
         busy=status.busy or pending,
-        held_out=status.held,
+        held_out=status.held_by_operator,
         ladder_step=status.ladder_step,
         ladder_steps=status.ladder_steps,
         ladder_changed_s=memory.ladder_changed_s,

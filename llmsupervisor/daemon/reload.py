@@ -18,8 +18,8 @@ from typing import Any
 from llmsupervisor.config import SupervisorConfig, load_config
 from llmsupervisor.config.reload_diff import NOTHING, describe, engine_changes, setting_changes
 from llmsupervisor.config.reload_plan import ReloadPlan, plan_reload
-from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.fleet import Fleet
+from llmsupervisor.daemon.reconcile import roll_due
 from llmsupervisor.engine.commands import Respec, Start, Stop
 from llmsupervisor.errors import ConfigError
 from llmsupervisor.notify import Notifier
@@ -43,20 +43,12 @@ def apply_now(plan: ReloadPlan, fleet: Fleet) -> None:
 
 
 def rolling(config: SupervisorConfig, fleet: Fleet) -> list[str]:
-    """The engines the policy will restart onto ``config``: meant to run, and running another
-    spec. Besides this reload's changes, those a halted roll never reached. The same before the
-    plan is applied (a dry run): added engines are not in the fleet yet, removed and disabled
-    ones are not meant to run on ``config``."""
+    """The engines the policy will restart onto ``config`` (daemon/reconcile.py ``roll_due``):
+    running another spec, a hand-started disabled engine included. Besides this reload's changes,
+    those a halted roll never reached. The same before the plan is applied (a dry run): added
+    engines are not in the fleet yet, removed and disabled ones are stopped instead."""
     specs = {s.name: s for s in config.engines}
-    return [
-        s.name
-        for s in fleet.statuses()
-        if s.name in specs
-        and specs[s.name].enabled
-        and s.wants_run
-        and s.state is not EngineState.FATAL
-        and s.spec != specs[s.name]
-    ]
+    return [s.name for s in fleet.statuses() if roll_due(s, specs.get(s.name))]
 
 
 def _reply(
@@ -134,7 +126,7 @@ class Reloader:
         return new
 
     def _plan(self, current: SupervisorConfig, new: SupervisorConfig) -> ReloadPlan:
-        running = {s.name: s.wants_run and s.state is not EngineState.FATAL for s in self._fleet.statuses()}
+        running = {s.name: s.running for s in self._fleet.statuses()}
         return plan_reload(current, new, running)
 
     async def _preview(self, current: SupervisorConfig) -> dict[str, Any]:

@@ -46,9 +46,10 @@ AnyRequest = Request | EngineRequest | ReloadRequest
 def operator_commands(command: str, status: EngineStatus) -> list[Command]:
     """An operator's `restart`, `drain`, `stop` or `start` as engine commands."""
     if command == "restart":
-        running = status.wants_run and status.state not in (EngineState.STOPPED, EngineState.FATAL)
         # Restarting a stopped (or FATAL) engine starts it, as `systemctl restart` does.
-        return [Restart(cause="operator", reason="restart requested by operator")] if running else [Start()]
+        if not status.running:
+            return [Start()]
+        return [Restart(cause="operator", reason="restart requested by operator")]
     if command == "drain":
         return [Hold(True)]
     if command == "stop":
@@ -62,11 +63,10 @@ def what_happens(command: str, status: EngineStatus) -> str:
     """What an accepted command does to the engine as it is now, for the operator's one line
     (`gpu1: restart accepted; draining, 3 requests in flight`)."""
     state, serving = status.state, status.state in SERVING
-    running = status.wants_run and state not in (EngineState.STOPPED, EngineState.FATAL)
     in_flight = status.load.requests_running if status.load is not None else None
     draining = "draining" + (f", {in_flight} requests in flight" if in_flight else "")
     if command == "restart":
-        if not running:
+        if not status.running:
             return "starting"
         # A restart keeps the operator's drain: the new incarnation stays out of rotation.
         kept = "; it stays drained (out of rotation) until `start`" if status.held else ""
@@ -86,9 +86,9 @@ def what_happens(command: str, status: EngineStatus) -> str:
             return "already stopped"
         return f"{draining}, then stopping" if serving else "stopping"
     if command == "start":
-        if state is EngineState.BACKOFF and running:
+        if state is EngineState.BACKOFF and status.running:
             return "starting after its backoff"
-        if running and state is not EngineState.DRAINING:
+        if status.running and state is not EngineState.DRAINING:
             return f"already {state.value}"
         return "back in rotation" if state is EngineState.DRAINING else "starting"
     return command

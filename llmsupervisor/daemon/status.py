@@ -24,7 +24,7 @@ from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import NodeCondition
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.reconcile import spec_pending
+from llmsupervisor.daemon.reconcile import roll_due
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import JsonFileWriter, flush_all, remove_stale_temporaries
@@ -97,12 +97,6 @@ class Snapshot:
         return reduce(values) if values else None
 
 
-def held_by_operator(s: EngineStatus) -> bool:
-    """An operator holds the engine out of service: drained (`drain`), or stopped / disabled (it
-    is not meant to run). Alerts on a down engine leave such an engine alone."""
-    return s.held or not s.wants_run
-
-
 def descriptor_usage() -> tuple[int | None, int | None]:
     """(open descriptors, soft limit) of this process; None where it cannot be read (listing
     /proc/self/fd needs a descriptor itself, which is exactly what is missing at EMFILE)."""
@@ -135,13 +129,7 @@ def config_roll(
         target = specs.get(s.name)
         if s.name in halted:
             roll[s.name] = "failed"
-        elif (
-            target is not None
-            and target.enabled
-            and s.wants_run
-            and s.state is not EngineState.FATAL
-            and spec_pending(s, target)
-        ):
+        elif roll_due(s, target):
             roll[s.name] = "halted" if halted else "pending"
     return roll
 
@@ -224,6 +212,8 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
         "requests_running": load.requests_running,
         "enabled": s.spec.enabled,
         "wants_run": s.wants_run,
+        "meant_to_serve": s.meant_to_serve,
+        "running": s.running,
         "start_timeout_s": s.spec.start_timeout_s,
         "drain_timeout_s": s.spec.drain_timeout_s,
         "last_failure": s.last_failure,
@@ -239,7 +229,7 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
         "requests_waiting": load.requests_waiting,
         "kv_usage_ratio": load.kv_usage_ratio,
         "ttft_p95_s": load.ttft_p95_s,
-        "held_by_operator": held_by_operator(s),
+        "held_by_operator": s.held_by_operator,
         "canary_requests": s.canary_requests_total,
         "served": _served_json(s.served),
         "incidents": s.incidents_total,
@@ -277,13 +267,13 @@ def _served_json(served: ServedLoad | None) -> dict[str, Any] | None:
 
 def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str | None = None) -> str:
     """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``."""
-    enabled = [s for s in statuses if s.spec.enabled]
-    ready = sum(1 for s in enabled if s.state is EngineState.READY)
-    parts = [f"{ready}/{len(enabled)} engines ready"]
+    serving = [s for s in statuses if s.meant_to_serve]
+    ready = sum(1 for s in serving if s.state is EngineState.READY)
+    parts = [f"{ready}/{len(serving)} engines ready"]
     if reload_problem:
         parts.insert(0, reload_problem)
     for s in statuses:
-        if s.state is EngineState.READY or (s.state is EngineState.STOPPED and not s.spec.enabled):
+        if s.state is EngineState.READY or (s.state is EngineState.STOPPED and not s.meant_to_serve):
             continue
         age_s = int(now - s.state_since_s)
         text = f"{s.name} {s.state.value} ({age_s // 60}m{age_s % 60:02d}s)"

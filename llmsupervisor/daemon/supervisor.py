@@ -391,14 +391,16 @@ class Supervisor:
         self.status_file.write(self.status(), now=aio.now())
 
     def _notify_progress(self) -> None:
-        """READY=1 once every enabled engine is READY or has failed; until then keep extending the
-        start timeout, since model loads take minutes (docs/host-notes.md §2.3)."""
+        """READY=1 once every engine meant to serve and not held by the operator is READY or has
+        failed (a drained or stopped one never will be); until then keep extending the start
+        timeout, since model loads take minutes (docs/host-notes.md §2.3)."""
         line = self.summary()
         if self._ready_sent:
             self.notifier.status(line)
             return
         settled = (EngineState.READY, EngineState.BACKOFF, EngineState.FATAL)
-        if all(s.state in settled for s in self.fleet.statuses() if s.spec.enabled):
+        expected = (s for s in self.fleet.statuses() if s.meant_to_serve and not s.held_by_operator)
+        if all(s.state in settled for s in expected):
             self._ready_sent = True
             self.notifier.ready(line)
             log.info("startup complete: %s", line)

@@ -65,7 +65,6 @@ from llmsupervisor.engine.status import (
     StartProgress,
     Tally,
     build_status,
-    down_since,
     seen,
     turned_ready,
 )
@@ -159,11 +158,9 @@ class EngineRunner:
 
     def _publish(self, *, quietly: bool = False) -> None:
         """The one place a status is made, on this runner's task only."""
-        now = aio.now()
-        self._down_since_s = down_since(self._down_since_s, self._desired, self._ledger.state, now=now)
         self._status = build_status(
             self._spec,
-            now=now,
+            now=aio.now(),
             ledger=self._ledger,
             desired=self._desired,
             incarnation=self._inc,
@@ -176,6 +173,7 @@ class EngineRunner:
             acting=self._acting,
             down_since_s=self._down_since_s,
         )
+        self._down_since_s = self._status.down_since_s
         if not quietly:
             self._changed.set(self.name)
 

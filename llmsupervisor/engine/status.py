@@ -2,9 +2,12 @@
 
 The runner builds a new status after every step (a state change, an observation round, a
 command or a report taken) with the pure ``build_status`` below, on its own task only, and swaps
-one reference; the daemon's reconcile loop, the status file, the exporter and the HTTP endpoints
-all read that value, never the runner. Text in it (reasons, exits) is as its source wrote it:
-it is redacted where it leaves the daemon (redact.py).
+one reference; a runner whose task died gets its last status from ``died``, which the fleet
+calls. The daemon's reconcile loop, the status file, the exporter and the HTTP endpoints all
+read that value, never the runner. What an engine is meant to do is read through three
+properties only, ``meant_to_serve``, ``held_by_operator`` and ``running``: the policy, `--all`,
+/readyz, the exporter and the operator's commands all ask them. Text in it (reasons, exits) is
+as its source wrote it: it is redacted where it leaves the daemon (redact.py).
 
 An ``Incarnation`` is one spawn of the engine. Everything that belongs to a spawn (its pid, the
 batch step it was started with, when it turned READY, its scheduled-restart due time) lives
@@ -100,7 +103,7 @@ class EngineStatus:
     # request counters include them, so whoever reads those counters can take them out.
     canary_requests_total: int = 0
     # Since when (loop clock) the engine is meant to serve and does not; None while it serves or
-    # an operator holds it out (drained, stopped, disabled).
+    # an operator holds it out (``down_since``).
     down_since_s: float | None = None
     served: ServedLoad | None = None  # what clients got over the last minute, canaries excluded
     commands_taken: int = 0  # how many commands the runner has folded in so far
@@ -111,6 +114,31 @@ class EngineStatus:
     last_restart: RestartRecord | None = None  # cause, reason, when, incident (`describe`)
     task_failed: str | None = None  # set by the fleet when the runner's task died of a bug
     load: EngineLoad | None = None  # while observed (READY and the states after it)
+
+    # ---- the three words of intent: every reader asks these, nobody re-derives them ----
+
+    @property
+    def meant_to_serve(self) -> bool:
+        """Whether the engine is one of this run's serving engines: ``enabled`` in the config, or
+        started by hand (`start`, `restart`) for this run of the daemon whatever ``enabled`` says;
+        not stopped for good (shutdown, removed). An operator's drain or stop does not end it, it
+        holds the engine out (``held_by_operator``); a stop of a disabled engine gives it back to
+        the config's word. The policy acts on these engines and counts them against its bounds;
+        `--all` names them."""
+        return not self.final and (self.spec.enabled or self.wants_run)
+
+    @property
+    def held_by_operator(self) -> bool:
+        """An operator holds the engine out of service: drained (`drain`), stopped (`stop`, or
+        for good), or disabled in the config and not started by hand. Such an engine is not
+        expected in rotation: no alert on it being down, /readyz does not wait for it."""
+        return self.held or not self.wants_run
+
+    @property
+    def running(self) -> bool:
+        """It runs or is on its way to: asked to run, neither stopped nor given up (FATAL).
+        An operator's `restart` restarts such an engine and starts any other."""
+        return self.wants_run and self.state not in (EngineState.STOPPED, EngineState.FATAL)
 
     @property
     def in_rotation(self) -> bool:
@@ -184,14 +212,19 @@ class ObserverView(Protocol):
     def load(self) -> EngineLoad | None: ...
 
 
-def down_since(previous_s: float | None, desired: Desired, state: EngineState, *, now: float) -> float | None:
+def down_since(previous_s: float | None, status: EngineStatus, *, now: float) -> float | None:
     """Since when the engine is meant to serve and does not: None while it serves (READY,
     SHEDDING) or an operator holds it (drained, stopped, disabled). A hold's end starts the
     clock again, so the alert on a down engine counts from then (packaging/prometheus)."""
-    meant = desired.wants_run and not desired.held
-    if not meant or state in (EngineState.READY, EngineState.SHEDDING):
+    if status.held_by_operator or status.state in (EngineState.READY, EngineState.SHEDDING):
         return None
     return now if previous_s is None else previous_s
+
+
+def _with_down_since(status: EngineStatus, previous_s: float | None, *, now: float) -> EngineStatus:
+    """``status`` carrying ``down_since`` from ``previous_s``: itself where that is no change."""
+    since_s = down_since(previous_s, status, now=now)
+    return status if since_s == status.down_since_s else replace(status, down_since_s=since_s)
 
 
 def build_status(
@@ -212,10 +245,11 @@ def build_status(
 ) -> EngineStatus:
     """The one status of an engine, from what its runner holds. Pure: it writes nothing.
     ``next_step``: the batch step the next spawn would take; ``acting``: a stop, restart or
-    failure is being carried out; ``resetting``: a prefix-cache reset is under way."""
+    failure is being carried out; ``resetting``: a prefix-cache reset is under way;
+    ``down_since_s``: the last status's (``down_since`` carries it on)."""
     d, state = desired, ledger.state
     stop_pending = state in SERVING and not d.wants_run
-    return EngineStatus(
+    status = EngineStatus(
         name=spec.name,
         spec=spec,
         **ledger.facts(now=now, policy=spec.restart_policy),
@@ -241,3 +275,20 @@ def build_status(
         last_round_s=tally.last_round_s,
         load=observer.load() if observer is not None else None,
     )
+    return _with_down_since(status, down_since_s, now=now)
+
+
+def died(status: EngineStatus, ledger: Ledger, *, now: float) -> EngineStatus:
+    """The status of an engine whose runner task died of a bug, from its last one and its ledger
+    after ``Ledger.runner_died``: the fleet publishes it until a successor runs (daemon/fleet.py).
+    Out of rotation (``task_failed``), no incarnation and no findings (nobody observes it), busy
+    (the policy leaves it to its successor)."""
+    dead = replace(
+        status,
+        **ledger.facts(now=now, policy=status.spec.restart_policy),
+        incarnation=None,
+        findings=(),
+        busy=True,
+        task_failed=ledger.history.last_failure,
+    )
+    return _with_down_since(dead, status.down_since_s, now=now)

@@ -76,7 +76,7 @@ async def drain(
 ) -> None:
     """Wait for the load balancer, then for in-flight requests; bounded, cut short by a quick
     stop or by the process exiting."""
-    grace_end = aio.now() + spec.drain_grace_s
+    grace_end = aio.now() + spec.rotation_grace_s
     while not quick() and not proc.returned and (left := grace_end - aio.now()) > 0:
         await pause(left)
     deadline = aio.now() + spec.drain_timeout_s

@@ -106,6 +106,20 @@ def test_stop_all_sends_every_enabled_engine_at_once_and_waits_for_them() -> Non
     assert "a: STOPPED (stop done)" in out and "b: STOPPED (stop done)" in out
 
 
+def test_drain_all_takes_a_disabled_engine_started_by_hand_and_leaves_one_not_started() -> None:
+    """Issue 35: `--all` was every engine `enabled` in the config, so `drain --all` left a
+    disabled engine that `start` put in service in rotation, and said nothing. The daemon says
+    which engines are meant to serve (a daemon that does not: `enabled`)."""
+    daemon = Daemon(
+        a={"meant_to_serve": True},
+        by_hand={"enabled": False, "meant_to_serve": True},
+        off={"enabled": False, "meant_to_serve": False, "wants_run": False, "state": "stopped", "pid": None},
+    )
+    code, out, _ = run(daemon, "drain", [], every=True, wait_for=True)
+    assert code == 0 and daemon.sent == ["drain a", "drain by_hand"]
+    assert "by_hand: DRAINING, no requests in flight (drain done)" in out
+
+
 def test_restart_all_leaves_an_engine_an_operator_stopped() -> None:
     daemon = Daemon(a={}, b={"state": "stopped", "wants_run": False, "pid": None}, c={})
     code, _, err = run(daemon, "restart", [], every=True)

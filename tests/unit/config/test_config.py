@@ -1299,4 +1299,7 @@ def test_drain_grace_is_bounded(tmp_path: Path) -> None:
     ]
     assert err.value.problems[0].line == 5
     path.write_text(path.read_text().replace("1.0e+12", "3600"))
-    assert load_config(path, check_paths=False).engines[0].drain_grace_s == 3600.0
+    spec = load_config(path, check_paths=False).engines[0]
+    assert spec.drain_grace_s == 3600.0
+    # The key's one meaning, by its own name: the drain waits it, the policy counts it.
+    assert spec.rotation_grace_s == spec.rules.rotation_grace_s == 3600.0

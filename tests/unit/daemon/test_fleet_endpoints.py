@@ -13,7 +13,7 @@ import pytest
 from llmsupervisor import logs
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.endpoints import pod_ready
+from llmsupervisor.daemon.endpoints import held_out, pod_ready
 from llmsupervisor.engine.status import EngineStatus
 from tests.lib.endpoints import serve_endpoints
 
@@ -42,10 +42,22 @@ def test_engines_an_operator_took_out_do_not_count() -> None:
     stopped = (status("a"), status("b", S.STOPPED, wants_run=False))
     assert pod_ready(stopped, requires="all")[0] is True
     disabled_spec = dataclasses.replace(status("b").spec, enabled=False)
-    assert pod_ready((status("a"), status("b", S.STOPPED, spec=disabled_spec)), requires="all")[0] is True
+    disabled = status("b", S.STOPPED, spec=disabled_spec, wants_run=False)  # as a runner starts it
+    assert pod_ready((status("a"), disabled), requires="all")[0] is True
     # Nothing in rotation is never ready, whatever the reason.
     assert pod_ready((status("a", S.DRAINING, held=True),), requires="all")[0] is False
     assert pod_ready((), requires="any")[0] is False
+
+
+def test_a_disabled_engine_started_by_hand_is_meant_to_serve() -> None:
+    """`start` on an `enabled: false` engine starts it for this run of the daemon: out of
+    rotation (hung, restarting), it is missing from /readyz like any other; drained, it is held."""
+    disabled_spec = dataclasses.replace(status("b").spec, enabled=False)
+    hung = status("b", spec=disabled_spec, suspect="2 canaries missed")
+    assert pod_ready((status("a"), hung), requires="all") == (False, ["a"], ["b"])
+    drained = status("b", S.DRAINING, spec=disabled_spec, held=True)
+    assert pod_ready((status("a"), drained), requires="all") == (True, ["a"], [])
+    assert held_out((status("a"), drained)) == ["b"]
 
 
 def test_livez_ignores_engines_and_readyz_follows_the_mode() -> None:

@@ -14,7 +14,7 @@ from llmsupervisor.core.policy import Action, ActionKind, FleetRules
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import ActionExecutor, GpuMarks, commands_for
-from llmsupervisor.daemon.reconcile import Reconciler
+from llmsupervisor.daemon.reconcile import Reconciler, roll_due
 from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.engine.commands import Command, ResetPrefixCache, Restart, Shed, StepTo
 from llmsupervisor.engine.status import EngineStatus, Incarnation
@@ -181,6 +181,52 @@ def test_an_engine_with_a_restart_not_yet_begun_counts_as_out_of_rotation(tmp_pa
     run(rec, *both, now=now)
     run(rec, *both, now=now + 0.1, pending=lambda name: name == "e0")
     assert [name for name, _ in sent.commands] == ["e0"]
+
+
+# ---- an engine `enabled: false` in the config, started by hand (issue 35) ----
+
+
+def disabled(name: str, state: EngineState = S.READY, **changes: Any) -> EngineStatus:
+    """A disabled engine as its runner publishes it: not asked to run until `start`."""
+    return status(name, state, spec=spec(name, enabled=False), **{"wants_run": False, **changes})
+
+
+def test_a_hung_disabled_engine_started_by_hand_is_restarted(tmp_path: Path) -> None:
+    """The policy skipped every engine `enabled: false` names: one started by hand (`start`,
+    for this run of the daemon) that hung was taken out of rotation and never restarted."""
+    rec, sent = reconciler(tmp_path)
+    hung = (finding(K.HANG, Severity.CRITICAL),)
+    run(rec, disabled("e0", findings=hung, wants_run=True))
+    restart = Restart(cause="hang", reason="hang: hang!", drain=False, failure=True, blame=Blame())
+    assert sent.commands == [("e0", restart)]
+
+
+def test_a_disabled_engine_is_the_policys_only_once_started_by_hand(tmp_path: Path) -> None:
+    """Not started, or stopped again: no action, and not counted against max_unavailable.
+    Started and drained by an operator: held out, and counted (it is out of rotation)."""
+    rec, sent = reconciler(tmp_path)
+    now = 10_000.0
+    due = Incarnation(number=1, pid=1, pgid=1, step=0, started_s=0, ready_since_s=0, scheduled_due_s=now - 1)
+    run(rec, status("e0", incarnation=due), disabled("e1", S.STOPPED, incarnation=None), now=now)
+    assert [name for name, _ in sent.commands] == ["e0"]
+    rec, sent = reconciler(tmp_path)
+    drained = disabled("e1", S.DRAINING, wants_run=True, held=True, findings=(finding(K.MEMORY_GROWTH),))
+    run(rec, status("e0", incarnation=due), drained, now=now)
+    assert sent.commands == []  # e1 is out of rotation: e0's scheduled restart waits
+    run(rec, disabled("e1", findings=(finding(K.HANG, Severity.CRITICAL),)), now=now)  # never started
+    assert sent.commands == []
+
+
+def test_a_changed_disabled_engine_started_by_hand_is_rolled(tmp_path: Path) -> None:
+    """A reload that changes a disabled engine running by hand (still disabled): the policy
+    restarts it onto its new spec, and the status says the roll is pending for it."""
+    rec, sent = reconciler(tmp_path)
+    new = spec("e0", enabled=False, args={"max-num-seqs": 8})
+    by_hand = disabled("e0", wants_run=True)
+    assert roll_due(by_hand, new) and not roll_due(disabled("e0", S.STOPPED), new)
+    assert not roll_due(status("e0"), spec("e0", enabled=False))  # the reload disables it: stopped
+    run(rec, by_hand, specs={"e0": new})
+    assert sent.commands == [("e0", Restart(cause="config_change", reason="config changed", spec=new))]
 
 
 # ---- a reload's roll (defect E1) ----

@@ -24,7 +24,8 @@ ENGINE_KEYS = {
     "state", "hold", "phase", "reason", "for_s", "pid", "incarnation", "state_changes", "model", "port",
     "gpus",
     "cpus", "in_rotation", "restarts", "restarts_by_reason", "canary_latency_s", "findings", "last_exit",
-    "last_exit_age_s", "requests_running", "enabled", "wants_run", "start_timeout_s", "drain_timeout_s",
+    "last_exit_age_s", "requests_running", "enabled", "wants_run", "meant_to_serve", "running",
+    "start_timeout_s", "drain_timeout_s",
     "last_failure", "batch_step", "batch_steps", "actions", "gpu_temperature_c", "gpu_power_w",
     "gpu_memory_used_bytes", "gpu_memory_total_bytes", "requests_waiting", "kv_usage_ratio", "ttft_p95_s",
     "held_by_operator", "canary_requests", "served", "incidents", "last_incident", "last_restart",
@@ -163,6 +164,8 @@ def test_the_status_json_values_for_a_busy_and_an_idle_engine() -> None:
         "ttft_p95_s": 0.2,
         "enabled": True,
         "wants_run": True,
+        "meant_to_serve": True,
+        "running": True,
         "batch_step": 1,
         "batch_steps": 2,
         "actions": {"step_down/kv_pressure": 1},
@@ -181,6 +184,7 @@ def test_the_status_json_values_for_a_busy_and_an_idle_engine() -> None:
     assert idle["cpus"] is None and idle["pid"] is None and idle["incarnation"] is None
     assert idle["gpu_temperature_c"] is None and idle["gpu_memory_used_bytes"] is None
     assert idle["held_by_operator"] is True and idle["enabled"] is False
+    assert idle["meant_to_serve"] is False and idle["running"] is False
     assert idle["actions"] == {} and idle["requests_running"] is None
 
 

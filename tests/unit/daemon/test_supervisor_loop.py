@@ -16,6 +16,7 @@ from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSetting
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.requests import Request
 from llmsupervisor.daemon.supervisor import Supervisor
+from llmsupervisor.engine.commands import Desired
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes.fake_gpu import FakeGpu
 from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
@@ -72,6 +73,49 @@ async def stopped(sup: Supervisor, loop: asyncio.Task[None]) -> None:
     sup.fleet.stop_all()
     await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
     await sup.status_file.flush()
+
+
+class ReadySeen(Notifier):
+    """Records READY=1 (systemd's end of a unit's start) with its status line."""
+
+    def __init__(self) -> None:
+        super().__init__(environ={})
+        self.ready_lines: list[str] = []
+
+    def ready(self, status: str) -> bool:
+        self.ready_lines.append(status)
+        return True
+
+
+def test_startup_completes_with_engines_an_operator_holds_out(tmp_path: Path) -> None:
+    """READY=1 waited for every enabled engine to be READY or failed: one held stopped (STOPPED)
+    or drained (DRAINING) across the daemon's restart never is, and systemd's start never ended.
+    It waits for the engines meant to serve and not held by the operator (engine/status.py)."""
+    holds = {"e0": Desired(run=False), "e1": Desired(run=True, held=True)}
+
+    async def scenario() -> tuple[list[str], dict[str, EngineState]]:
+        procs = FakeProcesses(state_dir=tmp_path)
+        notifier = ReadySeen()
+        sup = Supervisor(
+            config(tmp_path),
+            notifier=notifier,
+            gpu_reader=FakeGpu(),
+            procs=procs,
+            http_for=ServerScript(procs).http_for,
+            sweeper=FakeSweeper(cpu_per_s=0.01),
+        )
+        for spec in sup.config.engines:
+            sup.fleet.add(spec, desired=holds.get(spec.name))
+        loop = asyncio.create_task(sup._loop())
+        await asyncio.sleep(120)
+        states = {s.name: s.state for s in sup.fleet.statuses()}
+        await stopped(sup, loop)
+        return notifier.ready_lines, states
+
+    ready_lines, states = run_virtual(scenario())
+    assert states["e0"] is EngineState.STOPPED and states["e1"] is EngineState.DRAINING
+    assert all(states[f"e{i}"] is EngineState.READY for i in range(2, ENGINES))
+    assert len(ready_lines) == 1 and ready_lines[0].startswith("6/8 engines ready"), ready_lines
 
 
 def test_observation_rounds_do_not_each_reconcile_the_fleet(tmp_path: Path) -> None:
