@@ -29,9 +29,9 @@ from llmsupervisor.detectors import (
     detect_all,
     new_window,
 )
+from llmsupervisor.detectors.hang.steps import beat_idle, idle_but_busy, idle_by_heartbeat, step_bound_s
+from llmsupervisor.detectors.hang.suspect import hang_suspected
 from llmsupervisor.detectors.load import ServedLoad, served_load
-from llmsupervisor.detectors.steps import beat_idle, idle_but_busy, idle_by_heartbeat, step_bound_s
-from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.status import EngineLoad

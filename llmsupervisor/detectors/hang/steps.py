@@ -1,5 +1,5 @@
 """The hang rules that read the step heartbeat (issue 25): ``frozen`` and ``spinning``, and
-when an idle engine should be asked at once. ``detect_hang`` (detectors/liveness.py) applies them.
+when an idle engine should be asked at once. ``detect_hang`` (detectors/hang/detect.py) applies them.
 
 The heartbeat (probes/heartbeat.py) says when the engine last completed a step and what it held.
 An engine that holds work and completes no step for a few of its own longest steps is stuck;
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
+from llmsupervisor.detectors.hang.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.detectors.series import newest_first
-from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 

@@ -1,9 +1,8 @@
-"""Liveness: is the engine doing anything at all? HANG (no sign of life, deadlines missed) and
-STALL (work queued, counters still).
+"""HANG: is the engine doing anything at all?
 
 Busy is not dead (docs/vllm-notes.md §7): a slow canary while the step or token counters advance is
-load, not a hang. These two are the only detectors that need no ``sustain_s``: each already
-needs its counters frozen for a stretch of readings.
+load, not a hang. Like STALL (detectors/stall.py), the detector needs no ``sustain_s``: each rule
+already needs its signs frozen for a stretch of readings.
 
 A HANG is found by the first of these rules (issues 16 and 25), fastest first:
 
@@ -12,7 +11,7 @@ A HANG is found by the first of these rules (issues 16 and 25), fastest first:
                a round whose canary or /health then missed its deadline: a fact;
 ``front``      /health missed twice in a row over ``hang_front_after_s`` while the API server
                was asleep at no CPU, or burned a core and handed the scheduler nothing: its
-               event loop is held (detectors/front.py);
+               event loop is held (detectors/hang/front.py);
 ``frozen``     (step heartbeat) work outstanding, no step for the learned bound, and the
                engine's processes (the API server aside) near 0 % CPU: a deadlock;
 ``spinning``   (step heartbeat) work outstanding, no step for the learned bound, the engine's
@@ -38,16 +37,16 @@ from __future__ import annotations
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
-from llmsupervisor.detectors.front import front_hung
-from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
-from llmsupervisor.detectors.steps import (
+from llmsupervisor.detectors.hang.front import front_hung
+from llmsupervisor.detectors.hang.steps import (
     beat_progressed,
     frozen_engine,
     overdue_step,
     spinning_engine,
     step_bound_s,
 )
-from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
+from llmsupervisor.detectors.hang.sweeps import cpu_used_s, sweeps_in
+from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
@@ -310,48 +309,4 @@ def detect_hang(window: ObservationWindow, now: float, cfg: DetectorConfig) -> F
     )
 
 
-def detect_stall(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """Requests running or waiting in every reading, and the counters still, for ``stall_after_s``.
-
-    Covers the KV livelock too (waiting > 0, running = 0; docs/vllm-notes.md §9 #5). Readings only:
-    failed scrapes neither extend nor break the stretch, and stale gauges reading 0 (the SIGSTOP
-    case) are the hang detector's.
-    """
-    readings = ((o, o.metrics) for o in newest_first(window, now) if isinstance(o.metrics, EngineMetrics))
-    newest = next(readings, None)
-    if newest is None:
-        return None
-    latest_obs, latest = newest
-    if now - latest_obs.at_s > cfg.stale_after_s:
-        return None
-    work = in_flight(latest)
-    if not work:
-        return None
-    frozen_since = latest_obs.at_s
-    newer = latest
-    for obs, m in readings:
-        if counters_progressed(m, newer) is not False or not in_flight(m):
-            break
-        frozen_since = obs.at_s
-        newer = m
-    frozen_s = latest_obs.at_s - frozen_since
-    if frozen_s < cfg.stall_after_s:
-        return None
-    evidence: dict[str, float | str] = {"frozen_s": frozen_s, "requests_in_flight": work}
-    if latest.requests_running is not None:
-        evidence["requests_running"] = latest.requests_running
-    if latest.requests_waiting is not None:
-        evidence["requests_waiting"] = latest.requests_waiting
-    if latest.kv_usage_ratio is not None:
-        evidence["kv_usage_ratio"] = latest.kv_usage_ratio
-    return new_finding(
-        latest_obs,
-        K.STALL,
-        Severity.WARNING,
-        frozen_since,
-        f"stalled: {work} requests in flight and no step or token progress for {frozen_s:.0f} s",
-        **evidence,
-    )
-
-
-__all__ = ["detect_hang", "detect_stall"]
+__all__ = ["detect_hang"]
