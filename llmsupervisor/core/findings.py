@@ -69,7 +69,7 @@ API_SERVER_ROLE = "api_server"  # the ``hung_role`` evidence of a finding that b
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Blame:
-    """The process a hang finding blames, as its evidence says (detectors/hang/: the
+    """The process a hang finding blames, as its evidence says (detectors/hang/rules.py: the
     ``hung_pid`` and ``hung_role`` of every rule that names one, the ``stopped`` rule's
     ``stopped_pid``). It travels with the restart to the runner, which cuts the API server
     before taking the stacks unless it is the one blamed (engine/evidence.py)."""

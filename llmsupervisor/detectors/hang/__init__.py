@@ -2,7 +2,10 @@
 
 ::
 
-    detect.py   detect_hang: the facts, then the first rule that fires, as a Finding
+    detect.py   detect_hang: the facts once, then the first rule that fires, as a finding
+    facts.py    HangFacts: the walk back to the last sign of life, the misses, a stopped
+                process, the newest sweep, the stuck step
+    rules.py    HANG_RULES: the rules in order, each a pure (facts, window, now, cfg) -> RuleHit
     front.py    the ``front`` rule's test: the API server's event loop held
     steps.py    the step heartbeat: a stuck engine, and the frozen, spinning and overdue tests
     sweeps.py   the process sweeps in a window and the CPU used between two
@@ -12,6 +15,8 @@
 from __future__ import annotations
 
 from llmsupervisor.detectors.hang.detect import detect_hang
+from llmsupervisor.detectors.hang.facts import HangFacts, hang_facts
+from llmsupervisor.detectors.hang.rules import HANG_RULES, HangRule, RuleHit
 from llmsupervisor.detectors.hang.suspect import hang_suspected
 
-__all__ = ["detect_hang", "hang_suspected"]
+__all__ = ["HANG_RULES", "HangFacts", "HangRule", "RuleHit", "detect_hang", "hang_facts", "hang_suspected"]
