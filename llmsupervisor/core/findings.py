@@ -62,14 +62,14 @@ class Finding:
 
 
 # The hang rules whose finding says the API server itself is the hung process (the ``front``
-# rule: its event loop held, detectors/front.py). Its stack is then the evidence.
+# rule: its event loop held, detectors/hang/front.py). Its stack is then the evidence.
 API_SERVER_RULES: frozenset[str] = frozenset({"front"})
 API_SERVER_ROLE = "api_server"  # the ``hung_role`` evidence of a finding that blames the API server
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Blame:
-    """The process a hang finding blames, as its evidence says (detectors/liveness.py: the
+    """The process a hang finding blames, as its evidence says (detectors/hang/rules.py: the
     ``hung_pid`` and ``hung_role`` of every rule that names one, the ``stopped`` rule's
     ``stopped_pid``). It travels with the restart to the runner, which cuts the API server
     before taking the stacks unless it is the one blamed (engine/evidence.py)."""

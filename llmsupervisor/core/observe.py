@@ -60,7 +60,7 @@ class Observation:
     heartbeat: StepBeat | ProbeFailure | None = None
     # /health asked again at once after a late answer (None otherwise): a second miss in the
     # same round, sent when the first gave up, is what the ``front`` rule needs
-    # (detectors/front.py).
+    # (detectors/hang/front.py).
     health_after: HttpCheck | None = None
     # The heartbeat as the round's probes ended, when /health was late and the heartbeat was read
     # again after the second /health (``heartbeat`` is then that later read); None otherwise.

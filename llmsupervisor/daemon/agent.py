@@ -17,7 +17,7 @@ on a GPU under a node condition    ``maint``            out until the node is re
 STARTING, BACKOFF, STOPPING, ...   ``down``             marked down
 =================================  ===================  =========================================
 
-A hang is suspected (detectors/suspect.py) at its first sign, a canary without an answer or a
+A hang is suspected (detectors/hang/suspect.py) at its first sign, a canary without an answer or a
 stopped process, seconds before a HANG rule proves it and the daemon takes the stacks and kills
 the engine: from then on HAProxy sends new requests to the peers, and only the requests already
 sent wait (with ``retry-on empty-response``, HAProxy resends those that got no byte when the kill

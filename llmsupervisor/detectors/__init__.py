@@ -26,7 +26,8 @@ By family, each module owning its detectors and the helpers only they use::
 
     config       DetectorConfig, DEFAULT_SUSTAIN_S, DEFAULT_CLEAR_S (a leaf)
     series       window walkers, counter helpers and ``new_finding``, shared by the families
-    liveness     HANG, STALL
+    hang/        HANG: the hang rules, in order, over facts gathered once (and a hang suspected)
+    stall        STALL
     load         KV_PRESSURE, PREEMPTION_STORM
     degradation  DEGRADATION_THROUGHPUT, _TTFT, _PREFIX_CACHE: span stats against a baseline
     gpu          THERMAL, POWER_THROTTLE, GPU_FAULT, GPU_LOST, NVML_LOST, FOREIGN_GPU_MEMORY
@@ -65,10 +66,11 @@ from llmsupervisor.detectors.gpu import (
     detect_power_throttle,
     detect_thermal,
 )
-from llmsupervisor.detectors.liveness import detect_hang, detect_stall
+from llmsupervisor.detectors.hang import detect_hang
 from llmsupervisor.detectors.load import detect_kv_pressure, detect_preemption_storm
 from llmsupervisor.detectors.memory import detect_memory_growth
 from llmsupervisor.detectors.series import counters_progressed
+from llmsupervisor.detectors.stall import detect_stall
 from llmsupervisor.detectors.tracker import FindingTracker, TrackerUpdate
 
 K = FindingKind

@@ -164,7 +164,7 @@ class DetectorConfig:
     hang_cpu_max_span_s: float = _setting(
         "hang (CPU idle): and at most this (older readings say nothing of now)", 10.0, lo_open=True
     )
-    # The rules that read the step heartbeat (issue 25, detectors/steps.py: frozen, spinning).
+    # The rules that read the step heartbeat (issue 25, detectors/hang/steps.py: frozen, spinning).
     # A step is overdue when none completed for hang_step_factor x the engine's longest recent
     # step (the heartbeat's own, decaying over a few hundred steps and by half every 2 s idle),
     # and at least hang_spin_after_s for the spinning rule (hang_cpu_min_span_s for the frozen one).
@@ -202,7 +202,7 @@ class DetectorConfig:
         1.0,
         lo_open=True,
     )
-    # The front rule (detectors/front.py): /health missed twice in a row, the first sent this
+    # The front rule (detectors/hang/front.py): /health missed twice in a row, the first sent this
     # long ago, and the API server asleep at no CPU or burning a core while it hands the
     # scheduler nothing. A live API server answers /health from its loop in milliseconds.
     hang_front_after_s: float = _setting(

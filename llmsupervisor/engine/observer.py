@@ -33,9 +33,9 @@ from llmsupervisor.detectors import (
     detect_all,
     new_window,
 )
+from llmsupervisor.detectors.hang.steps import step_bound_s
+from llmsupervisor.detectors.hang.suspect import hang_suspected
 from llmsupervisor.detectors.load import ServedLoad, served_load
-from llmsupervisor.detectors.steps import step_bound_s
-from llmsupervisor.detectors.suspect import hang_suspected
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.processes import EngineProcess
 from llmsupervisor.engine.round_plan import RoundPlan, canary_after_sweep, may_ask, plan_round
@@ -79,7 +79,7 @@ def canary_deadline_s(recent_latencies_s: Iterable[float], spec: EngineSpec) -> 
     default) is what a healthy engine meets, and a frozen one is caught a deadline sooner than
     with a fixed 3 s. A slow canary raises the deadline for the next ones; the canary runs only
     while the counters stand still, so real load does not make it miss, and a miss alone opens
-    nothing (detectors/liveness.py).
+    nothing (detectors/hang/rules.py).
     """
     slowest = max(recent_latencies_s, default=None)
     if slowest is None:
@@ -97,7 +97,7 @@ def second_sweep_at(beat: StepBeat, now: float, swept_s: float, cfg: DetectorCon
     more than hang_spin_after_s after the sweep. None when no step is overdue."""
     if not (beat.work > 0 or beat.pending) or now - beat.done_s < max(OVERDUE_AFTER_S, beat.expected_step_s):
         return None
-    # The rules count a step under way from when it was scheduled (detectors/steps.py,
+    # The rules count a step under way from when it was scheduled (detectors/hang/steps.py,
     # find_stuck): on an idle engine that is the canary's step, long after the last one done.
     stuck_since_s = max(beat.done_s, beat.scheduled_s) if beat.pending else beat.done_s
     spin_s = stuck_since_s + step_bound_s(beat, cfg.hang_spin_after_s, cfg)
@@ -410,7 +410,7 @@ class Observer:
 
     async def _ask_again(self, look: _Look, plan: RoundPlan) -> _Look:
         """/health asked again at once after a late answer, so that a held API server loop is two
-        misses and hang_front_after_s old within this round (detectors/front.py), and the second
+        misses and hang_front_after_s old within this round (detectors/hang/front.py), and the second
         sweep spans both; then the heartbeat again: whether the API server handed the scheduler
         anything while it did not answer (the front rule's "admits nothing")."""
         if not check_timed_out(look.health):
@@ -435,7 +435,7 @@ class Observer:
             # overdue.
             await aio.wait_any(timeout_s=max(0.0, overdue_s - aio.now()))
         elif look.stopped and isinstance(look.proc, host.ProcSample) and look.proc.at_s is not None:
-            # A stopped process is a hang in sweeps hang_stopped_after_s apart (liveness.py).
+            # A stopped process is a hang in sweeps hang_stopped_after_s apart (the stopped rule).
             # The round's first sweep is that far back already, unless a held loop had it taken
             # again just now (``_first_look``): then the second waits for it. Otherwise a stop
             # that came while /metrics was read waited a round more whenever the steps before it

@@ -26,7 +26,7 @@ from typing import Final
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.observe import ObservationWindow
 from llmsupervisor.detectors import DetectorConfig, counters_progressed
-from llmsupervisor.detectors.steps import beat_idle, idle_but_busy, idle_by_heartbeat
+from llmsupervisor.detectors.hang.steps import beat_idle, idle_but_busy, idle_by_heartbeat
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcSample
@@ -101,7 +101,7 @@ def plan_round(
     canary = asks and not progressing and now - last_canary_s >= spec.canary_interval_s
     # An idle engine, no canary due: the round's sweep first, so that one burning CPU with
     # nothing to do (a spinning Worker, an EngineCore looping) is asked in this round, not the
-    # next (detectors/steps.py, idle_but_busy). A busy engine's round keeps its probes and its
+    # next (detectors/hang/steps.py, idle_but_busy). A busy engine's round keeps its probes and its
     # sweep together. Even while the heartbeat's last steps were moving (issue 25: a Worker that
     # began to spin as a load ended went unasked for 9 s).
     sweep_first = asks and not canary and idle

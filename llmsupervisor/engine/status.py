@@ -84,7 +84,7 @@ class EngineStatus:
     # serving engine): the policy leaves the engine alone until it is done.
     busy: bool = False
     findings: tuple[Finding, ...] = ()
-    # Why a hang is suspected (detectors/suspect.py), before a finding proves it; None otherwise.
+    # Why a hang is suspected (detectors/hang/suspect.py), before a finding proves it; None otherwise.
     suspect: str | None = None
     ladder_step: int = 0  # the running incarnation's step; without one, the next spawn's
     ladder_steps: int = 0
@@ -205,7 +205,7 @@ class ObserverView(Protocol):
     """What a status reads of the live incarnation's observer (engine/observer.py)."""
 
     findings: tuple[Finding, ...]
-    suspect: str | None  # why a hang is suspected (detectors/suspect.py), before a finding
+    suspect: str | None  # why a hang is suspected (detectors/hang/suspect.py), before a finding
     served: ServedLoad | None
     canary_latency_s: float | None
 

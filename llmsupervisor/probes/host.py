@@ -48,7 +48,7 @@ class RawProcess:
     cpu_system_s: float | None
     status: str  # psutil.STATUS_* ("running", "sleeping", "zombie", "stopped", ...)
     # The main thread's own user + system CPU (/proc/PID/task/PID/stat), read for the group's
-    # leader only: the API server, whose loop runs there (detectors/front.py).
+    # leader only: the API server, whose loop runs there (detectors/hang/front.py).
     main_thread_cpu_s: float | None = None
 
 

@@ -49,7 +49,7 @@ LONGEST_DECAY: Final = 0.995
 # decay by, so without it the last long prefill before a pause stayed the bound of the first
 # small step after it (a canary's, 4x that long before a Worker spinning on it was overdue).
 # The time per token does not decay with idleness: it bounds a step by its own size, so a long
-# prefill after a pause still gets a long bound (detectors/steps.py).
+# prefill after a pause still gets a long bound (detectors/hang/steps.py).
 LONGEST_IDLE_HALF_LIFE_S: Final = 2.0
 
 _SEQ_AT: Final = 16  # offset of seq in LAYOUT
@@ -127,7 +127,7 @@ class Heartbeat:
         self.longest_s = max(step_s, self.longest_s * LONGEST_DECAY)
         if tokens > 0:
             # A step takes about a + b x its tokens; the slowest time per token seen (a small
-            # step's) times a step's tokens bounds that step from above (detectors/steps.py).
+            # step's) times a step's tokens bounds that step from above (detectors/hang/steps.py).
             self.per_token_s = max(step_s / tokens, self.per_token_s * LONGEST_DECAY)
         self.done += 1
         self.done_s = now

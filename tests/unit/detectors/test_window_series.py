@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors import DetectorConfig, Finding, FindingKind, Severity
+from llmsupervisor.detectors.hang.steps import newest_beat
 from llmsupervisor.detectors.memory import detect_memory_growth
 from llmsupervisor.detectors.series import MIB, new_finding, newest_first
-from llmsupervisor.detectors.steps import newest_beat
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcSample

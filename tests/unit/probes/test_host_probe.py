@@ -287,7 +287,7 @@ def test_members_of_many_groups_in_one_walk(group: tuple[subprocess.Popen[bytes]
 
 def test_the_main_thread_s_cpu_leaves_out_the_other_threads() -> None:
     # A thread that burns 0.3 s counts in the process's CPU, not in its main thread's: the API
-    # server's ZMQ threads go on while its loop is held (detectors/front.py).
+    # server's ZMQ threads go on while its loop is held (detectors/hang/front.py).
     code = (
         "import os, threading, time\n"
         "from llmsupervisor.probes.host import main_thread_cpu_s\n"

@@ -133,8 +133,8 @@ def test_the_flag_is_added_only_where_vllm_takes_it_and_nobody_chose_otherwise(
 
 
 def test_a_step_s_tokens_and_the_slowest_time_per_token_and_requests_admitted(tmp_path: Path) -> None:
-    # What bounds a step by its size (detectors/steps.py, overdue) and what shows the API server
-    # admits requests (detectors/front.py).
+    # What bounds a step by its size (detectors/hang/steps.py, overdue) and what shows the API server
+    # admits requests (detectors/hang/front.py).
     beat = Heartbeat(str(tmp_path / "beat"))
     beat.on_add()
     beat.on_add()

@@ -1,5 +1,7 @@
-"""The hang rules that read the step heartbeat (issue 25): ``frozen`` and ``spinning``, and
-when an idle engine should be asked at once. ``detect_hang`` (detectors/liveness.py) applies them.
+"""The hang rules that read the step heartbeat (issue 25): the stuck engine (``find_stuck``), the
+tests of the ``frozen``, ``spinning`` and ``overdue`` rules, and when an idle engine should be
+asked at once. The rules (detectors/hang/rules.py) apply these tests, in their order, to the
+stuck engine their facts hold (``HangFacts.stuck``).
 
 The heartbeat (probes/heartbeat.py) says when the engine last completed a step and what it held.
 An engine that holds work and completes no step for a few of its own longest steps is stuck;
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
+from llmsupervisor.detectors.hang.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.detectors.series import newest_first
-from llmsupervisor.detectors.sweeps import cpu_used_s, sweeps_in
 from llmsupervisor.probes.heartbeat import StepBeat
 from llmsupervisor.probes.host import ProcInfo, ProcSample
 
@@ -121,17 +123,16 @@ def step_bound_s(beat: StepBeat, floor_s: float, cfg: DetectorConfig) -> float:
 
 
 def frozen_engine(
-    window: ObservationWindow, now: float, cfg: DetectorConfig
+    window: ObservationWindow, now: float, cfg: DetectorConfig, stuck: Stuck | None
 ) -> tuple[Stuck, float, float] | None:
     """Work held, no step for the learned bound, and the engine's processes other than the API
-    server at (almost) no CPU while stuck: (stuck, CPU share, span).
+    server at (almost) no CPU while stuck: (stuck, CPU share, span). ``stuck``: ``find_stuck``'s.
 
     Why a busy engine cannot trip it: a working engine completes a step within a few of its own
     longest steps, and computes meanwhile (CUDA spin-waits on a GPU, OpenMP on the CPU build;
     an engine whose CUDA context was made to block rather than spin would need the bound raised).
     A process waiting on I/O (state D, a LoRA load from a network disk) defers it to the
     deadline rule."""
-    stuck = find_stuck(window, now, cfg)
     if stuck is None:
         return None
     bound_s = step_bound_s(stuck.beat, cfg.hang_cpu_min_span_s, cfg)
@@ -167,11 +168,11 @@ def poll_s(stuck: Stuck, older: ProcSample, cfg: DetectorConfig) -> float:
 
 
 def spinning_engine(
-    window: ObservationWindow, now: float, cfg: DetectorConfig
+    window: ObservationWindow, now: float, cfg: DetectorConfig, stuck: Stuck | None
 ) -> tuple[Stuck, float, float, float] | None:
     """Work held, no step for the learned bound (``hang_spin_after_s`` at least), the engine's
     processes other than the API server busy, and its Worker idle: (stuck, CPU share, Worker
-    share, span).
+    share, span). ``stuck``: ``find_stuck``'s.
 
     Why a busy engine cannot trip it: its steps complete within a few of its own longest
     steps; and a step, however long, is computed by the Worker, which then burns CPU. That last
@@ -179,7 +180,6 @@ def spinning_engine(
     kernel and a long prefill both spin the Worker on the GPU's completion, so a GPU engine, or
     one without a Worker process, is left to the deadline rule (and a future power/GPM oracle,
     shared/docs/hang-detection.md §4)."""
-    stuck = find_stuck(window, now, cfg)
     if stuck is None or stuck.obs.gpus:
         return None
     bound_s = step_bound_s(stuck.beat, cfg.hang_spin_after_s, cfg)
@@ -202,10 +202,11 @@ def spinning_engine(
 
 
 def overdue_step(
-    window: ObservationWindow, now: float, cfg: DetectorConfig
+    window: ObservationWindow, now: float, cfg: DetectorConfig, stuck: Stuck | None
 ) -> tuple[Stuck, float, float, float] | None:
     """A step under way past its bound, scaled by the step's own tokens (``hang_spin_after_s``
-    at least), while the Worker computes: (stuck, bound, Worker share, span).
+    at least), while the Worker computes: (stuck, bound, Worker share, span). ``stuck``:
+    ``find_stuck``'s.
 
     The spinning rule's other half: a Worker that spins (a loop holding its GIL, a collective
     busy-polling a lost peer) burns CPU as a forward does, so /proc cannot tell them apart; the
@@ -220,7 +221,6 @@ def overdue_step(
     not hung (Triton compiling a kernel for a shape it meets first), which only the GPU can
     tell apart (a future power/GPM oracle, shared/docs/hang-detection.md §4). A step whose
     size the heartbeat does not give (an older plugin) is left to the deadline rule."""
-    stuck = find_stuck(window, now, cfg)
     if stuck is None or stuck.obs.gpus or stuck.idle or not stuck.beat.pending:
         return None
     if stuck.beat.tokens_pending <= 0 or stuck.beat.per_token_s <= 0:
@@ -287,6 +287,7 @@ __all__ = [
     "Stuck",
     "beat_idle",
     "beat_progressed",
+    "find_stuck",
     "frozen_engine",
     "idle_but_busy",
     "idle_by_heartbeat",

@@ -1,4 +1,4 @@
-"""A hang suspected at its first sign (detectors/suspect.py): the load balancer's cue, seconds
+"""A hang suspected at its first sign (detectors/hang/suspect.py): the load balancer's cue, seconds
 before a HANG rule proves it and the daemon kills the engine."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors import DetectorConfig, detect_hang, new_window
-from llmsupervisor.detectors.suspect import hang_suspected
+from llmsupervisor.detectors.hang.suspect import hang_suspected
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.host import ProcInfo, ProcSample

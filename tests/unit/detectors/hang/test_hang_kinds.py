@@ -16,7 +16,7 @@ import pytest
 from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors import DetectorConfig, detect_hang, new_window
 from llmsupervisor.detectors.config import DetectorConfig as _Cfg
-from llmsupervisor.detectors.steps import idle_but_busy
+from llmsupervisor.detectors.hang.steps import idle_but_busy
 from llmsupervisor.probes.fake_gpu import nominal_sample
 from llmsupervisor.probes.health import HttpCheck
 from llmsupervisor.probes.heartbeat import StepBeat

@@ -1,5 +1,5 @@
 """The engine's process sweeps in an observation window, and the CPU used between two: what the
-hang rules (detectors/liveness.py, detectors/steps.py) read of /proc."""
+hang rules (detectors/hang/) read of /proc."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A hang suspected: what a hang looks like in its first round, before any rule can prove it.
 
-The HANG rules (detectors/liveness.py) wait for proof: a process stopped in two sweeps, a canary
+The HANG rules (detectors/hang/rules.py) wait for proof: a process stopped in two sweeps, a canary
 missed while the group used no CPU, or deadline misses for ``hang_after_s`` (10-14 s for an
 engine that spins). Then the daemon takes the stacks and kills the engine. Every request a load
 balancer sends to the engine meanwhile waits for nothing. A balancer can stop sending at the

@@ -33,9 +33,9 @@ from typing import Literal
 
 from llmsupervisor.core.observe import ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
+from llmsupervisor.detectors.hang.steps import DISK_SLEEP, span_in
+from llmsupervisor.detectors.hang.sweeps import cpu_used_s
 from llmsupervisor.detectors.series import newest_first
-from llmsupervisor.detectors.steps import DISK_SLEEP, span_in
-from llmsupervisor.detectors.sweeps import cpu_used_s
 from llmsupervisor.probes.heartbeat import StepBeat
 
 SLEEPING = "sleeping"  # psutil.STATUS_SLEEPING: blocked on something, not waiting for a CPU
