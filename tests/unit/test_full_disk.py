@@ -36,6 +36,7 @@ from tests.lib.runner_harness import spec
 from tests.lib.virtual_time import run_virtual
 
 FULL_FOR_S = 600.0  # ten minutes of a full disk
+NO_SPACE = os.strerror(errno.ENOSPC)
 ROOM_WITHIN_S = 60.0  # RETRY_MAX_S (30 s) and then some: a kept write lands within it
 
 
@@ -249,3 +250,33 @@ def test_run_starts_the_daemon_on_a_full_disk(
     assert cli.main(["--config", str(path)]) == 0
     assert ran == [True]
     assert "cannot write this daemon's pid (No space left on device)" in caplog.text
+
+
+# ---- how it is shown ----
+
+
+def test_the_reply_status_table_and_metric_say_what_is_not_saved_yet(tmp_path: Path) -> None:
+    from llmsupervisor.cli import render
+    from llmsupervisor.daemon.exporter import Exporter
+    from llmsupervisor.daemon.status import Snapshot, unsaved_text
+    from llmsupervisor.files import UnsavedFile
+
+    reply = {"engine": "a", "accepted": "stop", "doing": "draining, then stopping", "hold_unsaved": NO_SPACE}
+    assert render.accepted_line(reply) == (
+        f"a: stop accepted; draining, then stopping; the hold is not saved yet ({NO_SPACE}): it holds"
+        " now, is written once the disk has room, and a daemon restart before then would forget it"
+    )
+    held = {"hold": {"hold": "stop", "by": "alice (uid 1000)", "since": 0.0}, "hold_unsaved": NO_SPACE}
+    assert (render.hold_text(held) or "").endswith(f", not saved yet: {NO_SPACE}")
+    assert (
+        render.hold_text({"hold": None, "hold_unsaved": NO_SPACE})
+        == f"hold removed, not saved yet: {NO_SPACE}"
+    )
+    assert render.hold_text({"hold": None, "hold_unsaved": None}) is None
+
+    unsaved = UnsavedFile(tmp_path / "holds" / "a.json", "the operator's hold", NO_SPACE, 1.0, True)
+    table = render.format_status({"engines": {}, "state_files_unsaved": [unsaved.as_json()]})
+    assert f"State files not saved yet ({NO_SPACE}): {tmp_path / 'holds' / 'a.json'}" in table
+    assert unsaved_text([unsaved]) == f"state dir full: 1 state file(s) not saved yet ({NO_SPACE})"
+    registry = Exporter(lambda: Snapshot(engines=(), unsaved_files=(unsaved,))).registry
+    assert registry.get_sample_value("llmsupervisor_state_files_unsaved") == 1.0
