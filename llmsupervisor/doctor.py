@@ -53,6 +53,8 @@ from llmsupervisor.config.launcher import vllm_cli_problem
 from llmsupervisor.core.placement import AUTO, omp_threads_bind, overlaps
 from llmsupervisor.daemon import lock
 from llmsupervisor.daemon.placement import place_config, topology
+from llmsupervisor.daemon.state_dir import OPEN_BITS
+from llmsupervisor.daemon.state_dir import judge as state_dir_trust
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.gpu_readings import GpuReader
@@ -465,6 +467,16 @@ def check_state_dir(path: Path, who: Identity, *, under_unit: bool) -> DoctorChe
     if existing != path:
         return DoctorCheck(
             name, Level.OK, f"{path} does not exist yet; {who.name} can create it in {existing}"
+        )
+    # Whom it lets in, judged as the daemon judges it at start (daemon/state_dir.py).
+    refusal, warning = state_dir_trust(st, uid=who.uid)
+    if refusal is not None:
+        return DoctorCheck(name, Level.FAIL, f"{path} is {refusal}: the daemon refuses to start")
+    if warning is not None:
+        return DoctorCheck(name, Level.WARN, f"{path} is {warning}")
+    if st.st_mode & OPEN_BITS:
+        return DoctorCheck(
+            name, Level.WARN, f"{path} is writable by others: the daemon takes that away at start"
         )
     return DoctorCheck(name, Level.OK, f"{path} writable by {who.name}")
 

@@ -8,6 +8,8 @@
      ├── PortHeld             an engine's port is held by a process that is not ours
      ├── AlreadyRunning       another daemon holds the state dir's lock (STATE_DIR/daemon.lock);
      │                        this one exits EX_ALREADY_RUNNING without touching anything
+     ├── UnsafeStateDir       the state dir is another user's (or no directory): the daemon
+     │                        exits EX_CONFIG without using it (daemon/state_dir.py)
      └── NvmlUnavailable      no GPU telemetry on this host: no driver, driver not loaded, a reboot
                               pending after a driver upgrade, or no permission; the daemon degrades
 """
@@ -74,6 +76,15 @@ class AlreadyRunning(SupervisorError):
         super().__init__(f"another daemon ({who}) holds {path}")
         self.pid = pid
         self.path = path
+
+
+class UnsafeStateDir(SupervisorError):
+    """The state dir must not be used: ``reason`` says why (another user owns it)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"state dir {path} is {reason}")
+        self.path = path
+        self.reason = reason
 
 
 class NvmlUnavailable(SupervisorError):

@@ -33,11 +33,11 @@ import signal
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import psutil
 
-from llmsupervisor.files import write_json_atomic
+from llmsupervisor.files import read_bounded, remove_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -415,28 +415,48 @@ class RecordedGroup:
     daemon_pid: int
 
 
-def record_group(state_dir: Path, engine: str, pid: int, daemon_pid: int) -> None:
+def group_path(state_dir: Path, engine: str) -> Path:
+    return state_dir / "engines" / engine / GROUP_FILE
+
+
+def group_record(pid: int, daemon_pid: int) -> dict[str, Any] | None:
+    """What ``record_group`` writes for the group ``pid`` leads; None when it is already gone."""
     try:
         create_time = psutil.Process(pid).create_time()
     except psutil.Error:
-        return  # already gone: nothing to find later
-    record = {"pgid": pid, "leader_create_time": create_time, "daemon_pid": daemon_pid}
-    write_json_atomic(state_dir / "engines" / engine / GROUP_FILE, record, indent=None)
+        return None  # already gone: nothing to find later
+    return {"pgid": pid, "leader_create_time": create_time, "daemon_pid": daemon_pid}
+
+
+def record_group(state_dir: Path, engine: str, pid: int, daemon_pid: int) -> None:
+    record = group_record(pid, daemon_pid)
+    if record is not None:  # no link below the state dir followed (files.open_directory)
+        write_json_atomic(group_path(state_dir, engine), record, indent=None, root=state_dir)
 
 
 def forget_group(state_dir: Path, engine: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / "engines" / engine / GROUP_FILE).unlink()
+    """Remove the record (no fsync: a plain unlink, as before); one that cannot be removed (a
+    link planted in the state dir) is logged, and a later record replaces it."""
+    try:
+        remove_file(group_path(state_dir, engine), root=state_dir, durable=False)
+    except OSError as exc:
+        log.warning("cannot remove %s: %s", group_path(state_dir, engine), exc.strerror or exc)
 
 
 def recorded_groups(state_dir: Path) -> list[RecordedGroup]:
-    groups = []
-    for path in sorted((state_dir / "engines").glob(f"*/{GROUP_FILE}")):
+    """The groups recorded under ``engines/*/``: read bounded, without following a link and
+    without waiting on a FIFO (files.read_bounded), so a planted file cannot hang the sweep."""
+    groups: list[RecordedGroup] = []
+    try:
+        names = sorted(os.listdir(state_dir / "engines"))
+    except OSError:
+        return groups
+    for name in names:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_bounded(group_path(state_dir, name), root=state_dir))
             groups.append(
                 RecordedGroup(
-                    path.parent.name,
+                    name,
                     int(data["pgid"]),
                     float(data["leader_create_time"]),
                     int(data["daemon_pid"]),

@@ -22,7 +22,8 @@ from llmsupervisor.cli.client import EX_UNAVAILABLE as EX_UNAVAILABLE  # the dae
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
 from llmsupervisor.config.checks import hub_offline_problem
 from llmsupervisor.daemon import lock
-from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError
+from llmsupervisor.daemon import state_dir as state_dir_check
+from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError, UnsafeStateDir
 
 SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
 ENGINE_COMMANDS = (
@@ -381,7 +382,15 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
     # running daemon's engines as leftovers and take over (then remove) its control socket.
     state_dir = config.supervisor.state_dir.resolve()
     try:
+        # Whom the state dir lets in, before anything is written there (daemon/state_dir.py).
+        for unsafe in state_dir_check.prepare(state_dir):
+            log.warning("%s", unsafe)
         held = lock.acquire(state_dir)
+    except UnsafeStateDir as exc:
+        message = f"{exc}; not starting (exit {EX_CONFIG})"
+        print(f"llm-supervisor: {message}", file=sys.stderr)
+        log.critical("%s", message)
+        return EX_CONFIG
     except AlreadyRunning as exc:
         who = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
         message = (
@@ -392,8 +401,15 @@ def run(path: Path, fake_gpu: Path | None = None) -> int:
         log.critical("%s", message)
         return EX_ALREADY_RUNNING
     except OSError as exc:
-        log.critical("%s; not starting", exc.strerror)
+        log.critical("%s; not starting", exc.strerror if exc.filename is None else exc)
         return 1
+    if held.pid_unwritten is not None:
+        # A full disk must not keep the engines down (issue 38): the lock holds, the file is empty.
+        log.warning(
+            "%s: cannot write this daemon's pid (%s); the lock is held all the same",
+            held.path,
+            held.pid_unwritten.strerror or held.pid_unwritten,
+        )
     with held:
         from llmsupervisor.daemon.supervisor import Supervisor
 

@@ -82,13 +82,16 @@ def state_text(engine: Mapping[str, Any]) -> str:
 
 
 def hold_text(engine: Mapping[str, Any]) -> str | None:
-    """``stop hold by alice (uid 1000) since 2026-11-26 08:00:12`` (local time), or None."""
+    """``stop hold by alice (uid 1000) since 2026-11-26 08:00:12`` (local time), or None; with
+    ``, not saved yet: No space left on device`` while its file is not written (a full disk)."""
     hold = engine.get("hold")
+    unsaved = engine.get("hold_unsaved")
     if not hold:
-        return None
+        return f"hold removed, not saved yet: {unsaved}" if unsaved else None
     since = hold.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since is not None else "?"
-    return f"{hold.get('hold')} hold by {hold.get('by')} since {when}"
+    text = f"{hold.get('hold')} hold by {hold.get('by')} since {when}"
+    return f"{text}, not saved yet: {unsaved}" if unsaved else text
 
 
 def _detail(engine: Mapping[str, Any]) -> str:
@@ -227,6 +230,13 @@ def format_status(
             f"Node condition {condition.get('condition')} on GPU {condition.get('gpu')}:"
             f" {condition.get('reason')} (not ready; node-level remediation takes it from here)"
         )
+    unsaved = status.get("state_files_unsaved") or []
+    if unsaved:
+        errors = "; ".join(sorted({str(u.get("error")) for u in unsaved}))
+        lines.append(
+            f"State files not saved yet ({errors}): {', '.join(str(u.get('file')) for u in unsaved)};"
+            " written as soon as the disk takes them, lost if the daemon restarts before"
+        )
     return "\n".join(lines)
 
 
@@ -259,10 +269,18 @@ def status_exit_code(status: Mapping[str, Any], names: Sequence[str] = ()) -> tu
 
 
 def accepted_line(reply: Mapping[str, Any]) -> str:
-    """``gpu1: restart accepted; draining, 3 requests in flight``."""
+    """``gpu1: restart accepted; draining, 3 requests in flight``; and when the hold could not
+    be written (a full disk), that it holds now and is saved once the disk has room."""
     line = f"{reply.get('engine')}: {reply.get('accepted')} accepted"
     doing = reply.get("doing")
-    return f"{line}; {doing}" if doing else f"{line} (was {str(reply.get('state', '?')).upper()})"
+    line = f"{line}; {doing}" if doing else f"{line} (was {str(reply.get('state', '?')).upper()})"
+    unsaved = reply.get("hold_unsaved")
+    if unsaved:
+        line += (
+            f"; the hold is not saved yet ({unsaved}): it holds now, is written once the disk has"
+            " room, and a daemon restart before then would forget it"
+        )
+    return line
 
 
 def reload_line(reply: Mapping[str, Any]) -> str:

@@ -51,6 +51,7 @@ config_reloads_total                   counter    result
 probe_errors_total                     counter    probe, error (probes that raised: EMFILE, ...)
 open_fds                               gauge      (absent when it cannot be read)
 max_fds                                gauge      (the soft RLIMIT_NOFILE)
+state_files_unsaved                    gauge      (state files kept from a failed write: a full disk)
 tick_duration_seconds                  histogram
 build_info                             gauge      version, python (always 1)
 process_*                              see below  (prometheus-client's ProcessCollector)
@@ -539,6 +540,12 @@ class _SnapshotCollector:
         if counters.fds_limit is not None:
             max_fds.add_metric([], float(counters.fds_limit))
         yield max_fds
+        yield GaugeMetricFamily(
+            _name("state_files_unsaved"),
+            "State files (holds, ladder steps, GPU marks, status.json) whose newest content is not on"
+            " disk: a write failed (a full disk, above all) and is tried again until it lands.",
+            value=float(len(snap.unsaved_files)),
+        )
         marked = CounterMetricFamily(
             _name("marked_gpu_faults"),
             "GPU faults (XID, ECC, lost) the policy restarted an engine for, by GPU; kept in the state dir.",

@@ -13,8 +13,14 @@ One small file per held engine, ``STATE_DIR/holds/NAME.json`` (written atomicall
                             incarnation comes up out of rotation); a stopped or FATAL engine is
                             started by it, like `start`, so its hold goes too
 
-The file is written before the operator hears "accepted" (at most ``HOLD_WRITE_TIMEOUT_S``; a
-disk that cannot take it is logged, the command still acts). When the daemon starts, a held
+The file is written before the operator hears "accepted" (at most ``HOLD_WRITE_TIMEOUT_S``).
+A disk that cannot take it (full, above all) does not lose it, and does not refuse the command:
+an operator who stops an engine on a full disk wants it stopped now, and the disk is not the
+engine's business. So the command acts at once, the hold is kept and written again until it
+lands (files.JsonFileWriter: a bounded backoff, and at once when another state file lands), and
+until then the reply, `status` ("not saved yet: No space left on device") and the log say so:
+the operator knows that a daemon restart before the disk has room would forget it. When the
+daemon starts, a held
 engine's runner begins with the hold in its desired state: a stopped one stays STOPPED, a drained
 one starts and stays out of rotation (DRAINING) until `start`.
 
@@ -31,7 +37,6 @@ with its user name where the password database has one; "operator" when it canno
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import pwd
 import time
@@ -42,7 +47,7 @@ from typing import Any, Final
 
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.engine.commands import Command, Desired, Hold, Start, Stop
-from llmsupervisor.files import read_json, write_json_atomic
+from llmsupervisor.files import JsonFileWriter, read_json
 
 log = logging.getLogger("llmsupervisor")
 
@@ -127,20 +132,31 @@ async def operator_name(uid: int | None) -> str:
 class Holds:
     """The holds of every engine: in memory for the loop, on disk for the next daemon."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, root: Path | None = None) -> None:
         self.directory = directory
+        # The state dir: no link below it is followed (files.open_directory).
+        self._root = directory.parent if root is None else root
         self._holds: dict[str, OperatorHold] = {}
-        self._on_disk: dict[str, OperatorHold | None] = {}
-        self._writing = asyncio.Lock()
+        self._given: dict[str, OperatorHold | None] = {}  # what each file's writer was handed
+        self._files: dict[str, JsonFileWriter] = {}
 
     def _path(self, name: str) -> Path:
         return self.directory / f"{name}.json"
 
+    def _file(self, name: str) -> JsonFileWriter:
+        writer = self._files.get(name)
+        if writer is None:
+            writer = JsonFileWriter(
+                self._path(name), what="the operator's hold", engine=name, root=self._root
+            )
+            self._files[name] = writer
+        return writer
+
     def load(self, names: Iterable[str]) -> None:
         """At startup, before the runners: the holds an earlier daemon kept (small local files)."""
         for name in names:
-            hold = OperatorHold.from_json(read_json(self._path(name)))
-            self._on_disk[name] = hold
+            hold = OperatorHold.from_json(read_json(self._path(name), root=self._root))
+            self._given[name] = hold
             if hold is not None:
                 self._holds[name] = hold
                 log.info(
@@ -153,6 +169,13 @@ class Holds:
 
     def get(self, name: str) -> OperatorHold | None:
         return self._holds.get(name)
+
+    def unsaved(self, name: str) -> str | None:
+        """Why ``holds/NAME.json`` is not yet what the engine's hold is now (None: it is, or no
+        write of it has failed): the error of its last write, which is being tried again."""
+        writer = self._files.get(name)
+        failed = writer.failed if writer is not None else None
+        return (failed.strerror or str(failed)) if failed is not None else None
 
     def note(self, name: str, commands: Sequence[Command], *, by: str, now: float) -> OperatorHold | None:
         """Take an accepted operator command (on the loop); ``persist`` writes it."""
@@ -167,32 +190,18 @@ class Holds:
         """An engine removed from the config: its hold goes with it (``persist`` removes the file)."""
         self._holds.pop(name, None)
 
-    async def persist(self, name: str) -> None:
-        """Bring ``holds/NAME.json`` to the hold in memory now, in a thread, one write at a time
-        (so the last command's hold is the one on disk)."""
-        async with self._writing:
-            hold = self._holds.get(name)
-            if name in self._on_disk and self._on_disk[name] == hold:
-                return
-            path = self._path(name)
-            try:
-                async with asyncio.timeout(HOLD_WRITE_TIMEOUT_S):
-                    if hold is None:
-                        await asyncio.to_thread(_remove, path)
-                    else:
-                        await asyncio.to_thread(write_json_atomic, path, hold.as_json())
-            except (OSError, TimeoutError) as exc:
-                log.warning(
-                    "cannot keep the operator's hold in %s: %s; it will not outlive this daemon",
-                    path,
-                    getattr(exc, "strerror", None) or exc or "timed out",
-                    extra={"engine": name},
-                )
-                self._on_disk.pop(name, None)
-                return
-            self._on_disk[name] = hold
-
-
-def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    async def persist(self, name: str) -> str | None:
+        """Bring ``holds/NAME.json`` to the hold in memory now: handed to the file's writer (in
+        a thread, newest content last), and waited for at most HOLD_WRITE_TIMEOUT_S. Returns
+        None once it is on disk, else why not yet; the writer keeps trying until it is."""
+        hold = self._holds.get(name)
+        writer = self._file(name)
+        if name not in self._given or self._given[name] != hold:
+            self._given[name] = hold
+            if hold is None:
+                writer.remove(promptly=True)
+            else:
+                writer.save(hold.as_json(), promptly=True)
+        if not await writer.settled(HOLD_WRITE_TIMEOUT_S):
+            return f"the disk did not answer within {HOLD_WRITE_TIMEOUT_S:g} s"
+        return self.unsaved(name)

@@ -105,7 +105,11 @@ class Intake:
         name = req["engine"]
         self.submit(EngineRequest(command, name, reply, by=await operator_name(req.get("peer_uid"))))
         result = await reply
-        await self._holds.persist(name)  # before the operator hears "accepted"
+        # Before the operator hears "accepted": on disk, or why not yet (a full disk). The command
+        # acts either way, and the hold is written once the disk has room (daemon/holds.py).
+        unsaved = await self._holds.persist(name)
+        if isinstance(result, dict):
+            result = {**result, "hold_unsaved": unsaved}
         return result
 
     async def _select_events(self, req: dict[str, Any]) -> dict[str, Any]:

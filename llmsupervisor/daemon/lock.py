@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Final
 
 from llmsupervisor.errors import AlreadyRunning
+from llmsupervisor.files import DISK_FULL_ERRNOS
 
 LOCK_NAME: Final = "daemon.lock"
 PID_READ_ATTEMPTS: Final = 5
@@ -37,11 +38,13 @@ def lock_path(state_dir: Path) -> Path:
 
 
 class StateDirLock:
-    """The held lock; ``release()`` (or leaving the ``with`` block) gives it up."""
+    """The held lock; ``release()`` (or leaving the ``with`` block) gives it up. ``pid_unwritten``:
+    why the file does not name this daemon (a full disk), or None."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, *, pid_unwritten: OSError | None = None) -> None:
         self.path = path
         self._fd: int | None = fd
+        self.pid_unwritten = pid_unwritten
 
     @property
     def held(self) -> bool:
@@ -114,7 +117,8 @@ def acquire(state_dir: Path) -> StateDirLock:
 
     Creates the state dir (and parents) if needed. Raises ``AlreadyRunning`` (with the holder's
     pid, or None if the file does not name one yet) if another process holds it, and ``OSError``
-    with the lock file's path in it if the dir or the file cannot be created or opened.
+    with the lock file's path in it if the dir or the file cannot be created or opened. A pid that
+    cannot be written for a full disk is no failure (``StateDirLock.pid_unwritten`` says so).
     """
     path = lock_path(state_dir)
     try:
@@ -131,7 +135,15 @@ def acquire(state_dir: Path) -> StateDirLock:
             raise AlreadyRunning(_read_pid(fd), path) from None
         # Ours now: the holder's pid, for the next daemon's message and for operators.
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            # The lock is the kernel's, held whatever the file says: a full disk must not keep
+            # the engines from being supervised (under systemd, every engine stayed down). A
+            # second daemon then says "pid unknown".
+            return StateDirLock(path, fd, pid_unwritten=exc)
     except BaseException:
         os.close(fd)
         raise

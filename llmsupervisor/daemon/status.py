@@ -27,7 +27,7 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.reconcile import roll_due
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
-from llmsupervisor.files import JsonFileWriter, flush_all, remove_stale_temporaries
+from llmsupervisor.files import JsonFileWriter, UnsavedFile, flush_all, remove_stale_temporaries
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.gpu_readings import GpuSample
@@ -71,6 +71,10 @@ class Snapshot:
     holds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # A reload's roll by engine (``config_roll``): "pending", "halted" or "failed"; absent: none.
     config_roll: Mapping[str, str] = field(default_factory=dict)
+    # Holds whose file is not yet what the hold is (a full disk): why, by engine.
+    holds_unsaved: Mapping[str, str] = field(default_factory=dict)
+    # State files whose newest content is not on disk, tried again until it is (files.py).
+    unsaved_files: tuple[UnsavedFile, ...] = ()
 
     def state_age_s(self, s: EngineStatus) -> float:
         """Seconds in the current state."""
@@ -145,6 +149,8 @@ def snapshot(
     node_conditions: tuple[NodeCondition, ...] = (),
     holds: Mapping[str, Mapping[str, Any]] | None = None,
     roll: Mapping[str, str] | None = None,
+    holds_unsaved: Mapping[str, str] | None = None,
+    unsaved_files: Sequence[UnsavedFile] = (),
 ) -> Snapshot:
     """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
     the marks) copied, so a reader never sees them change under it."""
@@ -160,6 +166,8 @@ def snapshot(
         node_conditions=node_conditions,
         holds=dict(holds or {}),
         config_roll=dict(roll or {}),
+        holds_unsaved=dict(holds_unsaved or {}),
+        unsaved_files=tuple(unsaved_files),
     )
 
 
@@ -172,6 +180,8 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
         "engines": {s.name: _engine_json(snap, s) for s in snap.engines},
         "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
         "node_conditions": [c.as_json() for c in snap.node_conditions],
+        # Written once the disk has room; until then a daemon restart would not find them.
+        "state_files_unsaved": [u.as_json() for u in snap.unsaved_files],
     }
 
 
@@ -190,6 +200,7 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
     return {
         "state": s.state.value,
         "hold": dict(hold) if (hold := snap.holds.get(s.name)) is not None else None,
+        "hold_unsaved": snap.holds_unsaved.get(s.name),  # why the hold is not on disk yet
         "phase": s.start_phase,
         "reason": s.state_reason,
         "for_s": round(snap.state_age_s(s), 1),
@@ -265,11 +276,19 @@ def _served_json(served: ServedLoad | None) -> dict[str, Any] | None:
     }
 
 
-def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str | None = None) -> str:
+def summary(
+    statuses: Sequence[EngineStatus],
+    *,
+    now: float,
+    reload_problem: str | None = None,
+    unsaved: Sequence[UnsavedFile] = (),
+) -> str:
     """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``."""
     serving = [s for s in statuses if s.meant_to_serve]
     ready = sum(1 for s in serving if s.state is EngineState.READY)
     parts = [f"{ready}/{len(serving)} engines ready"]
+    if unsaved:  # a full state dir: what a daemon restart now would forget
+        parts.insert(0, unsaved_text(unsaved))
     if reload_problem:
         parts.insert(0, reload_problem)
     for s in statuses:
@@ -285,6 +304,13 @@ def summary(statuses: Sequence[EngineStatus], *, now: float, reload_problem: str
             text += f": {s.state_reason[:80]}"
         parts.append(text)
     return "; ".join(parts)
+
+
+def unsaved_text(unsaved: Sequence[UnsavedFile]) -> str:
+    """``state dir full: 2 state file(s) not saved yet (No space left on device)``."""
+    errors = sorted({u.error for u in unsaved})
+    head = "state dir full" if all(u.disk_full for u in unsaved) else "state dir"
+    return f"{head}: {len(unsaved)} state file(s) not saved yet ({'; '.join(errors)})"
 
 
 def _aged(engine: Mapping[str, Any]) -> Any:
@@ -378,8 +404,8 @@ class StatusFile:
             },
             sort_keys=True,
         )
-        if self._file.failed is not None:
-            self._written = None  # the last write failed: try again now
+        # A write that failed is the writer's to try again (files.JsonFileWriter), newest content
+        # first: nothing to do here for it.
         if content == self._written and now - self._written_at_s < STATUS_REFRESH_S:
             return
         self._written, self._written_at_s = content, now

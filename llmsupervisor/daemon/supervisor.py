@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from llmsupervisor import aio, control, logs, process
+from llmsupervisor import aio, control, files, logs, process
 from llmsupervisor.config import EngineSpec, SupervisorConfig
 from llmsupervisor.core.node_condition import engine_blocked
 from llmsupervisor.core.policy import FleetRules
@@ -188,6 +188,8 @@ class Supervisor:
             gpu_faults_marked=self.marks.counts,
             node_conditions=self.marks.conditions,
             holds={name: hold.as_json() for name in self.fleet.runners if (hold := self.holds.get(name))},
+            holds_unsaved={name: why for name in self.fleet.runners if (why := self.holds.unsaved(name))},
+            unsaved_files=files.unsaved_files(),
             roll=config_roll(
                 statuses, {e.name: e for e in self.config.engines}, self.reconcile.roll_halted_by
             ),
@@ -211,7 +213,8 @@ class Supervisor:
         problem = self.reloader.problem
         if problem is None and (halted_by := self.reconcile.roll_halted_by):
             problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
-        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem)
+        unsaved = files.unsaved_files()
+        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem, unsaved=unsaved)
 
     # ---- run ----
 

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import signal
 import time
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ from typing import Final
 from llmsupervisor import aio
 from llmsupervisor.core.findings import Blame
 from llmsupervisor.engine.processes import EngineProcess, Processes
+from llmsupervisor.files import open_directory, write_atomic
 from llmsupervisor.stacks import StackDump, proc_facts
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -110,12 +112,14 @@ def write_incident(
     wall_time_s: float | None = None,
     max_files: int = MAX_INCIDENTS,
     max_bytes: int = MAX_INCIDENT_BYTES,
+    root: Path | None = None,
 ) -> Path:
-    """One text file for the incident; older files beyond ``max_files`` are removed. Raises
-    OSError (a full or read-only state dir): the caller logs it and restarts anyway."""
+    """One text file for the incident; older files beyond ``max_files`` are removed. Written as
+    every state file is (files.write_atomic: nothing below ``root``, the state dir, is reached
+    through a link, and the temporary file is created ``O_EXCL|O_NOFOLLOW``). Raises OSError (a
+    full or read-only state dir, a planted link): the caller logs it and restarts anyway."""
     now = time.time() if wall_time_s is None else wall_time_s
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stamp}-{cause}.txt"
     share = max(1024, (max_bytes - 2048) // max(1, len(dumps)))
     dumped = sum(1 for d in dumps if d.ok)
@@ -134,18 +138,20 @@ def write_incident(
         if len(encoded) > share:
             body = encoded[:share].decode(errors="ignore") + f"\n[... cut at {share} bytes]"
         lines += [body.rstrip("\n"), ""]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
-    prune(directory, max_files)
+    write_atomic(path, "\n".join(lines).encode(), root=root)
+    prune(directory, max_files, root=root)
     return path
 
 
-def prune(directory: Path, max_files: int) -> None:
-    files = sorted(directory.glob("*.txt"))
-    for old in files[: max(0, len(files) - max_files)]:
-        with contextlib.suppress(OSError):
-            old.unlink()
+def prune(directory: Path, max_files: int, *, root: Path | None = None) -> None:
+    dir_fd = open_directory(directory, root=root)
+    try:
+        names = sorted(n for n in os.listdir(dir_fd) if n.endswith(".txt") and not n.startswith("."))
+        for old in names[: max(0, len(names) - max_files)]:
+            with contextlib.suppress(OSError):
+                os.unlink(old, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 async def take_evidence(
@@ -190,7 +196,13 @@ async def take_evidence(
         # busy disk, and the loop must keep answering the balancers' checks of the other engines.
         async with asyncio.timeout(INCIDENT_WRITE_TIMEOUT_S):
             path = await asyncio.to_thread(
-                write_incident, directory, engine=name, cause=cause, reason=reason, dumps=dumps
+                write_incident,
+                directory,
+                engine=name,
+                cause=cause,
+                reason=reason,
+                dumps=dumps,
+                root=procs.state_dir,
             )
     except (OSError, TimeoutError) as exc:
         log.warning(

@@ -23,7 +23,11 @@ class LadderStore:
     def __init__(self, state_dir: Path, spec: EngineSpec) -> None:
         self._state_dir = state_dir
         self.spec = spec
-        self._file = JsonFileWriter(self.path, what="the ladder step", engine=spec.name, indent=None)
+        # Written again until it lands (a full disk): a step lost to a restart would start the
+        # engine at the batch that ran it out of memory. No link below the state dir is followed.
+        self._file = JsonFileWriter(
+            self.path, what="the ladder step", engine=spec.name, indent=None, root=state_dir
+        )
         self.step = self._load()
 
     @property
@@ -31,7 +35,7 @@ class LadderStore:
         return self._state_dir / "engines" / self.spec.name / "ladder.json"
 
     def _load(self) -> int:
-        saved = read_json(self.path)
+        saved = read_json(self.path, root=self._state_dir)
         ladder = [dict(step) for step in self.spec.ladder]
         if not isinstance(saved, dict):
             return 0
@@ -60,7 +64,8 @@ class LadderStore:
             self.step = self._load()
 
     def set(self, step: int, reason: str) -> None:
-        """The step the next spawn runs at (persisted; a failed save is logged, not fatal)."""
+        """The step the next spawn runs at (persisted; a failed save is logged and tried again
+        until it lands, not fatal)."""
         step = max(0, min(step, len(self.spec.ladder)))
         if step == self.step:
             return
@@ -74,5 +79,5 @@ class LadderStore:
         )
         self.step = step
         # In a thread: the next spawn reads self.step, and an fsync on the loop stalled the daemon
-        # on a busy disk (files.JsonFileWriter). A failed save is logged there, not fatal.
+        # on a busy disk (files.JsonFileWriter). A failed save is logged there and tried again.
         self._file.save({"step": step, "ladder": [dict(s) for s in self.spec.ladder]})

@@ -20,6 +20,7 @@ from llmsupervisor.engine.access_log import probe_access_flags
 from llmsupervisor.engine.heartbeat import heartbeat_launch, heartbeat_path
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.errors import PortHeld
+from llmsupervisor.files import remove_file
 from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -104,10 +105,12 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     # cached for the daemon's life (engine/access_log.py).
     argv += probe_access_flags(spec.command, spec.args, log_probe_requests=spec.log_probe_requests)
     # The step heartbeat (engine/heartbeat.py): the previous incarnation's file must not be read
-    # as this one's, so it goes before the spawn, whether or not this one writes one.
+    # as this one's, so it goes before the spawn, whether or not this one writes one. Under the
+    # engine directory's descriptor: a link planted at engines/NAME (the engine would create its
+    # heartbeat, and vLLM its compile cache, wherever it points) refuses the start.
     beat = heartbeat_path(procs.state_dir, spec.name)
     try:
-        beat.unlink(missing_ok=True)
+        remove_file(beat, root=procs.state_dir, durable=False)  # a few syscalls, no fsync
     except OSError as exc:
         return Launched(None, f"cannot remove {beat}: {exc.strerror or exc}")
     beat_argv, beat_env = heartbeat_launch(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from llmsupervisor import process
+from llmsupervisor.files import DISK_FULL_ERRNOS, JsonFileWriter
 from llmsupervisor.stacks import StackDump, dump_stacks
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -93,6 +94,7 @@ class HostProcesses:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
+        self._groups: dict[str, JsonFileWriter] = {}  # each engine's group record, by engine
 
     def spawn(self, argv: list[str], env: Mapping[str, str], cpus: Sequence[int] = ()) -> EngineProcess:
         return process.spawn(argv, env, cpus=cpus)
@@ -136,12 +138,43 @@ class HostProcesses:
     async def record_group(self, engine: str, pid: int) -> None:
         """In a thread: two fsyncs on a busy disk stalled the whole loop for seconds (files.py).
         A disk that does not answer fails the start after RECORD_GROUP_TIMEOUT_S (the thread may
-        still finish: a record of a group that is gone is ignored by the next daemon)."""
+        still finish: a record of a group that is gone is ignored by the next daemon).
+
+        A full disk does not fail it (issue 38: a daemon on a full disk kept every engine down):
+        the record is kept and written once the disk has room (files.JsonFileWriter), and the
+        marker in the engine's environment finds its processes meanwhile. Any other error (a
+        read-only state dir, a link planted in it) fails the start, as before."""
         async with asyncio.timeout(RECORD_GROUP_TIMEOUT_S):
-            await asyncio.to_thread(process.record_group, self.state_dir, engine, pid, os.getpid())
+            record = await asyncio.to_thread(process.group_record, pid, os.getpid())
+        if record is None:
+            return
+        writer = self._group_file(engine)
+        writer.save(record, promptly=True)
+        if not await writer.settled(RECORD_GROUP_TIMEOUT_S):
+            raise TimeoutError
+        failed = writer.failed
+        if failed is not None and failed.errno not in DISK_FULL_ERRNOS:
+            raise failed
 
     def forget_group(self, engine: str) -> None:
-        process.forget_group(self.state_dir, engine)
+        writer = self._groups.get(engine)
+        if writer is not None:
+            writer.remove()  # after the record, in order, even one still waiting for room
+        else:
+            process.forget_group(self.state_dir, engine)
+
+    def _group_file(self, engine: str) -> JsonFileWriter:
+        writer = self._groups.get(engine)
+        if writer is None:
+            writer = JsonFileWriter(
+                process.group_path(self.state_dir, engine),
+                what="the process group record",
+                engine=engine,
+                indent=None,
+                root=self.state_dir,
+            )
+            self._groups[engine] = writer
+        return writer
 
     async def port_holders(self, port: int) -> list[int | None]:
         """In a thread: psutil finds a socket's process by reading every process's descriptors

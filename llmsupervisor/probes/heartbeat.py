@@ -9,6 +9,7 @@ observer reads it every round: the engine's steps, counted where they happen, no
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -81,12 +82,15 @@ def read_heartbeat(path: Path) -> StepBeat | ProbeFailure | None:
     """The heartbeat in ``path`` (blocking: one small read); None when there is no file (an
     engine without the plugin, or one that has not built its scheduler yet)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # Neither a link nor a FIFO planted in its place is followed or waited on (issue 38).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         return ProbeFailure("error", f"{path}: {exc.strerror or exc}")
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ProbeFailure("error", f"{path}: not a regular file")
         for _ in range(_TRIES):
             # Two reads that agree: the writer was not mid-record (its seq is odd while writing).
             first = os.pread(fd, LAYOUT.size, 0)

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import importlib
 import mmap
 import os
+import stat
 import struct
 import time
 from typing import Any, Final
@@ -55,11 +57,34 @@ LONGEST_IDLE_HALF_LIFE_S: Final = 2.0
 _SEQ_AT: Final = 16  # offset of seq in LAYOUT
 
 
+def open_beat_file(path: str) -> int:
+    """The heartbeat file, made by this process, or one it made before; never someone else's.
+
+    The daemon removes the file before the spawn, and the engine makes it seconds later: time
+    enough for a local user who can write in the engine's directory to plant a link there (to
+    ``/etc/shadow``, say: the engine runs as the daemon's user, root often) or a hard link. So
+    the file is made ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a link of any kind, or anything already
+    there, fails it); a file that already exists is taken only if it is a regular file of this
+    user with one name, and it is truncated only then. Raises OSError otherwise (no heartbeat)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        pass  # a second scheduler of this engine, or a file left behind: looked at first
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a heartbeat file of this engine's", path)
+    os.ftruncate(fd, 0)
+    return fd
+
+
 class Heartbeat:
     """The writer: one per scheduler, in the EngineCore process."""
 
     def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_beat_file(path)
         try:
             os.ftruncate(fd, SIZE)
             self._map = mmap.mmap(fd, SIZE)

@@ -19,10 +19,10 @@ from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus, Incarnation
 from llmsupervisor.probes.gpu_readings import GpuSample
 
-TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions"}
+TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions", "state_files_unsaved"}
 ENGINE_KEYS = {
     "state", "hold", "phase", "reason", "for_s", "pid", "incarnation", "state_changes", "model", "port",
-    "gpus",
+    "gpus", "hold_unsaved",
     "cpus", "in_rotation", "restarts", "restarts_by_reason", "canary_latency_s", "findings", "last_exit",
     "last_exit_age_s", "requests_running", "enabled", "wants_run", "meant_to_serve", "running",
     "start_timeout_s", "drain_timeout_s",
