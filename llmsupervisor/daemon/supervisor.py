@@ -213,8 +213,8 @@ class Supervisor:
         problem = self.reloader.problem
         if problem is None and (halted_by := self.reconcile.roll_halted_by):
             problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
-        unsaved = files.unsaved_files()
-        return summary(self.fleet.statuses(), now=aio.now(), reload_problem=problem, unsaved=unsaved)
+        statuses, unsaved = self.fleet.statuses(), files.unsaved_files()
+        return summary(statuses, now=aio.now(), reload_problem=problem, unsaved=unsaved)
 
     # ---- run ----
 
@@ -394,9 +394,8 @@ class Supervisor:
         self.status_file.write(self.status(), now=aio.now())
 
     def _notify_progress(self) -> None:
-        """READY=1 once every engine meant to serve and not held by the operator is READY or has
-        failed (a drained or stopped one never will be); until then keep extending the start
-        timeout, since model loads take minutes (docs/host-notes.md §2.3)."""
+        """READY=1 once every engine meant to serve and not held (it never would be) is READY or has
+        failed; until then extend the start timeout: loads take minutes (docs/host-notes.md §2.3)."""
         line = self.summary()
         if self._ready_sent:
             self.notifier.status(line)
