@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.lib import gpu_proof
-from tests.lib.gpu_proof import CHECKS, LINE_KEYS, Proof, Result
+from tests.lib.gpu_proof import CHECKS, LINE_KEYS, Proof, Result, runner
 from tests.lib.paths import REPO
 
 SCRIPT = REPO / "bench" / "gpu_proof.py"
@@ -106,12 +105,12 @@ def test_a_failing_check_prints_its_error_and_the_run_goes_on(monkeypatch: pytes
     table = {n: (n, name, fn) for n, name, fn in CHECKS}
     table[1] = (1, "facts", broken)
     table[5] = (5, "fault_state", slow)
-    monkeypatch.setattr(gpu_proof, "CHECKS", tuple(table.values()))
-    monkeypatch.setattr(gpu_proof, "budget_s", lambda number, opts: 0.3)
+    monkeypatch.setattr(runner, "CHECKS", tuple(table.values()))
+    monkeypatch.setattr(runner, "budget_s", lambda number, opts: 0.3)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = io.StringIO()
     with redirect_stdout(out):
-        rc = gpu_proof.main(["--fake", "--checks", "1,5,4"])
+        rc = runner.main(["--fake", "--checks", "1,5,4"])
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert rc == 1
     assert [(x["check"], x["ok"]) for x in lines] == [(1, False), (5, False), (4, True)]
