@@ -50,7 +50,8 @@ import yaml
 
 from tests.lib.daemon import fake_engine, free_port, wait_for
 from tests.lib.haproxy import haproxy, server_status
-from tests.lib.netns import HostDaemon, Load, Network, require_netns
+from tests.lib.load import Load
+from tests.lib.netns import HostDaemon, Network, require_netns
 from tests.lib.prometheus import fast_rules
 
 pytestmark = pytest.mark.system
@@ -279,7 +280,7 @@ def test_a_partitioned_host_leaves_haproxy_and_fires_scrape_down(fleet: dict[str
         lambda: server_status(stats, "h1") == server_status(stats, "h2") == "UP", timeout_s=20, what="UP"
     )
 
-    with Load(fleet["frontend"]) as load:
+    with Load(fleet["frontend"], workers=3, pause_s=0.05) as load:
         wait_for(lambda: load.since(0).count("ok") >= 10, timeout_s=20, what="traffic on both hosts")
         net.cut(1, up=False)
         wait_for(lambda: server_status(stats, "h2") == "DOWN", timeout_s=20, what="h2 DOWN in HAProxy")

@@ -39,7 +39,8 @@ import pytest
 
 from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
 from tests.lib.haproxy import haproxy, server_status, stat
-from tests.lib.netns import HostDaemon, Load, Network, require_netns
+from tests.lib.load import Load
+from tests.lib.netns import HostDaemon, Network, require_netns
 
 pytestmark = pytest.mark.system
 
@@ -182,7 +183,7 @@ def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet
     wait_for(lambda: all(status(s) == "UP" for s in servers), timeout_s=30, what="all four UP")
     assert {stat(stats)[s]["weight"] for s in servers} == {"100"}
 
-    with Load(fleet["frontend"], workers=4) as load:
+    with Load(fleet["frontend"], workers=4, pause_s=0.05) as load:
         wait_for(lambda: all(_sessions(stats, s) >= 3 for s in servers), timeout_s=30, what="all serving")
 
         # ---- 1. a drain: no new session, in-flight ones finish, back on start ----

@@ -11,17 +11,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
 from tests.lib.haproxy import haproxy, stat
+from tests.lib.load import Load
 
 pytestmark = pytest.mark.system
 
@@ -47,45 +45,6 @@ backend engines
     server a 127.0.0.1:{a_port} agent-port {a_agent}
     server b 127.0.0.1:{b_port} agent-port {b_agent}
 """
-
-
-class Load:
-    """Steady concurrent completions through HAProxy; every outcome counted."""
-
-    def __init__(self, url: str, workers: int = 4) -> None:
-        self.url = url
-        self.results: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    resp = client.post(self.url, json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
-                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                with self._lock:
-                    self.results[outcome] += 1
-                    if outcome != "ok":
-                        self.failures.append(outcome)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def count(self) -> int:
-        with self._lock:
-            return sum(self.results.values())
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Hosts as network namespaces on one bridge, for the fleet tier: each namespace runs its own
-daemon (``HostDaemon``) on the same ports and engine names, as real hosts do; ``Load`` sends
-completions through whatever stands in front of them (HAProxy) and keeps every outcome.
+daemon (``HostDaemon``) on the same ports and engine names, as real hosts do (``tests/lib/load.py``
+sends completions through whatever stands in front of them).
 
 Needs root and iproute2: ``require_netns`` skips otherwise.
 """
@@ -11,12 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.lib.daemon import Daemon
@@ -102,41 +99,3 @@ class HostDaemon(Daemon):
                 cwd=REPO,
             )
         return self
-
-
-class Load:
-    """Completions through HAProxy, one worker after another; each outcome with its start time."""
-
-    def __init__(self, url: str, workers: int = 3) -> None:
-        self.url = url
-        self.outcomes: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    resp = client.post(self.url, json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
-                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                with self._lock:
-                    self.outcomes.append((started, outcome))
-                self._stop.wait(0.05)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def since(self, t: float) -> list[str]:
-        with self._lock:
-            return [outcome for started, outcome in self.outcomes if started >= t]
