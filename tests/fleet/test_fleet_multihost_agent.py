@@ -25,7 +25,6 @@ Host 2 serves throughout and is never touched. Needs root (network namespaces), 
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import sys
 import time
@@ -37,10 +36,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
+from tests.lib.daemon import (
+    FAST_DETECTORS,
+    Daemon,
+    fake_engine,
+    free_port,
+    stop_helpers,
+    wait_for,
+    write_gpu,
+)
 from tests.lib.haproxy import haproxy, server_status, stat
 from tests.lib.load import Load
-from tests.lib.netns import HostDaemon, Network, require_netns
+from tests.lib.netns import HostDaemon, Network, require_netns, stop_hosts
 
 pytestmark = pytest.mark.system
 
@@ -157,18 +164,8 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 "stats": stats_socket,
             }
         finally:
-            if proxy is not None:
-                proxy.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proxy.wait(timeout=10)
-                if proxy.poll() is None:
-                    proxy.kill()
-                    proxy.wait()
-            for d in daemons:
-                with contextlib.suppress(Exception):
-                    d.signal(signal.SIGTERM)
-                    d.wait_exit(timeout_s=30)
-                d.cleanup()
+            stop_helpers([proxy] if proxy is not None else [])
+            stop_hosts(daemons)
 
 
 def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,18 @@ def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, poll_
 
 
 alive = process.alive
+
+
+def stop_helpers(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """End the helper servers a test started (HAProxy, Prometheus...): SIGTERM each, 10 s to
+    exit, then SIGKILL."""
+    for proc in procs:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class Daemon:

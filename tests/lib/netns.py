@@ -7,8 +7,10 @@ Needs root and iproute2: ``require_netns`` skips otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.lib.daemon import Daemon
+from tests.lib.daemon import Daemon, fake_engine
 from tests.lib.paths import REPO
 
 
@@ -99,3 +101,39 @@ class HostDaemon(Daemon):
                 cwd=REPO,
             )
         return self
+
+
+def crash_loop_hosts(net: Network, folder: Path, **gpu0: Any) -> list[HostDaemon]:
+    """A daemon per host of ``net`` (not started; its folder ``folder/hN``), each serving its
+    status and /metrics on :9400 and a fake engine ``gpu0`` on :8000 (``gpu0``: more fields for
+    it); host 1's also runs ``bad`` on :8001, which crashes 0.2 s after every start and is FATAL
+    after two failures."""
+    daemons = []
+    for i, (ns, address) in enumerate(zip(net.namespaces, net.addresses, strict=True)):
+        engines = [fake_engine("gpu0", 8000, host=address, **gpu0)]
+        if i == 0:
+            engines.append(
+                fake_engine(
+                    "bad",
+                    8001,
+                    host=address,
+                    fake_crash_after_s=0.2,
+                    fake_exit_code=1,
+                    max_failures=2,
+                )
+            )
+        host_dir = folder / f"h{i + 1}"
+        host_dir.mkdir()
+        config = {"supervisor": {"http_listen": "0.0.0.0:9400"}, "engines": engines}
+        daemons.append(HostDaemon(host_dir, config, netns=ns))
+    return daemons
+
+
+def stop_hosts(daemons: list[HostDaemon], *, timeout_s: float = 30.0) -> None:
+    """SIGTERM each daemon and wait up to ``timeout_s`` for it (one never started is passed
+    over), then kill whatever it or its engines left."""
+    for d in daemons:
+        with contextlib.suppress(Exception):
+            d.signal(signal.SIGTERM)
+            d.wait_exit(timeout_s=timeout_s)
+        d.cleanup()
