@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,7 +37,6 @@ import pytest
 
 from tests.lib.daemon import (
     FAST_DETECTORS,
-    Daemon,
     fake_engine,
     free_port,
     stop_helpers,
@@ -85,16 +83,6 @@ def _servers(addresses: list[str]) -> str:
                 f"    server h{h}g{g} {address}:{8000 + g} agent-port {9500 + g} agent-addr {address}"
             )
     return "\n".join(lines)
-
-
-def _cli(d: Daemon, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def _sessions(stats: Path, server: str) -> int:
@@ -185,7 +173,7 @@ def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet
 
         # ---- 1. a drain: no new session, in-flight ones finish, back on start ----
         drain_at = time.monotonic()
-        _cli(h1, "drain", "gpu0")
+        h1.cli_ok("drain", "gpu0")
         wait_for(lambda: status("h1g0") == "DRAIN", timeout_s=10, what="h1g0 in DRAIN")
         drained_sessions = _sessions(stats, "h1g0")
         others = {s: _sessions(stats, s) for s in ("h1g1", "h2g0", "h2g1")}
@@ -195,7 +183,7 @@ def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet
             what="the other three serving",
         )
         assert _sessions(stats, "h1g0") == drained_sessions
-        _cli(h1, "start", "gpu0")
+        h1.cli_ok("start", "gpu0")
         wait_for(lambda: status("h1g0") == "UP", timeout_s=20, what="h1g0 UP again")
         wait_for(lambda: _sessions(stats, "h1g0") > drained_sessions, timeout_s=20, what="h1g0 serving")
         assert set(load.since(drain_at)) == {"ok"}, Counter(load.since(drain_at))

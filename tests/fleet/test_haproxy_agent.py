@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,16 +99,6 @@ def lb(daemon_factory, tmp_path: Path) -> Iterator[dict[str, Any]]:
         proxy.wait(timeout=10)
 
 
-def _cli(d: Daemon, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-
 def _agent_line(port: int) -> str:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         return sock.makefile().readline().strip()
@@ -129,7 +118,7 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
     with Load(url) as load:
         wait_for(lambda: int(stat(stats)["a"]["stot"]) >= 5, timeout_s=20, what="a serving")
 
-        _cli(d, "drain", "a")
+        d.cli_ok("drain", "a")
         wait_for(lambda: _status_is(stats, "a", "DRAIN"), timeout_s=10, what="a in DRAIN")
         assert _agent_line(ports["a_agent"]) == "drain"
         # No new session goes to a from here on; b takes them all.
@@ -138,7 +127,7 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
         assert int(stat(stats)["a"]["stot"]) == a_sessions
 
         # Started again, a is served again without anyone touching HAProxy ("ready" clears DRAIN).
-        _cli(d, "start", "a")
+        d.cli_ok("start", "a")
         wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a UP again")
         wait_for(lambda: int(stat(stats)["a"]["stot"]) > a_sessions, timeout_s=20, what="a serving again")
     assert load.failures == [], load.results
@@ -148,11 +137,11 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
 def test_a_stopped_engine_goes_to_maint_and_comes_back(lb: dict[str, Any]) -> None:
     d, ports, stats = lb["daemon"], lb["ports"], lb["stats"]
     wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a UP")
-    _cli(d, "stop", "a")
+    d.cli_ok("stop", "a")
     d.wait_state("a", "stopped")
     assert _agent_line(ports["a_agent"]) == "maint"
     wait_for(lambda: _status_is(stats, "a", "MAINT"), timeout_s=10, what="a in MAINT")
-    _cli(d, "start", "a")
+    d.cli_ok("start", "a")
     d.wait_state("a", "ready")
     wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a out of MAINT")
     assert _status_is(stats, "b", "UP")

@@ -161,6 +161,16 @@ class Daemon:
         self.signal(signal.SIGTERM)
         return self.wait_exit()
 
+    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        """``llm-supervisor ARGS --config PATH`` against this daemon, as the operator runs it."""
+        return cli(self, *args, timeout_s=timeout_s)
+
+    def cli_ok(self, *args: str) -> str:
+        """A CLI command against this daemon that must succeed (exit 0); its output."""
+        done = cli(self, *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
     def spawned_sessions(self) -> set[int]:
         """Every engine leader this daemon spawned (its pid is the session id of the engine's tree)."""
         return {int(pid) for pid in re.findall(r"spawned pid (\d+)", self.log())}

@@ -299,8 +299,6 @@ def _end_foreign(foreign: subprocess.Popen[bytes] | Holder) -> None:
 def _stop_waits_for_the_release(run: DaemonRun) -> None:
     """``stop --wait`` exits 0, and the daemon logs the release it waited for (``--fake``: a
     thread plays the driver, listing the memory until a moment after the engine exits)."""
-    from tests.lib.daemon import cli
-
     r, d = run.r, run.d
     releaser = None
     if run.fake:
@@ -314,7 +312,7 @@ def _stop_waits_for_the_release(run: DaemonRun) -> None:
         releaser = threading.Thread(target=release_after_exit, daemon=True)
         releaser.start()
     t0 = time.monotonic()
-    stop = cli(d, "stop", ENGINE, "--wait", "--timeout", "120", timeout_s=150)
+    stop = d.cli("stop", ENGINE, "--wait", "--timeout", "120", timeout_s=150)
     r.data["stop"] = {
         "rc": stop.returncode,
         "took_s": round(time.monotonic() - t0, 2),
