@@ -1,7 +1,7 @@
 """The runner's seam to the operating system: ``Processes``, and ``HostProcesses``, the real one.
 
 Everything the runner does to the operating system goes through one ``Processes`` object (the
-seam tests replace with a fake, tests/engine_fakes.py): spawning, looking at a process group,
+seam tests replace with a fake, tests/lib/engine_fakes.py): spawning, looking at a process group,
 killing trees, and the recorded-group files in the state dir.
 """
 
