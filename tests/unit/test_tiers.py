@@ -17,7 +17,7 @@ _TEST_IMPORT = re.compile(rf"^\s*(?:from|import)\s+tests\.(?:{'|'.join(TIERS)})\
 # What a unit test may not start: the package as a program, a script under bench/, py-spy.
 _NOT_UNIT = {
     "the daemon or its CLI as a process": re.compile(r"""["']-m["'],\s*["']llmsupervisor["']"""),
-    "a bench script": re.compile(r"""REPO\s*/\s*["']bench["']|(?<!["'])["']bench/"""),
+    "a bench script": re.compile(r"""REPO\s*/\s*["']bench["']|(?<!["'])["']bench/[\w/.-]+["']"""),
     "py-spy over a real process": re.compile(r"\bdump_stacks\(\[(?!os\.getpid\(\))"),
 }
 
@@ -35,6 +35,7 @@ def test_the_patterns_read_what_they_mean() -> None:
     assert _NOT_UNIT["a bench script"].search('REPO / "bench" / "gpu_proof.py"')
     assert _NOT_UNIT["a bench script"].search('[sys.executable, "bench/fuzz_config.py"]')
     assert not _NOT_UNIT["a bench script"].search('"""bench/gpu_proof.py\'s runner, in this process')
+    assert not _NOT_UNIT["a bench script"].search('"bench/results/overhead-<date>.{json,md}",')
     assert _NOT_UNIT["py-spy over a real process"].search("dump_stacks([running.pid], timeout_s=5)")
     assert not _NOT_UNIT["py-spy over a real process"].search("dump_stacks([os.getpid()], timeout_s=1)")
 
