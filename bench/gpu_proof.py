@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Issue 24's proof on a real GPU, in one prepared call: one JSON line per check, in the issue's
 order (facts, PID attribution, memory v1/v2, index mapping, fault-state reads, thermal and power,
-the daemon over a GPU engine, cost). The checks live in tests/lib/gpu_proof.py, which the gpu
-tier (tests/host/test_gpu_proof.py) runs too.
+the daemon over a GPU engine, cost). The checks live in tests/lib/gpu_proof/ (one module a check), which
+the gpu tier (tests/host/test_gpu_proof.py) runs too.
 
 Needs Python 3.11+, nvidia-ml-py, psutil, httpx, prometheus-client and PyYAML, and torch with
 CUDA for the parts that allocate (the lent H100/H200 has all of them; sdnotify, which it lacks,

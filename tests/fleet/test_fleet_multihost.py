@@ -31,27 +31,22 @@ Needs root (network namespaces), ``ip``, ``prometheus`` and ``haproxy``; skipped
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
-import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.lib.daemon import fake_engine, free_port, wait_for
+from tests.lib.daemon import free_port, stop_helpers, wait_for
 from tests.lib.haproxy import haproxy, server_status
-from tests.lib.netns import HostDaemon, Load, Network, require_netns
-from tests.lib.prometheus import fast_rules
+from tests.lib.load import Load
+from tests.lib.netns import HostDaemon, Network, crash_loop_hosts, require_netns, stop_hosts
+from tests.lib.prometheus import Posts, start_prometheus
 
 pytestmark = pytest.mark.system
 
@@ -79,50 +74,24 @@ backend engines
 """
 
 
-class AlertRecorder:
+class AlertRecorder(Posts):
     """Takes what Prometheus posts to an Alertmanager's /api/v2/alerts, in order."""
-
-    def __init__(self) -> None:
-        self.posts: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/api/v2/alerts":
-                    with recorder._lock:
-                        recorder.posts += json.loads(body)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def latest(self, alertname: str, **labels: str) -> dict[str, Any] | None:
         """The last post of the alert with these labels (Prometheus re-sends; the last wins)."""
-        with self._lock:
-            matching = [
-                a
-                for a in self.posts
-                if a["labels"].get("alertname") == alertname
-                and all(a["labels"].get(k) == v for k, v in labels.items())
-            ]
+        matching = [
+            a
+            for _, alerts in self.bodies("/api/v2/alerts")
+            for a in alerts
+            if a["labels"].get("alertname") == alertname
+            and all(a["labels"].get(k) == v for k, v in labels.items())
+        ]
         return matching[-1] if matching else None
 
     def firing(self, alertname: str, **labels: str) -> bool:
         alert = self.latest(alertname, **labels)
         # A resolved alert is re-posted with endsAt in the past; a firing one has it ahead.
         return alert is not None and _ends_in_future(alert)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _ends_in_future(alert: dict[str, Any]) -> bool:
@@ -144,71 +113,18 @@ def _tools() -> tuple[str, str]:
 def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
     prometheus_bin, haproxy_bin = _tools()
     procs: list[subprocess.Popen[bytes]] = []
-    prometheus_log = (tmp_path / "prometheus.log").open("wb")
     daemons: list[HostDaemon] = []
     recorder = AlertRecorder()
     with Network(hosts=2) as net:
         try:
-            for i, (ns, address) in enumerate(zip(net.namespaces, net.addresses, strict=True)):
-                engines = [fake_engine("gpu0", 8000, host=address, drain_grace_s=1)]
-                if i == 0:
-                    engines.append(
-                        fake_engine(
-                            "bad",
-                            8001,
-                            host=address,
-                            fake_crash_after_s=0.2,
-                            fake_exit_code=1,
-                            max_failures=2,
-                        )
-                    )
-                host_dir = tmp_path / f"h{i + 1}"
-                host_dir.mkdir()
-                config = {"supervisor": {"http_listen": "0.0.0.0:9400"}, "engines": engines}
-                daemons.append(HostDaemon(host_dir, config, netns=ns))
+            daemons += crash_loop_hosts(net, tmp_path, drain_grace_s=1)
             for d in daemons:
                 d.start()
-
-            rules = tmp_path / "rules.yml"
-            fast_rules(rules)
-            prometheus_port = free_port()
-            prometheus_cfg = tmp_path / "prometheus.yml"
-            prometheus_cfg.write_text(
-                yaml.safe_dump(
-                    {
-                        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                        "rule_files": [str(rules)],
-                        "alerting": {
-                            "alertmanagers": [
-                                {
-                                    "api_version": "v2",
-                                    "static_configs": [{"targets": [f"127.0.0.1:{recorder.port}"]}],
-                                }
-                            ]
-                        },
-                        "scrape_configs": [
-                            {
-                                "job_name": "llm-supervisor",
-                                "scrape_timeout": "1s",
-                                "static_configs": [{"targets": [f"{a}:9400" for a in net.addresses]}],
-                            }
-                        ],
-                    }
-                )
+            targets = [f"{a}:9400" for a in net.addresses]
+            prometheus, prometheus_url = start_prometheus(
+                prometheus_bin, tmp_path, targets=targets, alertmanager_port=recorder.port
             )
-            procs.append(
-                subprocess.Popen(
-                    [
-                        prometheus_bin,
-                        f"--config.file={prometheus_cfg}",
-                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{prometheus_port}",
-                        "--rules.alert.resend-delay=1s",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=prometheus_log,
-                )
-            )
+            procs.append(prometheus)
             stats_socket = tmp_path / "haproxy.sock"
             frontend_port = free_port()
             haproxy_cfg = tmp_path / "haproxy.cfg"
@@ -231,25 +147,14 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 "net": net,
                 "daemons": daemons,
                 "recorder": recorder,
-                "prometheus": f"http://127.0.0.1:{prometheus_port}",
+                "prometheus": prometheus_url,
                 "frontend": f"http://127.0.0.1:{frontend_port}/v1/completions",
                 "stats": stats_socket,
             }
         finally:
-            for proc in procs:
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            for d in daemons:
-                with contextlib.suppress(Exception):
-                    d.signal(signal.SIGTERM)
-                    d.wait_exit(timeout_s=30)
-                d.cleanup()
+            stop_helpers(procs)
+            stop_hosts(daemons)
             recorder.close()
-            prometheus_log.close()
 
 
 def _up(prometheus: str) -> dict[str, float]:
@@ -279,7 +184,7 @@ def test_a_partitioned_host_leaves_haproxy_and_fires_scrape_down(fleet: dict[str
         lambda: server_status(stats, "h1") == server_status(stats, "h2") == "UP", timeout_s=20, what="UP"
     )
 
-    with Load(fleet["frontend"]) as load:
+    with Load(fleet["frontend"], workers=3, pause_s=0.05) as load:
         wait_for(lambda: load.since(0).count("ok") >= 10, timeout_s=20, what="traffic on both hosts")
         net.cut(1, up=False)
         wait_for(lambda: server_status(stats, "h2") == "DOWN", timeout_s=20, what="h2 DOWN in HAProxy")

@@ -25,9 +25,7 @@ Host 2 serves throughout and is never touched. Needs root (network namespaces), 
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -37,9 +35,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
+from tests.lib.daemon import (
+    FAST_DETECTORS,
+    fake_engine,
+    free_port,
+    stop_helpers,
+    wait_for,
+    write_gpu,
+)
 from tests.lib.haproxy import haproxy, server_status, stat
-from tests.lib.netns import HostDaemon, Load, Network, require_netns
+from tests.lib.load import Load
+from tests.lib.netns import HostDaemon, Network, require_netns, stop_hosts
 
 pytestmark = pytest.mark.system
 
@@ -77,16 +83,6 @@ def _servers(addresses: list[str]) -> str:
                 f"    server h{h}g{g} {address}:{8000 + g} agent-port {9500 + g} agent-addr {address}"
             )
     return "\n".join(lines)
-
-
-def _cli(d: Daemon, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def _sessions(stats: Path, server: str) -> int:
@@ -156,18 +152,8 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 "stats": stats_socket,
             }
         finally:
-            if proxy is not None:
-                proxy.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proxy.wait(timeout=10)
-                if proxy.poll() is None:
-                    proxy.kill()
-                    proxy.wait()
-            for d in daemons:
-                with contextlib.suppress(Exception):
-                    d.signal(signal.SIGTERM)
-                    d.wait_exit(timeout_s=30)
-                d.cleanup()
+            stop_helpers([proxy] if proxy is not None else [])
+            stop_hosts(daemons)
 
 
 def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet: dict[str, Any]) -> None:
@@ -182,12 +168,12 @@ def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet
     wait_for(lambda: all(status(s) == "UP" for s in servers), timeout_s=30, what="all four UP")
     assert {stat(stats)[s]["weight"] for s in servers} == {"100"}
 
-    with Load(fleet["frontend"], workers=4) as load:
+    with Load(fleet["frontend"], workers=4, pause_s=0.05) as load:
         wait_for(lambda: all(_sessions(stats, s) >= 3 for s in servers), timeout_s=30, what="all serving")
 
         # ---- 1. a drain: no new session, in-flight ones finish, back on start ----
         drain_at = time.monotonic()
-        _cli(h1, "drain", "gpu0")
+        h1.cli_ok("drain", "gpu0")
         wait_for(lambda: status("h1g0") == "DRAIN", timeout_s=10, what="h1g0 in DRAIN")
         drained_sessions = _sessions(stats, "h1g0")
         others = {s: _sessions(stats, s) for s in ("h1g1", "h2g0", "h2g1")}
@@ -197,7 +183,7 @@ def test_drain_thermal_step_and_crash_on_one_host_move_traffic_as_intended(fleet
             what="the other three serving",
         )
         assert _sessions(stats, "h1g0") == drained_sessions
-        _cli(h1, "start", "gpu0")
+        h1.cli_ok("start", "gpu0")
         wait_for(lambda: status("h1g0") == "UP", timeout_s=20, what="h1g0 UP again")
         wait_for(lambda: _sessions(stats, "h1g0") > drained_sessions, timeout_s=20, what="h1g0 serving")
         assert set(load.since(drain_at)) == {"ok"}, Counter(load.since(drain_at))

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for, write_gpu
 from tests.lib.haproxy import haproxy, stat
+from tests.lib.load import Load
 
 pytestmark = pytest.mark.system
 
@@ -47,45 +44,6 @@ backend engines
     server a 127.0.0.1:{a_port} agent-port {a_agent}
     server b 127.0.0.1:{b_port} agent-port {b_agent}
 """
-
-
-class Load:
-    """Steady concurrent completions through HAProxy; every outcome counted."""
-
-    def __init__(self, url: str, workers: int = 4) -> None:
-        self.url = url
-        self.results: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    resp = client.post(self.url, json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
-                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                with self._lock:
-                    self.results[outcome] += 1
-                    if outcome != "ok":
-                        self.failures.append(outcome)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def count(self) -> int:
-        with self._lock:
-            return sum(self.results.values())
 
 
 @pytest.fixture
@@ -141,16 +99,6 @@ def lb(daemon_factory, tmp_path: Path) -> Iterator[dict[str, Any]]:
         proxy.wait(timeout=10)
 
 
-def _cli(d: Daemon, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-
 def _agent_line(port: int) -> str:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         return sock.makefile().readline().strip()
@@ -170,7 +118,7 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
     with Load(url) as load:
         wait_for(lambda: int(stat(stats)["a"]["stot"]) >= 5, timeout_s=20, what="a serving")
 
-        _cli(d, "drain", "a")
+        d.cli_ok("drain", "a")
         wait_for(lambda: _status_is(stats, "a", "DRAIN"), timeout_s=10, what="a in DRAIN")
         assert _agent_line(ports["a_agent"]) == "drain"
         # No new session goes to a from here on; b takes them all.
@@ -179,7 +127,7 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
         assert int(stat(stats)["a"]["stot"]) == a_sessions
 
         # Started again, a is served again without anyone touching HAProxy ("ready" clears DRAIN).
-        _cli(d, "start", "a")
+        d.cli_ok("start", "a")
         wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a UP again")
         wait_for(lambda: int(stat(stats)["a"]["stot"]) > a_sessions, timeout_s=20, what="a serving again")
     assert load.failures == [], load.results
@@ -189,11 +137,11 @@ def test_a_drain_moves_traffic_to_the_other_engine_with_no_failed_request(lb: di
 def test_a_stopped_engine_goes_to_maint_and_comes_back(lb: dict[str, Any]) -> None:
     d, ports, stats = lb["daemon"], lb["ports"], lb["stats"]
     wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a UP")
-    _cli(d, "stop", "a")
+    d.cli_ok("stop", "a")
     d.wait_state("a", "stopped")
     assert _agent_line(ports["a_agent"]) == "maint"
     wait_for(lambda: _status_is(stats, "a", "MAINT"), timeout_s=10, what="a in MAINT")
-    _cli(d, "start", "a")
+    d.cli_ok("start", "a")
     d.wait_state("a", "ready")
     wait_for(lambda: _status_is(stats, "a", "UP"), timeout_s=20, what="a out of MAINT")
     assert _status_is(stats, "b", "UP")

@@ -20,22 +20,11 @@ import pytest
 from llmsupervisor.probes.cpus import allowed_cpus_of, format_cpu_list, host_cpus, parse_cpu_list
 from llmsupervisor.probes.nvml import NvmlReader
 from tests.lib.daemon import fake_engine, free_port
-
-
-def _driver_answers() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return True
-    except Exception:
-        return False
-
+from tests.lib.gpu_proof import driver_answers
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not _driver_answers(), reason="no NVIDIA driver answers NVML here"),
+    pytest.mark.skipif(not driver_answers(), reason="no NVIDIA driver answers NVML here"),
 ]
 
 

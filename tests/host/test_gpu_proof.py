@@ -1,4 +1,4 @@
-"""Issue 24's checks as the ``gpu`` tier: the same code as bench/gpu_proof.py (tests/lib/gpu_proof.py),
+"""Issue 24's checks as the ``gpu`` tier: the same code as bench/gpu_proof.py (tests/lib/gpu_proof/),
 one test per check, against the real driver. Skipped where no NVIDIA driver answers NVML (CI has
 none); run on a lent GPU machine with ``pytest tests/host/test_gpu_proof.py -m gpu -s`` (each test
 prints its check's JSON line). Shorter than the script's defaults: 4 GiB held, a 20 s burn.

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,18 @@ def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, poll_
 
 
 alive = process.alive
+
+
+def stop_helpers(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """End the helper servers a test started (HAProxy, Prometheus...): SIGTERM each, 10 s to
+    exit, then SIGKILL."""
+    for proc in procs:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class Daemon:
@@ -148,6 +160,16 @@ class Daemon:
     def stop(self) -> int:
         self.signal(signal.SIGTERM)
         return self.wait_exit()
+
+    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        """``llm-supervisor ARGS --config PATH`` against this daemon, as the operator runs it."""
+        return cli(self, *args, timeout_s=timeout_s)
+
+    def cli_ok(self, *args: str) -> str:
+        """A CLI command against this daemon that must succeed (exit 0); its output."""
+        done = cli(self, *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
     def spawned_sessions(self) -> set[int]:
         """Every engine leader this daemon spawned (its pid is the session id of the engine's tree)."""

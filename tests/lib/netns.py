@@ -1,25 +1,24 @@
 """Hosts as network namespaces on one bridge, for the fleet tier: each namespace runs its own
-daemon (``HostDaemon``) on the same ports and engine names, as real hosts do; ``Load`` sends
-completions through whatever stands in front of them (HAProxy) and keeps every outcome.
+daemon (``HostDaemon``) on the same ports and engine names, as real hosts do (``tests/lib/load.py``
+sends completions through whatever stands in front of them).
 
 Needs root and iproute2: ``require_netns`` skips otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.lib.daemon import Daemon
+from tests.lib.daemon import Daemon, fake_engine
 from tests.lib.paths import REPO
 
 
@@ -104,39 +103,37 @@ class HostDaemon(Daemon):
         return self
 
 
-class Load:
-    """Completions through HAProxy, one worker after another; each outcome with its start time."""
+def crash_loop_hosts(net: Network, folder: Path, **gpu0: Any) -> list[HostDaemon]:
+    """A daemon per host of ``net`` (not started; its folder ``folder/hN``), each serving its
+    status and /metrics on :9400 and a fake engine ``gpu0`` on :8000 (``gpu0``: more fields for
+    it); host 1's also runs ``bad`` on :8001, which crashes 0.2 s after every start and is FATAL
+    after two failures."""
+    daemons = []
+    for i, (ns, address) in enumerate(zip(net.namespaces, net.addresses, strict=True)):
+        engines = [fake_engine("gpu0", 8000, host=address, **gpu0)]
+        if i == 0:
+            engines.append(
+                fake_engine(
+                    "bad",
+                    8001,
+                    host=address,
+                    fake_crash_after_s=0.2,
+                    fake_exit_code=1,
+                    max_failures=2,
+                )
+            )
+        host_dir = folder / f"h{i + 1}"
+        host_dir.mkdir()
+        config = {"supervisor": {"http_listen": "0.0.0.0:9400"}, "engines": engines}
+        daemons.append(HostDaemon(host_dir, config, netns=ns))
+    return daemons
 
-    def __init__(self, url: str, workers: int = 3) -> None:
-        self.url = url
-        self.outcomes: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    resp = client.post(self.url, json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
-                    outcome = "ok" if resp.status_code == 200 else f"http {resp.status_code}"
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                with self._lock:
-                    self.outcomes.append((started, outcome))
-                self._stop.wait(0.05)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def since(self, t: float) -> list[str]:
-        with self._lock:
-            return [outcome for started, outcome in self.outcomes if started >= t]
+def stop_hosts(daemons: list[HostDaemon], *, timeout_s: float = 30.0) -> None:
+    """SIGTERM each daemon and wait up to ``timeout_s`` for it (one never started is passed
+    over), then kill whatever it or its engines left."""
+    for d in daemons:
+        with contextlib.suppress(Exception):
+            d.signal(signal.SIGTERM)
+            d.wait_exit(timeout_s=timeout_s)
+        d.cleanup()

@@ -9,8 +9,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,19 +18,9 @@ import yaml
 
 from llmsupervisor import control
 from llmsupervisor.cli import main as cli
-from tests.lib.daemon import Daemon, fake_engine, free_port, wait_for
+from tests.lib.daemon import fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
-
-
-def run_cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
 
 
 def test_cli_without_daemon_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,31 +78,31 @@ def test_status_drain_start_restart_stop(daemon_factory) -> None:
     sock = d.state_dir / "control.sock"
     assert stat.S_IMODE(sock.stat().st_mode) == 0o660
 
-    out = run_cli(d, "status")
+    out = d.cli("status", timeout_s=30)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     # No engine here has a GPU: the GPU columns are hidden (issue 26; `-o wide` shows them).
     assert lines[0].split()[:5] == ["ENGINE", "STATE", "MODEL", "CPUS", "PORT"]
     assert lines[1].split()[:2] == ["a", "READY"]
-    status = json.loads(run_cli(d, "status", "--json").stdout)
+    status = json.loads(d.cli("status", "--json", timeout_s=30).stdout)
     assert status["engines"]["b"]["port"] == p2
 
-    assert run_cli(d, "drain", "a").returncode == 0
+    assert d.cli("drain", "a", timeout_s=30).returncode == 0
     d.wait_state("a", "draining", in_rotation=False)
     assert d.engine("a")["pid"] == a["pid"]  # drained, not restarted
-    assert run_cli(d, "start", "a").returncode == 0
+    assert d.cli("start", "a", timeout_s=30).returncode == 0
     d.wait_state("a", "ready", in_rotation=True)
 
-    assert run_cli(d, "restart", "a").returncode == 0
+    assert d.cli("restart", "a", timeout_s=30).returncode == 0
     again = d.wait_state("a", "ready", restarts=1)
     assert again["pid"] != a["pid"]
     assert again["restarts_by_reason"] == {"operator": 1}
     assert "[a] READY -> DRAINING: draining: restart requested by operator" in d.log()
 
-    assert run_cli(d, "stop", "b").returncode == 0
+    assert d.cli("stop", "b", timeout_s=30).returncode == 0
     d.wait_state("b", "stopped")
     assert d.engine("a")["state"] == "ready"
-    bad = run_cli(d, "restart", "nope")
+    bad = d.cli("restart", "nope", timeout_s=30)
     assert bad.returncode == 1 and "no engine named 'nope'" in bad.stderr
     assert d.stop() == 0
 
@@ -129,7 +117,7 @@ def test_reload_restarts_only_changed_engines_and_keeps_old_config_on_error(daem
 
     # An invalid config is rejected whole; nothing is touched.
     d.config_path.write_text(d.config_path.read_text().replace(f"port: {p2}", "port: not-a-port"))
-    out = run_cli(d, "reload")
+    out = d.cli("reload", timeout_s=30)
     assert out.returncode == 78
     assert "engines[1].port: must be an integer" in out.stderr
     assert "keeps its previous config" in out.stderr
@@ -153,7 +141,7 @@ def test_reload_restarts_only_changed_engines_and_keeps_old_config_on_error(daem
     # Removing an engine from the config stops it.
     new["engines"] = [e for e in new["engines"] if e["name"] != "added"]
     d.config_path.write_text(yaml.safe_dump(new, sort_keys=False))
-    assert run_cli(d, "reload").returncode == 0
+    assert d.cli("reload", timeout_s=30).returncode == 0
     wait_for(lambda: "added" not in d.status().get("engines", {}), timeout_s=30, what="engine removed")
     wait_for(
         lambda: not any(p for p in d.engine_processes() if str(p3) in " ".join(_cmd(p))),

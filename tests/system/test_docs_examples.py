@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,15 +30,6 @@ BLOCK = re.compile(
     r"(?P<body>.*?)(<!-- end generated -->)",
     re.DOTALL,
 )
-
-
-def _cli(d: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", *args, "--config", str(d.config_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def _pinned(status: dict[str, Any]) -> dict[str, Any]:
@@ -79,9 +68,9 @@ def test_the_status_examples_in_the_docs_come_from_a_real_run(daemon_factory: An
     d.start()
     d.wait_state("gpu0", "ready")
     d.wait_state("gpu2", "ready")
-    assert _cli(d, "stop", "gpu2", "--wait", "--timeout", "30").returncode == 0
+    assert d.cli("stop", "gpu2", "--wait", "--timeout", "30").returncode == 0
     d.wait_state("gpu2", "stopped")
-    out = _cli(d, "status", "--json")
+    out = d.cli("status", "--json")
     assert out.returncode in (0, 1), out.stderr  # 1: gpu2 is stopped
     status = _pinned(json.loads(out.stdout))
     assert d.stop() == 0

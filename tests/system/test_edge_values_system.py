@@ -1,7 +1,7 @@
 """The real daemon over fake engines configured at the extremes check-config accepts (issue 28 #3:
 ``detectors: {degradation_baseline_s: 0}`` passed check-config, then every engine task crashed,
 was replaced 4 times and ended FATAL). The unit tiers run every extreme of every field through
-the runtime objects (tests/test_detectors.py, tests/unit/config/test_edge_values.py); this runs
+the runtime objects (tests/unit/detectors/test_detectors.py, tests/unit/config/test_edge_values.py); this runs
 a few whole configs: every detector setting at its lowest, every one at its highest."""
 
 from __future__ import annotations

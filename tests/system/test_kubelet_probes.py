@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.lib.daemon import FAST_DETECTORS, Daemon, fake_engine, free_port, wait_for
+from tests.lib.daemon import FAST_DETECTORS, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 
@@ -65,16 +63,6 @@ class Kubelet:
 
     def between(self, start_s: float, end_s: float) -> list[Sample]:
         return [s for s in self.samples if start_s <= s.at_s <= end_s]
-
-
-def _cli(d: Daemon, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(d.config_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def _get(url: str) -> httpx.Response | None:
@@ -125,16 +113,16 @@ def test_kubelet_sequence_over_slow_start_hang_drain_and_sigterm(daemon_factory)
 
         # An operator's drain of a: a out (503 while it drains and after), but a drained engine is
         # not meant to serve, so the pod stays ready on b.
-        _cli(d, "drain", "a")
+        d.cli_ok("drain", "a")
         wait_for(lambda: _status(d.http_url + "/engines/a/ready") == 503, timeout_s=10, what="a drained")
         body = _get(d.http_url + "/readyz")
         assert body is not None and body.status_code == 200, body
         assert body.json()["engines_in_rotation"] == ["b"]
-        _cli(d, "start", "a")
+        d.cli_ok("start", "a")
         wait_for(lambda: _status(d.http_url + "/engines/a/ready") == 200, timeout_s=20, what="a back")
 
         # A restart drains first: a is 503 while DRAINING, and the pod with it.
-        _cli(d, "restart", "a")
+        d.cli_ok("restart", "a")
         d.wait_state("a", "draining")
         assert _status(d.http_url + "/engines/a/ready") == 503
         assert _status(d.http_url + "/readyz") == 503

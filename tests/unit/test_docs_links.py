@@ -1,9 +1,13 @@
-"""Every relative link in README.md and docs/*.md points at a file that exists, and every
-``#anchor`` into a Markdown file at one of its headings (GitHub's slugs)."""
+"""Every relative link in README.md and docs/*.md points at a file that exists, every ``#anchor``
+into a Markdown file at one of its headings (GitHub's slugs), and every repository path named in
+inline code (```tests/...``, ```bench/...``, ```llmsupervisor/...``, ```docs/...``, with a
+``:LINE`` or ``::test`` suffix allowed, ``{a,b}``, ``<date>`` and ``*`` read as patterns) at
+something that exists: a file moved without its docs fails here."""
 
 from __future__ import annotations
 
 import re
+from itertools import product
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,10 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+# A repository path inside an inline code span: up to a space, a quote, a bracket or a comma
+# outside braces; then what points into the file (a line, a test) is cut off.
+_REPO_PATH = re.compile(r"(?<![\w/.-])(?:tests|bench|llmsupervisor|docs)/(?:\{[^}`]*\}|[^\s`'\"(),;{])*")
+_INTO_FILE = re.compile(r"(?::\d+(?:-\d+)?|::\S*)$")
 
 
 def _prose(text: str) -> str:
@@ -43,6 +51,54 @@ def anchors(path: Path) -> set[str]:
 
 def links(path: Path) -> list[str]:
     return [t for t in _LINK.findall(_prose(path.read_text(encoding="utf-8"))) if not re.match(r"\w+:", t)]
+
+
+def code_paths(text: str) -> list[str]:
+    """The repository paths named in inline code (fenced blocks are commands and output)."""
+    spans = _INLINE_CODE.findall(_FENCE.sub("", text))
+    return [m.group(0) for span in spans for m in _REPO_PATH.finditer(span)]
+
+
+def alternatives(pattern: str) -> list[str]:
+    """``a{b,c}d`` -> ``abd``, ``acd`` (every brace group, in turn)."""
+    parts = re.split(r"\{([^{}]*)\}", pattern)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in product(*choices)]
+
+
+def exists(named: str) -> bool:
+    """Whether what ``named`` names is in the repository (any of it, for a pattern)."""
+    pattern = re.sub(r"<[^>]*>", "*", _INTO_FILE.sub("", named.rstrip(".:")))
+    for alternative in alternatives(pattern):
+        if any(ch in alternative for ch in "*?["):
+            if any(REPO.glob(alternative)):
+                return True
+        elif (REPO / alternative).exists():
+            return True
+    return False
+
+
+def test_code_paths_are_read_as_written() -> None:
+    doc = "`tests/unit/test_files.py:12`, `tests/lib/daemon.py::Daemon`, `pytest tests/host -m gpu`, "
+    doc += "`bench/results/overhead-<date>.{json,md}`, `llmsupervisor/engine/` and `etc/x`\n"
+    doc += "```\ncat `tests/not/here.py`\n```\n"
+    assert code_paths(doc) == [
+        "tests/unit/test_files.py:12",
+        "tests/lib/daemon.py::Daemon",
+        "tests/host",
+        "bench/results/overhead-<date>.{json,md}",
+        "llmsupervisor/engine/",
+    ]
+    assert alternatives("a{b,c}d{e,f}") == ["abde", "abdf", "acde", "acdf"]
+    assert exists("tests/unit/test_files.py:12") and exists("tests/lib/daemon.py::Daemon")
+    assert exists("bench/results/overhead-<date>.{json,md}") and exists("llmsupervisor/engine/")
+    assert not exists("tests/test_architecture.py") and not exists("tests/lib/nothing-*.py")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_paths_in_code_exist(doc: Path) -> None:
+    missing = sorted({p for p in code_paths(doc.read_text(encoding="utf-8")) if not exists(p)})
+    assert missing == [], f"{doc.relative_to(REPO)} names what is not in the repository"
 
 
 def test_slugs_follow_github() -> None:

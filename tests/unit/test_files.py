@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from llmsupervisor.files import (
     remove_stale_temporaries,
     write_json_atomic,
 )
+from tests.lib.held_disk import HeldDisk
 
 
 @pytest.fixture
@@ -186,27 +186,6 @@ def test_the_status_file_removes_a_temporary_left_by_a_killed_daemon(tmp_path: P
     stale.write_text('{"half": ')
     StatusFile(tmp_path / "status.json")
     assert not stale.exists()
-
-
-class HeldDisk:
-    """``os.fsync`` held until ``release()``: a disk the kernel is flushing for another writer
-    (on CI an ext4 journal commit behind an engine's compile cache held a ladder write ~7 s)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.entered = threading.Event()
-        self._released = threading.Event()
-        real_fsync = os.fsync
-
-        def fsync(fd: int) -> None:
-            self.entered.set()
-            if not self._released.wait(30):
-                raise AssertionError("the disk was never released: save() waited on the loop")
-            real_fsync(fd)
-
-        monkeypatch.setattr(os, "fsync", fsync)
-
-    def release(self) -> None:
-        self._released.set()
 
 
 def test_a_save_on_the_loop_returns_while_the_disk_holds_the_write_and_the_newest_lands(

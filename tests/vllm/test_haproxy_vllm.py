@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +26,7 @@ import yaml
 
 from tests.lib.daemon import Daemon, free_port, wait_for
 from tests.lib.haproxy import haproxy
+from tests.lib.load import Load
 from tests.lib.vllm_env import READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
 
 pytestmark = pytest.mark.vllm_cpu
@@ -76,52 +75,12 @@ def _judge(resp: httpx.Response) -> tuple[str, str]:
     return "ok", ""
 
 
-class Load:
-    """Steady concurrent completions through the load balancer; every outcome is counted."""
+BODY = {"model": "tiny", "prompt": "steady load", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 
-    def __init__(self, url: str, workers: int = 4) -> None:
-        self.url = url
-        self.results: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=180) as client:
-            while not self._stop.is_set():
-                try:
-                    resp = client.post(
-                        self.url,
-                        json={
-                            "model": "tiny",
-                            "prompt": "steady load",
-                            "max_tokens": MAX_TOKENS,
-                            "ignore_eos": True,
-                        },
-                    )
-                    outcome, detail = _judge(resp)
-                except httpx.HTTPError as exc:
-                    outcome, detail = type(exc).__name__, str(exc)[:200]
-                with self._lock:
-                    self.results[outcome] += 1
-                    if outcome != "ok":
-                        self.failures.append(f"{time.strftime('%H:%M:%S')} {outcome} {detail}")
-
-    def start(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def stop(self) -> Counter[str]:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=200)
-        return self.results
-
-    def snapshot(self) -> Counter[str]:
-        with self._lock:
-            return Counter(self.results)
+def _load(url: str) -> Load:
+    """Four workers, every answer judged by ``_judge``; 180 s for a request on 2 loaded cores."""
+    return Load(url, body=BODY, judge=_judge, timeout_s=180).start()
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +173,7 @@ def test_rolling_restart_and_ladder_step_under_load_fail_no_request(lb: dict[str
     d: Daemon = lb["daemon"]
     both_ready(d, lb["ports"]["frontend"])
     url = f"http://127.0.0.1:{lb['ports']['frontend']}/v1/completions"
-    load = Load(url).start()
+    load = _load(url)
     try:
         wait_for(lambda: load.snapshot()["ok"] >= 20, timeout_s=120, what="load flowing through HAProxy")
         before = {n: d.engine(n) for n in ("e1", "e2")}
@@ -258,7 +217,7 @@ def test_without_the_drain_the_same_restart_fails_requests(lb: dict[str, Any]) -
     d: Daemon = lb["daemon"]
     both_ready(d, lb["ports"]["frontend"])
     url = f"http://127.0.0.1:{lb['ports']['frontend']}/v1/completions"
-    load = Load(url).start()
+    load = _load(url)
     try:
         wait_for(lambda: load.snapshot()["ok"] >= 10, timeout_s=120, what="load flowing through HAProxy")
         config = lb["config"]

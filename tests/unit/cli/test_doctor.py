@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from llmsupervisor import doctor
+from llmsupervisor.cli import main as cli
 from llmsupervisor.config import EngineSpec, load_config
 from llmsupervisor.daemon import lock
 from llmsupervisor.doctor import DoctorCheck, Identity, Level
@@ -480,19 +481,20 @@ def test_user_identity_has_the_supplementary_groups() -> None:
     assert doctor.user_identity("no-such-user-here") is None
 
 
-def run_doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``llm-supervisor ARGS`` as its command line parses them, in this process: the exit code and
+    what it printed."""
+    capsys.readouterr()
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
-def test_doctor_command_passes_a_good_cpu_only_config(tmp_path: Path) -> None:
+def test_doctor_command_passes_a_good_cpu_only_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_config(tmp_path, [fake_engine("a", free_port())])
-    done = run_doctor("doctor", "--config", str(path))
+    done = run_doctor(capsys, "doctor", "--config", str(path))
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
     assert lines[1] == f"ok    config: {path}: 1 engine(s): a"
@@ -506,18 +508,20 @@ def test_doctor_command_passes_a_good_cpu_only_config(tmp_path: Path) -> None:
     )
 
 
-def test_doctor_command_fails_on_a_held_port(tmp_path: Path, holder: subprocess.Popen[str]) -> None:
+def test_doctor_command_fails_on_a_held_port(
+    tmp_path: Path, holder: subprocess.Popen[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     port = holder_port(holder)
     path = write_config(tmp_path, [fake_engine("a", port)])
-    done = run_doctor("--config", str(path), "doctor")  # --config before the subcommand works too
+    done = run_doctor(capsys, "--config", str(path), "doctor")  # --config before the subcommand works too
     assert done.returncode == 1, done.stdout
     assert f"FAIL  port {port} (engine a): in use by pid {holder.pid}" in done.stdout
 
 
-def test_doctor_command_on_an_invalid_config(tmp_path: Path) -> None:
+def test_doctor_command_on_an_invalid_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("engines: [\n")
-    done = run_doctor("doctor", "--config", str(path))
+    done = run_doctor(capsys, "doctor", "--config", str(path))
     assert done.returncode == 1
     assert f"FAIL  config: {path}:" in done.stdout and "syntax error" in done.stdout
     # Without a config the machine checks still run.

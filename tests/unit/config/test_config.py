@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -1003,48 +1001,6 @@ def test_defaults_merge_with_engine_env_and_args(tmp_path: Path) -> None:
         "--shutdown-timeout",
         "30",
     ]
-
-
-# ---- the real module, as systemd runs it ------------------------------------------------------
-
-
-def test_module_with_bad_config_exits_78_with_the_same_lines(tmp_path: Path) -> None:
-    path = write(
-        tmp_path,
-        """
-        supervisor:
-          log_level: loud
-        engines:
-          - name: a
-            model: org/m
-            port: "8000"
-          - name: a
-            model: org/m
-            port: 8001
-        """,
-    )
-    expected = problems(path)
-    assert len(expected) == 3
-    env = {k: v for k, v in os.environ.items() if k not in ("JOURNAL_STREAM", "PYTHONPATH")}
-    env["PYTHONPATH"] = str(REPO)
-    result = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "--config", str(path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 78, result.stderr
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    for problem in expected:
-        assert sum(line.endswith(problem) and " ERROR " in line for line in lines) == 1, result.stderr
-    # Problems come out in file order, then the verdict.
-    found = [i for i, line in enumerate(lines) for p in expected if line.endswith(p)]
-    assert found == sorted(found)
-    assert "invalid config, not starting (exit 78)" in lines[-1]
 
 
 # ---- the shipped example ----------------------------------------------------------------------

@@ -233,21 +233,17 @@ def test_doctor_flags_it_for_the_engines_environment(tmp_path: Path) -> None:
     assert any(r.name.startswith("port ") for r in results)
 
 
-def test_doctor_command_flags_it(tmp_path: Path) -> None:
+def test_doctor_command_flags_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     if any(p.exists() for p in doctor.UNIT_PATHS) and doctor.user_identity(doctor.SERVICE_USER):
         pytest.skip("an installed unit: doctor as root uses the unit's environment, not ours")
     path = write_config(tmp_path)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "doctor", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 1
-    assert f"FAIL  config: {path}:6: engines[0].model: 'org/name' is a Hugging Face hub id" in done.stdout
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert cli.main(["doctor", "--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  config: {path}:6: engines[0].model: 'org/name' is a Hugging Face hub id" in out
 
 
 def test_unit_environment_reads_environment_lines_drop_ins_and_files(tmp_path: Path) -> None:

@@ -3,13 +3,13 @@ the real vLLM CPU build: tests/vllm/test_launcher_vllm.py)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from llmsupervisor import doctor
+from llmsupervisor.cli import main as cli
 from llmsupervisor.config import VLLM_API_SERVER_MODULE, load_config
 from llmsupervisor.config.launcher import choose, vllm_cli_problem
 from llmsupervisor.doctor import Level
@@ -108,7 +108,9 @@ def test_doctor_says_which_launcher_and_why(tmp_path: Path) -> None:
     assert (d.level, d.detail) == (Level.OK, "command: the engine's own (/bin/true)")
 
 
-def test_a_ladder_that_changes_the_compile_key_is_a_warning(tmp_path: Path) -> None:
+def test_a_ladder_that_changes_the_compile_key_is_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(
         "engines:\n"
@@ -121,10 +123,9 @@ def test_a_ladder_that_changes_the_compile_key_is_a_warning(tmp_path: Path) -> N
     config = load_config(path)
     (warning,) = config.warnings
     assert str(warning).startswith(f"{path}:9: engines[0].ladder[1]: sets max-num-seqs, part of vLLM's")
-    done = subprocess.run(
-        [sys.executable, "-m", "llmsupervisor", "check-config", str(path)], capture_output=True, text=True
-    )
-    assert done.returncode == 0 and "warning: " in done.stderr and "compile cache" in done.stderr
+    assert cli.main(["check-config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "compile cache" in err
 
 
 def test_max_num_active_seqs_is_a_warm_ladder_step(tmp_path: Path) -> None:

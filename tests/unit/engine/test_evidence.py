@@ -1,5 +1,7 @@
-"""Evidence before the kill (engine/evidence.py): py-spy stacks of a hung engine's processes (the
-dumper itself: tests/unit/test_stacks.py; through the real daemon: tests/system/test_evidence_system.py)."""
+"""Evidence before the kill (engine/evidence.py): the order of the moves, the incident files, and
+the runner taking them over fake processes. The dumper itself: tests/unit/test_stacks.py; py-spy
+over real processes is a system test (tests/system/test_stack_dumps.py), and so is the whole
+through the real daemon (tests/system/test_evidence_system.py)."""
 
 from __future__ import annotations
 

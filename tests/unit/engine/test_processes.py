@@ -1,13 +1,10 @@
-"""The Processes seam over the host (engine/processes.py): what must not run on the loop."""
+"""The Processes seam over the host (engine/processes.py): what must not run on the loop. Its
+signals to real processes are a system test (tests/system/test_process_groups.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -28,19 +25,3 @@ def test_the_sweep_for_strays_runs_off_the_loop(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(process, "marker_processes", sweep)
     assert asyncio.run(HostProcesses(tmp_path).strays("e", leader=100)) == [200]
     assert on_main == [False]
-
-
-def test_signal_each_stops_the_living_and_skips_the_gone(tmp_path: Path) -> None:
-    """The freeze before an engine's stacks (engine/evidence.py): SIGSTOP to each member."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    try:
-        HostProcesses(tmp_path).signal_each([gone.pid, sleeper.pid], signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while "State:\tT" not in Path(f"/proc/{sleeper.pid}/status").read_text():
-            assert time.monotonic() < deadline, "never stopped"
-            time.sleep(0.01)
-    finally:
-        sleeper.kill()  # SIGKILL ends a stopped process too
-        assert sleeper.wait(timeout=10) == -signal.SIGKILL

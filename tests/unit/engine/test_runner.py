@@ -25,8 +25,8 @@ from llmsupervisor.engine.observer import canary_deadline_s
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.gpu_readings import GpuEvent, GpuSample
 from tests.lib.engine_fakes import metrics
+from tests.lib.held_disk import HeldDisk
 from tests.lib.runner_harness import Harness, S, ready_as, run, spec
-from tests.unit.test_files import HeldDisk
 
 
 def test_start_reaches_ready_with_a_first_incarnation(tmp_path: Path) -> None:
