@@ -88,6 +88,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
 
 
+# Seconds of setup, call and teardown per tier in this run, printed at the end (issue 40: CI's
+# output says where the suite's time goes; docs/testing.md keeps the table).
+TIER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = Path(report.fspath).resolve()
+    if path.is_relative_to(TESTS) and len(path.relative_to(TESTS).parts) >= 2:
+        tier = path.relative_to(TESTS).parts[0]
+        TIER_SECONDS[tier] = TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier (setup + call + teardown)")
+    for tier, seconds in sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{tier:<8} {int(seconds // 60):3d} min {seconds % 60:4.1f} s")
+    total = sum(TIER_SECONDS.values())
+    terminalreporter.write_line(f"{'all':<8} {int(total // 60):3d} min {total % 60:4.1f} s")
+
+
 @pytest.fixture
 def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     made: list[Daemon] = []
