@@ -46,7 +46,7 @@ finding_active                         gauge      engine, finding, severity
 marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
 nvml_up                                gauge      reason (1 open; 0 not: driver_not_loaded, ...)
 nvml_open_attempts_total               counter
-nvml_event_wait_errors_total           counter    (each one rebuilds the event set)
+nvml_event_wait_errors_total           counter    (an NVML error rebuilds the event set)
 engines_waiting_for_nvml               gauge      (named by GPU index, waiting at start)
 engines_on_gpus                        gauge      (enabled engines configured on GPUs)
 nvml_hung_gpu                          gauge      gpu (calls stopped answering: taken as lost)
@@ -598,7 +598,8 @@ class _SnapshotCollector:
         )
         yield CounterMetricFamily(
             _name("nvml_event_wait_errors"),
-            "NVML event waits that failed other than by timing out; each rebuilds the event set.",
+            "NVML event waits that failed (an NVML error, which rebuilds the event set) or outlived"
+            " their deadline, since the daemon started.",
             value=float(health.event_wait_errors),
         )
         hung = GaugeMetricFamily(

@@ -189,8 +189,9 @@ class NvmlHealth:
     gpus: int = 0  # GPUs opened
     # GPUs taken as lost because their NVML calls stopped answering (docs/gpu.md, "Calls that hang")
     hung: tuple[int, ...] = ()
-    # nvmlEventSetWait errors other than a timeout since the start; after each, the reader
-    # rebuilds the event set without the GPUs that fell off the bus (docs/gpu.md)
+    # Event waits that failed since the start: an NVML error other than its timeout (the reader
+    # then rebuilds the event set without the GPUs that fell off the bus, docs/gpu.md), or a
+    # wait that outlived its deadline
     event_wait_errors: int = 0
     events_unwatched: Mapping[int, str] = field(default_factory=dict)  # GPU index -> why
     # The daemon's: engines named by GPU index that wait for NVML to open, and until when
