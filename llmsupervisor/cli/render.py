@@ -237,7 +237,7 @@ def nvml_lines(nvml: Mapping[str, Any]) -> list[str]:
     """What `status` says under the table about NVML (docs/gpu.md): that it cannot be opened, and
     why; the engines waiting for it; GPUs lost to calls that hang; GPUs whose XIDs are not seen."""
     out = []
-    if nvml.get("up") is False:
+    if nvml.get("up") is False and nvml.get("needed", True):
         line = f"NVML unavailable ({nvml.get('reason')})"
         if isinstance(for_s := nvml.get("for_s"), int | float):
             line += f" for {duration(for_s)}"

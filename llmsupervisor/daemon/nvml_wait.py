@@ -105,7 +105,8 @@ class NvmlGate:
     def health(self) -> NvmlHealth:
         """The monitor's, with the engines waiting for NVML (those the fleet still runs)."""
         waiting = {n: until for n, until in self.wait.waiting.items() if n in self.fleet.runners}
-        return replace(self.monitor.health(), waiting=waiting)
+        needed = any(s.spec.enabled and s.spec.gpu_count for s in self.fleet.statuses())
+        return replace(self.monitor.health(), waiting=waiting, needed=needed)
 
     def line(self) -> str | None:
         """For STATUS= while NVML is not open (daemon/status.py ``nvml_line``)."""

@@ -208,6 +208,7 @@ def nvml_json(snap: Snapshot) -> dict[str, Any] | None:
 
     return {
         "up": health.up,
+        "needed": health.needed,
         "reason": health.reason,
         "detail": health.detail,
         "for_s": age(health.since_s),
@@ -316,8 +317,8 @@ def _mmss(seconds: float) -> str:
 
 def nvml_line(health: NvmlHealth | None, *, now: float) -> str | None:
     """``NVML unavailable (driver_not_loaded) for 1m05s, no GPU telemetry, retrying; gpu0 wait for
-    it (3m55s left)``, or None while NVML is open."""
-    if health is None or health.up:
+    it (3m55s left)``, or None while NVML is open or no engine needs it."""
+    if health is None or health.up or not health.needed:
         return None
     line = f"NVML unavailable ({health.reason})"
     if health.since_s is not None:

@@ -195,8 +195,10 @@ class NvmlHealth:
     event_wait_errors: int = 0
     events_unwatched: Mapping[int, str] = field(default_factory=dict)  # GPU index -> why
     # The daemon's: engines named by GPU index that wait for NVML to open, and until when
-    # (daemon/nvml_wait.py).
+    # (daemon/nvml_wait.py); and whether any enabled engine is on GPUs (a CPU-only host without
+    # NVML is not blind: nothing there needs it).
     waiting: Mapping[str, float] = field(default_factory=dict)
+    needed: bool = True
 
 
 class GpuReader(Protocol):

@@ -286,6 +286,7 @@ def test_nvml_that_cannot_be_opened_is_in_the_status_the_summary_the_table_and_t
     doc = daemon_status.status_json(snap)
     assert doc["nvml"] == {
         "up": False,
+        "needed": True,
         "reason": "reboot_pending",
         "detail": "the driver library and kernel module differ: reboot pending after a driver upgrade",
         "for_s": 65.0,
@@ -328,3 +329,17 @@ def test_nvml_open_says_nothing_more() -> None:
     assert doc["nvml"]["up"] is True and doc["nvml"]["reason"] is None
     assert daemon_status.nvml_line(snap.nvml, now=NOW_S) is None
     assert "NVML" not in format_status(doc)
+
+
+def test_a_host_with_no_engine_on_a_gpu_is_not_called_blind() -> None:
+    """The vLLM CPU build on a host without NVML: nothing needs it, so STATUS= and the table say
+    nothing of it (the JSON and /metrics still do)."""
+    from llmsupervisor.cli.render import format_status
+
+    snap = blind_snapshot()
+    assert snap.nvml is not None
+    cpu_only = dataclasses.replace(snap, nvml=dataclasses.replace(snap.nvml, needed=False, waiting={}))
+    assert daemon_status.nvml_line(cpu_only.nvml, now=NOW_S) is None
+    doc = daemon_status.status_json(cpu_only)
+    assert doc["nvml"]["needed"] is False
+    assert not any(line.startswith("NVML unavailable") for line in format_status(doc).splitlines())
