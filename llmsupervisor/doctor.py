@@ -52,9 +52,10 @@ from llmsupervisor.config import EngineSpec, SupervisorConfig, load_config
 from llmsupervisor.config.launcher import vllm_cli_problem
 from llmsupervisor.core.placement import AUTO, omp_threads_bind, overlaps
 from llmsupervisor.daemon import lock
-from llmsupervisor.daemon.placement import place_config, topology
+from llmsupervisor.daemon.placement import index_gaps, place_config, topology
 from llmsupervisor.daemon.state_dir import OPEN_BITS
 from llmsupervisor.daemon.state_dir import judge as state_dir_trust
+from llmsupervisor.daemon.status import read_status_file
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.gpu_readings import GpuReader
@@ -581,7 +582,14 @@ def check_nvml(
         reader.close()
     result = outcome[0]
     if isinstance(result, NvmlUnavailable):
-        return [DoctorCheck("nvml", missing_level, f"{result.detail}{why}")]
+        # What the daemon does about it (docs/gpu.md, "NVML not there yet").
+        then = (
+            "; the daemon keeps trying, and engines named by GPU index wait up to nvml_wait_s"
+            f" ({config.supervisor.nvml_wait_s:g} s) for it"
+            if needing and config is not None
+            else ""
+        )
+        return [DoctorCheck("nvml", missing_level, f"{result.detail}{why}{then}")]
     if isinstance(result, Exception):
         return [DoctorCheck("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
     assert isinstance(result, list)
@@ -619,6 +627,17 @@ def check_nvml(
                 )
             )
         absent = [g for g in spec.gpus if g not in present]
+        below = [g for g in index_gaps(present) if spec.gpus and g <= max(spec.gpus)]
+        if spec.enabled and not spec.gpu_uuids and below and not absent:
+            results.append(
+                DoctorCheck(
+                    f"engine {spec.name} gpus",
+                    Level.FAIL,
+                    f"NVML cannot read GPU(s) {below}, at or below the engine's GPU indices: CUDA may"
+                    " number the GPUs without that board, so the engine would run on another GPU than"
+                    " the one monitored; the daemon will not start it (name its GPUs by UUID; docs/gpu.md)",
+                )
+            )
         if absent:
             results.append(
                 DoctorCheck(
@@ -627,6 +646,46 @@ def check_nvml(
                     f"GPU(s) {absent} not present (NVML lists {sorted(present)})",
                 )
             )
+    return results
+
+
+def check_daemon_gpus(config: SupervisorConfig) -> list[DoctorCheck]:
+    """What the running daemon (its status file, when its pid lives) says of its GPUs: NVML it
+    cannot open (and since when), GPUs lost to calls that hang, GPUs whose XIDs it does not see.
+    Nothing when no daemon runs on this state dir."""
+    found = read_status_file(config.supervisor.state_dir / "status.json")
+    nvml = found.status.get("nvml") if found is not None and found.daemon_alive else None
+    if not isinstance(nvml, dict):
+        return []
+    name, pid = "daemon gpus", found.status.get("pid") if found is not None else None
+    results = []
+    if nvml.get("up") is False:
+        waiting = ", ".join(sorted(nvml.get("engines_waiting") or {}))
+        for_s = nvml.get("for_s")
+        results.append(
+            DoctorCheck(
+                name,
+                Level.FAIL if _gpu_engines(config) else Level.WARN,
+                f"the running daemon (pid {pid}) has had no GPU telemetry"
+                + (f" for {for_s:.0f} s" if isinstance(for_s, int | float) else "")
+                + f": NVML unavailable ({nvml.get('reason')}): {nvml.get('detail')}"
+                + (f"; engines waiting for it: {waiting}" if waiting else ""),
+            )
+        )
+    for gpu in nvml.get("hung_gpus") or ():
+        results.append(
+            DoctorCheck(
+                name, Level.FAIL, f"GPU {gpu}: NVML calls stopped answering; the daemon took it as lost"
+            )
+        )
+    for gpu, why in sorted((nvml.get("events_unwatched") or {}).items()):
+        results.append(
+            DoctorCheck(name, Level.WARN, f"GPU {gpu}: the daemon does not see its XID events: {why}")
+        )
+    if not results and nvml.get("up"):
+        results.append(
+            DoctorCheck(name, Level.OK, f"the running daemon (pid {pid}) reads {nvml.get('gpus')} GPU(s)")
+        )
     return results
 
 
@@ -775,6 +834,7 @@ def run_checks(
     index_of: dict[str, int] = {}
     results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus, gpu_index_of=index_of)
     if config is not None:
+        results += check_daemon_gpus(config)
         results += check_placement(_resolved(config, index_of), gpu_cpus)
     results.append(check_gpu_devices(dev_dir, who, needed=bool(_gpu_engines(config))))
     return results
@@ -790,6 +850,7 @@ __all__ = [
     "Level",
     "check_api_key_file",
     "check_config",
+    "check_daemon_gpus",
     "check_engine_command",
     "check_gpu_devices",
     "check_identity",

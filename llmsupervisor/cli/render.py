@@ -237,7 +237,35 @@ def format_status(
             f"State files not saved yet ({errors}): {', '.join(str(u.get('file')) for u in unsaved)};"
             " written as soon as the disk takes them, lost if the daemon restarts before"
         )
+    nvml = status.get("nvml")
+    if isinstance(nvml, Mapping):
+        lines += nvml_lines(nvml)
     return "\n".join(lines)
+
+
+def nvml_lines(nvml: Mapping[str, Any]) -> list[str]:
+    """What `status` says under the table about NVML (docs/gpu.md): that it cannot be opened, and
+    why; the engines waiting for it; GPUs lost to calls that hang; GPUs whose XIDs are not seen."""
+    out = []
+    if nvml.get("up") is False and nvml.get("needed", True):
+        line = f"NVML unavailable ({nvml.get('reason')})"
+        if isinstance(for_s := nvml.get("for_s"), int | float):
+            line += f" for {duration(for_s)}"
+        line += f": no GPU telemetry (XIDs, ECC, thermal, lost GPUs); retrying, {nvml.get('attempts')} tries"
+        if nvml.get("detail"):
+            line += f"; {nvml['detail']}"
+        out.append(line)
+    waiting = nvml.get("engines_waiting") or {}
+    if waiting:
+        out.append(
+            "Waiting for NVML before starting (named by GPU index): "
+            + ", ".join(f"{name} ({duration(left or 0)} left)" for name, left in sorted(waiting.items()))
+        )
+    for gpu in nvml.get("hung_gpus") or ():
+        out.append(f"GPU {gpu}: NVML calls stopped answering while the other GPUs answer: taken as lost")
+    for gpu, why in sorted((nvml.get("events_unwatched") or {}).items()):
+        out.append(f"GPU {gpu}: XID events not seen (left out of NVML's event set: {why})")
+    return out
 
 
 def unknown_engines(known: Iterable[str], names: Iterable[str]) -> list[str]:

@@ -236,6 +236,17 @@ SUPERVISOR_FIELDS: Final[dict[str, Field]] = {
         "/readyz is 200 when all engines meant to serve (and not held by an operator) are in "
         "rotation, or any one (docs/fleet.md)",
     ),
+    "nvml_wait_s": Field(
+        _number(lo=0, hi=86400),
+        "NVML not open at start (a driver that loads late): engines named by GPU index wait this long"
+        " for it, then start anyway with an error logged; 0: no wait. By-UUID engines start at once"
+        " (docs/gpu.md)",
+    ),
+    "nvml_hang_misses": Field(
+        _number(lo=2, hi=1000, integer=True),
+        "a GPU whose NVML calls miss this many deadlines in a row (one per tick), while other GPUs"
+        " answer, is lost: its engines stop and the node condition is set (docs/gpu.md)",
+    ),
 }
 
 

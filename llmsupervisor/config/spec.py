@@ -286,6 +286,11 @@ class SupervisorSettings:
     min_in_rotation: int = 1  # load shedding keeps at least this many engines in rotation
     # /readyz: "all" engines meant to serve must be in rotation, or "any" one (docs/fleet.md).
     readyz_requires: str = "all"
+    # NVML not open at start: engines named by GPU index wait this long for it, then start
+    # anyway, loudly (0: no wait). Engines named by UUID start at once (docs/gpu.md).
+    nvml_wait_s: float = 300.0
+    # A GPU whose NVML calls miss this many deadlines in a row, while the others answer, is lost.
+    nvml_hang_misses: int = 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

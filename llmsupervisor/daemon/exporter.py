@@ -44,6 +44,12 @@ engine_served_generation_tokens_per_second  gauge  engine (likewise)
 engine_incidents_total                 counter    engine (hang/stall stacks kept before a kill)
 finding_active                         gauge      engine, finding, severity
 marked_gpu_faults_total                counter    gpu (faults the policy restarted an engine for)
+nvml_up                                gauge      reason (1 open; 0 not: driver_not_loaded, ...)
+nvml_open_attempts_total               counter
+nvml_event_wait_errors_total           counter    (an NVML error rebuilds the event set)
+engines_waiting_for_nvml               gauge      (named by GPU index, waiting at start)
+engines_on_gpus                        gauge      (enabled engines configured on GPUs)
+nvml_hung_gpu                          gauge      gpu (calls stopped answering: taken as lost)
 ticks_total                            counter
 notify_failures_total                  counter
 config_loaded_timestamp_seconds        gauge      (absent while 0: never loaded)
@@ -166,6 +172,10 @@ GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
     "memory_reserved_bytes": GpuMetric(
         "GPU memory reserved by the driver and firmware in bytes (nvmlMemory_v2); not in memory_used."
     ),
+    "events_watched": GpuMetric(
+        "1 while the GPU's NVML events (XIDs, ECC, poison) are watched, 0 when it was left out of the"
+        " event set after a failed registration (docs/gpu.md)."
+    ),
     "recovery_action": GpuMetric(
         "The GPU's recovery action (NVML field 230): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,"
         " 4 drain and reset, 6 bus reset, 7 system reboot."
@@ -215,6 +225,7 @@ def gpu_metric_values(latest: Mapping[int, GpuSample | ProbeFailure]) -> dict[in
         for name, value, scale in pairs:
             if value is not None:
                 values[name] = float(value) * scale
+        values["events_watched"] = 0.0 if sample.events_unwatched is not None else 1.0
         if sample.clock_event_reasons is not None:
             active = sample.clock_event_reason_names
             for reason in CLOCK_EVENT_REASONS.values():
@@ -563,6 +574,49 @@ class _SnapshotCollector:
         for condition in snap.node_conditions:
             conditions.add_metric([condition.condition, str(condition.gpu)], 1.0)
         yield conditions
+        yield from self._nvml_families(snap)
+
+    def _nvml_families(self, snap: Snapshot) -> Iterator[Metric]:
+        health = snap.nvml
+        if health is None:
+            return
+        up = GaugeMetricFamily(
+            _name("nvml_up"),
+            "1 while NVML is open (GPU telemetry, XIDs, lost GPUs), 0 while it cannot be opened; the"
+            " reason label says why (driver_not_loaded, reboot_pending, init_timeout, ...; empty when up).",
+            labels=["reason"],
+        )
+        up.add_metric(["" if health.up else str(health.reason)], 1.0 if health.up else 0.0)
+        yield up
+        yield CounterMetricFamily(
+            _name("nvml_open_attempts"),
+            "Tries to open NVML since the daemon started (more than 1: it was not there at first).",
+            value=float(health.attempts),
+        )
+        yield GaugeMetricFamily(
+            _name("engines_waiting_for_nvml"),
+            "Engines named by GPU index that wait for NVML to open before they start (nvml_wait_s).",
+            value=float(len(health.waiting)),
+        )
+        yield GaugeMetricFamily(
+            _name("engines_on_gpus"),
+            "Enabled engines configured on GPUs (by index or UUID): with nvml_up 0, they run or wait blind.",
+            value=float(sum(1 for e in snap.engines if e.spec.enabled and e.spec.gpu_count)),
+        )
+        yield CounterMetricFamily(
+            _name("nvml_event_wait_errors"),
+            "NVML event waits that failed (an NVML error, which rebuilds the event set) or outlived"
+            " their deadline, since the daemon started.",
+            value=float(health.event_wait_errors),
+        )
+        hung = GaugeMetricFamily(
+            _name("nvml_hung_gpu"),
+            "1 for a GPU taken as lost because its NVML calls stopped answering while the others answer.",
+            labels=["gpu"],
+        )
+        for gpu in health.hung:
+            hung.add_metric([str(gpu)], 1.0)
+        yield hung
 
     def _gpu_families(self, gpu_samples: GpuSamples) -> Iterator[Metric]:
         try:

@@ -19,6 +19,7 @@ import functools
 import logging
 import ssl
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Final
 
 import httpx
@@ -70,6 +71,10 @@ class Fleet:
         self._sent: dict[str, int] = {}  # commands sent per engine (this runner's)
         self._tls: ssl.SSLContext | None = None
         self.shutting_down = False
+        # Set by the daemon: why an engine the config starts must not start yet (NVML not open,
+        # daemon/nvml_wait.py), or None. Asked only for engines added without a ledger: at the
+        # daemon's start and by a reload, never for a runner's successor.
+        self.admit: Callable[[EngineSpec], str | None] | None = None
 
     # ---- HTTP clients ----
 
@@ -106,6 +111,11 @@ class Fleet:
     def add(self, spec: EngineSpec, *, desired: Desired | None = None, ledger: Ledger | None = None) -> None:
         """A runner for ``spec``; ``desired``: what the operator asked of it before (holds kept
         across a daemon restart, daemon/holds.py), else what the config says."""
+        wanted = desired if desired is not None else Desired(run=spec.enabled)
+        if ledger is None and self.admit is not None and wanted.wants_run:
+            why = self.admit(spec)
+            if why is not None:  # it stays STOPPED, saying why, until the daemon starts it
+                desired, ledger = replace(wanted, run=False), Ledger(spec.name, now=aio.now(), reason=why)
         runner = EngineRunner(
             spec,
             procs=self._procs,

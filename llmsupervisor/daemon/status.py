@@ -30,7 +30,7 @@ from llmsupervisor.engine.status import EngineLoad, EngineStatus
 from llmsupervisor.files import JsonFileWriter, UnsavedFile, flush_all, remove_stale_temporaries
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
-from llmsupervisor.probes.gpu_readings import GpuSample
+from llmsupervisor.probes.gpu_readings import GpuSample, NvmlHealth
 from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor")
@@ -75,6 +75,7 @@ class Snapshot:
     holds_unsaved: Mapping[str, str] = field(default_factory=dict)
     # State files whose newest content is not on disk, tried again until it is (files.py).
     unsaved_files: tuple[UnsavedFile, ...] = ()
+    nvml: NvmlHealth | None = None  # None: no GPU monitor (tests)
 
     def state_age_s(self, s: EngineStatus) -> float:
         """Seconds in the current state."""
@@ -151,6 +152,7 @@ def snapshot(
     roll: Mapping[str, str] | None = None,
     holds_unsaved: Mapping[str, str] | None = None,
     unsaved_files: Sequence[UnsavedFile] = (),
+    nvml: NvmlHealth | None = None,
 ) -> Snapshot:
     """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
     the marks) copied, so a reader never sees them change under it."""
@@ -168,6 +170,7 @@ def snapshot(
         config_roll=dict(roll or {}),
         holds_unsaved=dict(holds_unsaved or {}),
         unsaved_files=tuple(unsaved_files),
+        nvml=nvml,
     )
 
 
@@ -182,6 +185,38 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
         "node_conditions": [c.as_json() for c in snap.node_conditions],
         # Written once the disk has room; until then a daemon restart would not find them.
         "state_files_unsaved": [u.as_json() for u in snap.unsaved_files],
+        "nvml": nvml_json(snap),
+    }
+
+
+def nvml_json(snap: Snapshot) -> dict[str, Any] | None:
+    """Whether the daemon can read its GPUs (docs/gpu.md): ``up``; while down, why (``reason``,
+    ``detail``), for how long, the tries so far and when the next is; the engines waiting for it
+    (seconds left of their wait); GPUs taken as lost for calls that hang; GPUs whose events are
+    not watched; failed event waits."""
+    health = snap.nvml
+    if health is None:
+        return None
+
+    def age(since_s: float | None) -> float | None:
+        return None if since_s is None else round(snap.now_s - since_s, 1)
+
+    def left(until_s: float | None) -> float | None:
+        return None if until_s is None else round(max(0.0, until_s - snap.now_s), 1)
+
+    return {
+        "up": health.up,
+        "needed": health.needed,
+        "reason": health.reason,
+        "detail": health.detail,
+        "for_s": age(health.since_s),
+        "attempts": health.attempts,
+        "next_try_in_s": left(health.next_try_s),
+        "gpus": health.gpus,
+        "engines_waiting": {n: left(until) for n, until in health.waiting.items()},
+        "hung_gpus": list(health.hung),
+        "events_unwatched": {str(g): why for g, why in health.events_unwatched.items()},
+        "event_wait_errors": health.event_wait_errors,
     }
 
 
@@ -276,17 +311,41 @@ def _served_json(served: ServedLoad | None) -> dict[str, Any] | None:
     }
 
 
+def _mmss(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def nvml_line(health: NvmlHealth | None, *, now: float) -> str | None:
+    """``NVML unavailable (driver_not_loaded) for 1m05s, no GPU telemetry, retrying; gpu0 wait for
+    it (3m55s left)``, or None while NVML is open or no engine needs it."""
+    if health is None or health.up or not health.needed:
+        return None
+    line = f"NVML unavailable ({health.reason})"
+    if health.since_s is not None:
+        line += f" for {_mmss(now - health.since_s)}"
+    line += ", no GPU telemetry, retrying"
+    if health.waiting:
+        left = max(health.waiting.values()) - now
+        line += f"; {', '.join(sorted(health.waiting))} wait for it ({_mmss(left)} left)"
+    return line
+
+
 def summary(
     statuses: Sequence[EngineStatus],
     *,
     now: float,
     reload_problem: str | None = None,
     unsaved: Sequence[UnsavedFile] = (),
+    nvml: str | None = None,
 ) -> str:
-    """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``."""
+    """One line for STATUS=, e.g. ``1/2 engines ready; gpu1 starting (2m10s)``; a reload that
+    failed, a full state dir and ``nvml`` (``nvml_line``: NVML that cannot be opened) come first."""
     serving = [s for s in statuses if s.meant_to_serve]
     ready = sum(1 for s in serving if s.state is EngineState.READY)
     parts = [f"{ready}/{len(serving)} engines ready"]
+    if nvml:
+        parts.insert(0, nvml)
     if unsaved:  # a full state dir: what a daemon restart now would forget
         parts.insert(0, unsaved_text(unsaved))
     if reload_problem:
@@ -311,6 +370,13 @@ def unsaved_text(unsaved: Sequence[UnsavedFile]) -> str:
     errors = sorted({u.error for u in unsaved})
     head = "state dir full" if all(u.disk_full for u in unsaved) else "state dir"
     return f"{head}: {len(unsaved)} state file(s) not saved yet ({'; '.join(errors)})"
+
+
+def _nvml_aged(nvml: Any) -> Any:
+    if not isinstance(nvml, dict):
+        return nvml
+    waiting = nvml.get("engines_waiting") or {}
+    return {**nvml, "for_s": None, "next_try_in_s": None, "engines_waiting": sorted(waiting)}
 
 
 def _aged(engine: Mapping[str, Any]) -> Any:
@@ -401,6 +467,7 @@ class StatusFile:
                     n: {**e, "for_s": None, "last_exit_age_s": None, "served": None, "last_restart": _aged(e)}
                     for n, e in status["engines"].items()
                 },
+                "nvml": _nvml_aged(status.get("nvml")),
             },
             sort_keys=True,
         )

@@ -44,6 +44,7 @@ from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.holds import Holds, desired_at_start
 from llmsupervisor.daemon.intake import Intake
+from llmsupervisor.daemon.nvml_wait import NvmlGate
 from llmsupervisor.daemon.output_ring import OutputRing
 from llmsupervisor.daemon.placement import place_on_host
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
@@ -121,7 +122,9 @@ class Supervisor:
             from llmsupervisor.probes.nvml import NvmlReader
 
             gpu_reader = NvmlReader()
-        self.gpu_monitor = GpuMonitor(gpu_reader, interval_s=self.tick_s)
+        self.gpu_monitor = GpuMonitor(
+            gpu_reader, interval_s=self.tick_s, hang_misses=settings.nvml_hang_misses
+        )
         # One /proc sweep per tick for all engines: per engine, it cost engines x processes.
         self.sweeper = sweeper or GroupSweeper(max_age_s=self.tick_s, monotonic=aio.now)
         self.fleet = Fleet(
@@ -152,6 +155,8 @@ class Supervisor:
         self.reconciles_total = 0
         self.status_file = StatusFile(self.state_dir / "status.json")
         self.holds = Holds(self.state_dir / "holds")  # the operator's stop and drain, kept across restarts
+        # Engines named by GPU index wait for NVML at start (daemon/nvml_wait.py).
+        self.nvml = NvmlGate(self.gpu_monitor, self.fleet, self.holds, self.marks, settings, self.gpus_of)
         self.guard = GuardProcess(self.state_dir)
         self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
@@ -190,6 +195,7 @@ class Supervisor:
             holds={name: hold.as_json() for name in self.fleet.runners if (hold := self.holds.get(name))},
             holds_unsaved={name: why for name in self.fleet.runners if (why := self.holds.unsaved(name))},
             unsaved_files=files.unsaved_files(),
+            nvml=self.nvml.health(),
             roll=config_roll(
                 statuses, {e.name: e for e in self.config.engines}, self.reconcile.roll_halted_by
             ),
@@ -214,7 +220,9 @@ class Supervisor:
         if problem is None and (halted_by := self.reconcile.roll_halted_by):
             problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
         statuses, unsaved = self.fleet.statuses(), files.unsaved_files()
-        return summary(statuses, now=aio.now(), reload_problem=problem, unsaved=unsaved)
+        return summary(
+            statuses, now=aio.now(), reload_problem=problem, unsaved=unsaved, nvml=self.nvml.line()
+        )
 
     # ---- run ----
 
@@ -242,19 +250,7 @@ class Supervisor:
         self.guard.start()
         server = control.ControlServer(self.control_path, self.intake.on_control)
         await self.gpu_monitor.start()
-        self.config = await place_on_host(self.config, self.gpu_monitor)  # GPU UUIDs, MIG, CPUs
-        self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in self.config.engines})
-        self.holds.load(spec.name for spec in self.config.engines)
-        for spec in self.config.engines:
-            # A GPU condition from earlier in this boot keeps its engine stopped (docs/gpu.md).
-            blocked = engine_blocked(spec.gpus, self.marks.conditions) if spec.enabled else None
-            why = blocked_reason(blocked) if blocked is not None else None
-            if why is not None:
-                log.error("engine %s not started: %s", spec.name, why)
-            desired = desired_at_start(spec, self.holds.get(spec.name), blocked=why is not None)
-            self.fleet.add(
-                spec, desired=desired, ledger=Ledger(spec.name, now=aio.now(), reason=why) if why else None
-            )
+        await self.add_engines()
         self._write_status()
         log.info("supervising %d engine(s): %s", len(self.fleet.runners), ", ".join(self.fleet.runners))
         try:
@@ -300,6 +296,23 @@ class Supervisor:
             self.guard.stop()
         return exit_code
 
+    async def add_engines(self) -> None:
+        """Place the configured engines on this host and give each its runner (at start)."""
+        self.config = await place_on_host(self.config, self.gpu_monitor)  # GPU UUIDs, MIG, CPUs
+        self.nvml.placed(self.config)
+        self.gpus_of.update({e.name: ",".join(str(g) for g in e.gpus) for e in self.config.engines})
+        self.holds.load(spec.name for spec in self.config.engines)
+        for spec in self.config.engines:
+            # A GPU condition from earlier in this boot keeps its engine stopped (docs/gpu.md).
+            blocked = engine_blocked(spec.gpus, self.marks.conditions) if spec.enabled else None
+            why = blocked_reason(blocked) if blocked is not None else None
+            if why is not None:
+                log.error("engine %s not started: %s", spec.name, why)
+            desired = desired_at_start(spec, self.holds.get(spec.name), blocked=why is not None)
+            self.fleet.add(
+                spec, desired=desired, ledger=Ledger(spec.name, now=aio.now(), reason=why) if why else None
+            )
+
     async def _loop(self) -> None:
         tick_s = self.tick_s
         if self.notifier.watchdog_interval_s is not None and tick_s > self.notifier.watchdog_interval_s:
@@ -328,6 +341,7 @@ class Supervisor:
                     log.warning("the daemon's loop ran %.1f s late (blocked, or the host starved it)", held_s)
                 self._tick()
                 next_tick_s = aio.now() + tick_s
+                self.config = await self.nvml.turn(self.config)  # NVML opened late, or its wait ran out
             elif state_changed:
                 self._write_status()
             changed = self.fleet.changes.future(self.fleet.changes.version)

@@ -31,6 +31,7 @@ By family, each module owning its detectors and the helpers only they use::
     load         KV_PRESSURE, PREEMPTION_STORM
     degradation  DEGRADATION_THROUGHPUT, _TTFT, _PREFIX_CACHE: span stats against a baseline
     gpu          THERMAL, POWER_THROTTLE, GPU_FAULT, GPU_LOST, NVML_LOST, FOREIGN_GPU_MEMORY
+    gpu_watch    NVML_LOST for a GPU whose events are not watched (with gpu's NVML_LOST)
     memory       MEMORY_GROWTH
     tracker      FindingTracker, TrackerUpdate
 
@@ -66,6 +67,7 @@ from llmsupervisor.detectors.gpu import (
     detect_power_throttle,
     detect_thermal,
 )
+from llmsupervisor.detectors.gpu_watch import detect_nvml_trouble
 from llmsupervisor.detectors.hang import detect_hang
 from llmsupervisor.detectors.load import detect_kv_pressure, detect_preemption_storm
 from llmsupervisor.detectors.memory import detect_memory_growth
@@ -111,7 +113,7 @@ DETECTORS: Final[Mapping[FindingKind, Detector]] = MappingProxyType(
         K.GPU_LOST: detect_gpu_lost,
         K.MEMORY_GROWTH: detect_memory_growth,
         K.FOREIGN_GPU_MEMORY: detect_foreign_gpu_memory,
-        K.NVML_LOST: detect_nvml_lost,
+        K.NVML_LOST: detect_nvml_trouble,
     }
 )
 
@@ -167,6 +169,7 @@ __all__ = [
     "detect_kv_pressure",
     "detect_memory_growth",
     "detect_nvml_lost",
+    "detect_nvml_trouble",
     "detect_power_throttle",
     "detect_preemption_storm",
     "detect_prefix_cache_degradation",

@@ -69,6 +69,14 @@ class FakeDevice:
     unreadable: bool = False  # at open: handle lookup fails (the index is left out)
 
 
+class _EventSet:
+    """One ``nvmlEventSet_t``: the (GPU index, event bit) pairs registered in it."""
+
+    def __init__(self) -> None:
+        self.registered: set[tuple[int, int]] = set()
+        self.freed = False
+
+
 class FakeNvml:
     """A stand-in for the ``pynvml`` module, for ``NvmlReader(lib=FakeNvml(...))``.
 
@@ -86,8 +94,17 @@ class FakeNvml:
     - ``nvmlDeviceGetFieldValues``: the call succeeds and each entry carries its own
       ``nvmlReturn`` (nvml.h, nvmlFieldValue_t: "Return code for retrieving this value").
     - ``nvmlEventSetWait(set, ms)``: raises ``NVMLError_Timeout`` when nothing arrives in time;
-      only registered types are delivered; the event's ``device`` is a new pointer object to the
-      same handle, as in the C struct copy.
+      only the types registered in that set are delivered; the event's ``device`` is a new pointer
+      object to the same handle, as in the C struct copy. It raises ``NVMLError_GpuIsLost`` while a
+      GPU registered in the set is lost (nvml.h, nvmlEventSetWait_v2: GPU_IS_LOST "if a GPU has
+      fallen off the bus or is otherwise inaccessible"; whether a set recovers afterwards is not
+      documented, and this fake keeps failing, the case the reader must survive).
+    - ``nvmlDeviceRegisterEvents``: NOT_SUPPORTED when a requested type is not supported, and none
+      of the mask registered; a device's ``errors`` entry for it (UNKNOWN, say) fails it as given.
+    - ``nvmlInit`` raises ``init_error`` (a code) while it is set: DRIVER_NOT_LOADED until a test
+      clears it plays a driver that loads after the daemon.
+    - ``hang(index)``: every call on that GPU blocks until ``release(index)`` (a GPU on its way off
+      the bus, docs/host-notes.md §1.8; NVML documents no such state, the daemon must survive it).
     - process lists carry host PIDs (NVIDIA/nvidia-docker#1483), whatever the caller's namespace.
     - a function name in ``missing`` raises ``NVML_ERROR_FUNCTION_NOT_FOUND`` (an older driver).
     """
@@ -106,11 +123,14 @@ class FakeNvml:
         self.missing = set(missing)
         self.init_error = init_error
         self.calls: Counter[str] = Counter()
-        self.registered: list[tuple[int, int]] = []  # (index, event bit)
+        self.registered: list[tuple[int, int]] = []  # (index, event bit), in the sets not freed
+        self.sets: list[_EventSet] = []
         self.dropped: list[tuple[int, int, int]] = []  # events of unregistered types
         self._events: deque[tuple[int, int, int]] = deque()  # (index, type, data)
         self._cond = threading.Condition()
         self.initialised = 0
+        self._hangs: dict[int, threading.Event] = {}
+        self.max_hang_s = 600.0
         # nvmlSystemGet*: the driver seen on the lent H100 (docs/launch.md) and its NVML.
         self.driver_version = "580.159.04"
         self.nvml_version = "13.580.159.04"
@@ -138,12 +158,25 @@ class FakeNvml:
         self.calls[name] += 1
         if name in self.missing:
             raise self._error(self._pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        dev = self.devices[self._index(handle)]
+        index = self._index(handle)
+        gate = self._hangs.get(index)
+        if gate is not None:
+            gate.wait(self.max_hang_s)
+        dev = self.devices[index]
         if dev.lost:
             raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
         if name in dev.errors:
             raise self._error(dev.errors[name])
         return dev
+
+    def hang(self, index: int) -> None:
+        """Every call on GPU ``index`` blocks from now on, until ``release(index)``."""
+        self._hangs.setdefault(index, threading.Event())
+
+    def release(self, index: int) -> None:
+        gate = self._hangs.pop(index, None)
+        if gate is not None:
+            gate.set()
 
     def push_event(self, index: int, event_type: int, data: int = 0) -> None:
         """Queue an event; delivered only if its type was registered on that GPU."""
@@ -316,7 +349,9 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> object:
         self.calls["nvmlEventSetCreate"] += 1
-        return object()
+        event_set = _EventSet()
+        self.sets.append(event_set)
+        return event_set
 
     def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
         return self._dev("nvmlDeviceGetSupportedEventTypes", h).supported_events
@@ -326,12 +361,21 @@ class FakeNvml:
         if mask & ~dev.supported_events:
             raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         index = self._index(h)
-        self.registered += [(index, bit) for bit in (1 << b for b in range(64)) if mask & bit]
+        pairs = [(index, bit) for bit in (1 << b for b in range(64)) if mask & bit]
+        if isinstance(event_set, _EventSet):
+            event_set.registered.update(pairs)
+        self.registered += pairs
 
     def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
         self.calls["nvmlEventSetWait"] += 1
+        mine = event_set.registered if isinstance(event_set, _EventSet) else set(self.registered)
+        if any(self.devices[index].lost for index, _ in mine):
+            raise self._error(self._pynvml.NVML_ERROR_GPU_IS_LOST)
         with self._cond:
             self._cond.wait_for(lambda: bool(self._events), timeout_ms / 1000)
+            # Events of GPUs not in this set stay queued for no one: drop them, as NVML does.
+            while self._events and (self._events[0][0], self._events[0][1]) not in mine:
+                self.dropped.append(self._events.popleft())
             if not self._events:
                 raise self._error(self._pynvml.NVML_ERROR_TIMEOUT)
             index, event_type, data = self._events.popleft()
@@ -345,6 +389,10 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: object) -> None:
         self.calls["nvmlEventSetFree"] += 1
+        if isinstance(event_set, _EventSet) and not event_set.freed:
+            event_set.freed = True
+            for pair in event_set.registered:
+                self.registered.remove(pair)
 
 
 def fake_uuid(index: int) -> str:
@@ -366,7 +414,9 @@ class FileNvml(FakeNvml):
 
     A GPU's place in NVML's order is its ``index`` (indices the file leaves out are unreadable
     GPUs); ``uuid`` defaults to ``GPU-fake-0000`` style; a top-level ``"pids_visible": false`` plays
-    a daemon in a container without hostPID (read once, at start). Each event is delivered once (by id), and
+    a daemon in a container without hostPID (read once, at start); a top-level ``"init_error":
+    "DriverNotLoaded"`` makes every ``nvmlInit`` fail so until the file drops it (a driver that
+    loads after the daemon). Each event is delivered once (by id), and
     only if its type was registered, as NVML does.
     """
 
@@ -400,6 +450,13 @@ class FileNvml(FakeNvml):
         if not self.initialised or len(devices) == len(self.devices):
             self.devices = devices  # the count is fixed after open, as NVML's is
         return data
+
+    def nvmlInit(self) -> None:
+        # "init_error": "DriverNotLoaded" plays a driver that is not there yet; each try reads it.
+        error = self._load().get("init_error")
+        name = f"NVML_ERROR_{_snake(str(error))}"
+        self.init_error = None if error is None else int(getattr(self._pynvml, name, error))
+        super().nvmlInit()
 
     def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int, version: int | None = None) -> int:
         self._load()  # once per sample: temperature is the first reading

@@ -19,7 +19,7 @@ import this module alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
 from llmsupervisor.errors import SupervisorError
@@ -142,6 +142,10 @@ class GpuSample:
     # namespace, where NVML's host PIDs match nothing in our /proc.
     pids_visible: bool = True
     unread: tuple[str, ...] = ()  # readings that failed this time ("processes: NVMLError_NoPermission")
+    # Why NVML's events (XIDs, ECC, poison) on this GPU are not watched: it was left out of the
+    # event set after a registration failed (nvml.h: UNKNOWN leaves the set "in undefined state").
+    # None: its events are watched, or it supports none.
+    events_unwatched: str | None = None
 
     @property
     def clock_event_reason_names(self) -> frozenset[str]:
@@ -169,6 +173,32 @@ class GpuEvent:
     # The GPU's recovery action read just after the event (for kind "gpu_recovery_action", the
     # event's own data); None when not read or not readable.
     recovery_action: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NvmlHealth:
+    """Whether the daemon can read its GPUs at all (``GpuMonitor.health``): STATUS=, ``status``,
+    ``/metrics`` and ``doctor`` show it. Times are on the daemon's loop clock."""
+
+    up: bool  # NVML opened (it may list no GPU)
+    reason: str | None = None  # while down: NvmlUnavailable.reason ("driver_not_loaded", ...)
+    detail: str | None = None  # while down: what NVML said
+    since_s: float | None = None  # down since the first failed open; up since it opened
+    attempts: int = 0  # opens tried since the daemon started
+    next_try_s: float | None = None  # while down: when the next open is tried
+    gpus: int = 0  # GPUs opened
+    # GPUs taken as lost because their NVML calls stopped answering (docs/gpu.md, "Calls that hang")
+    hung: tuple[int, ...] = ()
+    # Event waits that failed since the start: an NVML error other than its timeout (the reader
+    # then rebuilds the event set without the GPUs that fell off the bus, docs/gpu.md), or a
+    # wait that outlived its deadline
+    event_wait_errors: int = 0
+    events_unwatched: Mapping[int, str] = field(default_factory=dict)  # GPU index -> why
+    # The daemon's: engines named by GPU index that wait for NVML to open, and until when
+    # (daemon/nvml_wait.py); and whether any enabled engine is on GPUs (a CPU-only host without
+    # NVML is not blind: nothing there needs it).
+    waiting: Mapping[str, float] = field(default_factory=dict)
+    needed: bool = True
 
 
 class GpuReader(Protocol):
@@ -218,6 +248,7 @@ __all__ = [
     "GpuProcess",
     "GpuReader",
     "GpuSample",
+    "NvmlHealth",
     "decode_clock_event_reasons",
     "recovery_action_name",
 ]

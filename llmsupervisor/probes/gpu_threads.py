@@ -42,8 +42,11 @@ class ThreadedGpuReader:
     ``ProbeFailure(kind="timeout")``, so stuck threads cannot pile up. The event waiter is a key
     of its own, so it never blocks sampling.
 
-    ``open`` returns the GPUs (UUID -> NVML index), or ``{}`` when NVML is unavailable; the
-    reason is logged once, at WARNING, and kept in ``unavailable`` for STATUS=.
+    ``open`` returns the GPUs (UUID -> NVML index), or ``{}`` while NVML is unavailable, with the
+    reason in ``unavailable`` (logged at WARNING when it first appears or changes). Each call
+    tries again (``GpuMonitor`` paces the calls); an open that outlived ``open_timeout_s`` is not
+    abandoned: the next call waits for that same open again rather than starting a second one,
+    and takes its GPUs if it succeeded meanwhile.
     """
 
     def __init__(
@@ -58,11 +61,18 @@ class ThreadedGpuReader:
         self._open_timeout_s = open_timeout_s
         self._busy: dict[str, tuple[asyncio.Future[Any], float]] = {}
         self._gpus: dict[str, int] | None = None  # UUID -> NVML index, from open
-        self._unavailable: NvmlUnavailable | None = None
+        self._unavailable: NvmlUnavailable | None = None  # why the last open failed; None once open
+        self._opening: asyncio.Future[dict[str, int]] | None = None  # an open still running
+        self.attempts = 0  # opens tried
 
     @property
     def unavailable(self) -> NvmlUnavailable | None:
+        """Why NVML could not be opened at the last try; None before the first try and once open."""
         return self._unavailable
+
+    @property
+    def is_open(self) -> bool:
+        return self._gpus is not None
 
     @property
     def uuids(self) -> list[str]:
@@ -139,42 +149,60 @@ class ThreadedGpuReader:
         return ProbeFailure("nvml", f"{what}: {type(exc).__name__}: {exc}")
 
     def _mark_unavailable(self, exc: NvmlUnavailable) -> None:
-        if self._unavailable is None:
-            self._unavailable = exc
-            log.warning("%s; engines run without GPU telemetry", exc)
+        before, self._unavailable = self._unavailable, exc
+        if before is None or before.reason != exc.reason:
+            log.warning("%s; no GPU telemetry until it opens (retrying)", exc)
+        else:
+            log.debug("%s (try %d)", exc, self.attempts)
+
+    def _not_open(self) -> ProbeFailure:
+        why = self._unavailable or "NVML not opened yet"
+        return ProbeFailure("nvml", str(why))
 
     async def open(self) -> dict[str, int]:
-        if self._unavailable is not None:
-            return {}
         if self._gpus is not None:
             return dict(self._gpus)
+        self.attempts += 1
+        fut = self._opening
+        if fut is None:
+            fut = self._opening = self._start("open", self._reader.open)
         try:
-            gpus = await self._run("open", self._reader.open, self._open_timeout_s)
-        except NvmlUnavailable as exc:
-            self._mark_unavailable(exc)
-            return {}
-        except (TimeoutError, _Busy):
+            async with asyncio.timeout(self._open_timeout_s):
+                # shield: a timeout abandons this wait, not the open, which the next call awaits.
+                gpus = await asyncio.shield(fut)
+        except TimeoutError:
             self._mark_unavailable(
-                NvmlUnavailable("init_timeout", f"NVML did not initialise within {self._open_timeout_s} s")
+                NvmlUnavailable(
+                    "init_timeout",
+                    f"NVML did not initialise within {self._open_timeout_s:g} s (nvmlInit and one"
+                    " nvmlDeviceGetHandleByIndex per GPU; still waiting for it)",
+                )
             )
             return {}
+        except NvmlUnavailable as exc:
+            self._opening = None
+            self._mark_unavailable(exc)
+            return {}
         except Exception as exc:
+            self._opening = None
             self._mark_unavailable(NvmlUnavailable("init_failed", f"{type(exc).__name__}: {exc}"))
             return {}
+        self._opening = None
         self._gpus = dict(gpus)
+        self._unavailable = None
         return dict(gpus)
 
     async def sample(self, uuid: str) -> GpuSample | ProbeFailure:
-        if self._unavailable is not None:
-            return ProbeFailure("nvml", str(self._unavailable))
+        if self._gpus is None:
+            return self._not_open()
         try:
             return await self._run(uuid, partial(self._reader.sample, uuid), self._call_timeout_s)
         except Exception as exc:
             return self._failure(f"GPU {uuid}", exc, self._call_timeout_s)
 
     async def cpu_affinity(self, uuid: str) -> frozenset[int] | ProbeFailure | None:
-        if self._unavailable is not None:
-            return ProbeFailure("nvml", str(self._unavailable))
+        if self._gpus is None:
+            return self._not_open()
         try:
             return await self._run(
                 f"{uuid}/affinity", partial(self._reader.cpu_affinity, uuid), self._call_timeout_s
@@ -189,7 +217,7 @@ class ThreadedGpuReader:
         return dict(zip(uuids, results, strict=True))
 
     async def wait_event(self, timeout_ms: int = 1000) -> GpuEvent | ProbeFailure | None:
-        if self._unavailable is not None or not self._gpus:
+        if not self._gpus:
             await asyncio.sleep(timeout_ms / 1000)  # keep a caller's event loop from spinning
             return None
         timeout_s = timeout_ms / 1000 + self._call_timeout_s

@@ -109,6 +109,11 @@ _UNAVAILABLE: Final[Mapping[str, tuple[str, str]]] = {
 }
 
 
+class EventSetRebuilt(Exception):
+    """``nvmlEventSetWait`` failed (other than a timeout) and the event set was rebuilt; the
+    message says with which GPUs. The caller sees one failed wait, and waits again."""
+
+
 class _Never(Exception):
     """Stands in for a binding error class that the given module lacks; never raised."""
 
@@ -120,6 +125,9 @@ class _Device:
     name: str
     handle: Any
     events: int = 0
+    # Why this GPU is left out of the event set (a registration failed, or it fell off the bus);
+    # None: in the set (or it supports no event type the daemon asks for).
+    unwatched: str | None = None
     mig_enabled: bool | None = None
     # The board's temperature thresholds never change: read once (None: not supported).
     thresholds: tuple[int | None, int | None] | None = None
@@ -175,8 +183,17 @@ class NvmlReader:
 
     ``lib`` is the binding module, or anything shaped like it (tests pass
     ``fake_gpu.FakeNvml``, built from the real module's constants, structs and error classes);
-    None imports ``pynvml``. ``open`` remembers an ``NvmlUnavailable`` and raises the same one
-    again without retrying; build a new reader to try again (after a reboot, say).
+    None imports ``pynvml``. ``open`` raises ``NvmlUnavailable`` while NVML cannot be opened
+    and tries again at every call (a driver that loads after the daemon: ``GpuMonitor`` paces the
+    retries); once open, it returns the GPUs it opened.
+
+    The event set is rebuilt after any error of ``nvmlEventSetWait`` other than a timeout, without
+    the GPUs that answer ``GPU_IS_LOST`` (nvml.h: the wait fails so "if a GPU has fallen off the
+    bus", and a set with that GPU in it cannot be trusted to deliver the others' events again). A
+    GPU whose registration fails (other than ``NOT_SUPPORTED``, which registers nothing and leaves
+    the set usable) is left out of the set and the set built again without it (nvml.h, for
+    ``UNKNOWN``: "event set is in undefined state and should be freed"); its samples say so
+    (``GpuSample.events_unwatched``).
     """
 
     def __init__(
@@ -193,8 +210,8 @@ class NvmlReader:
         self._by_handle: dict[object, _Device] = {}
         self._missing: set[str] = set()  # function names this driver lacks; go straight to the old one
         self._initialised = False
-        self._unavailable: NvmlUnavailable | None = None
         self._event_set: Any = None
+        self.event_wait_errors = 0  # nvmlEventSetWait errors other than a timeout
         # Held for the whole of nvmlEventSetWait, so close() never frees the set under a waiter.
         self._event_lock = threading.Lock()
 
@@ -272,34 +289,31 @@ class NvmlReader:
         return None
 
     def open(self) -> dict[str, int]:
-        if self._unavailable is not None:
-            raise self._unavailable
         if self._initialised:
             return self._indices()
         if self._lib is None:
             try:
                 import pynvml
             except ImportError as exc:
-                self._unavailable = NvmlUnavailable("import_failed", f"cannot import pynvml: {exc}")
-                raise self._unavailable from exc
+                raise NvmlUnavailable("import_failed", f"cannot import pynvml: {exc}") from exc
             self._lib = pynvml
         lib = self._lib
         try:
             lib.nvmlInit()
         except Exception as exc:
-            self._unavailable = self._unavailable_from(exc) or NvmlUnavailable(
+            # Not remembered: the next open tries again (nvml.h: nvmlInit_v2 answers
+            # DRIVER_NOT_LOADED until the kernel module is loaded).
+            raise self._unavailable_from(exc) or NvmlUnavailable(
                 "init_failed", f"nvmlInit: {type(exc).__name__}: {exc}"
-            )
-            raise self._unavailable from exc
+            ) from exc
         self._initialised = True
         try:
             count = int(lib.nvmlDeviceGetCount())
         except Exception as exc:
-            self.close()
-            self._unavailable = self._unavailable_from(exc) or NvmlUnavailable(
+            self.close()  # the nvmlShutdown that pairs with this nvmlInit: the next open starts over
+            raise self._unavailable_from(exc) or NvmlUnavailable(
                 "init_failed", f"nvmlDeviceGetCount: {type(exc).__name__}: {exc}"
-            )
-            raise self._unavailable from exc
+            ) from exc
         for index in range(count):
             try:
                 handle = lib.nvmlDeviceGetHandleByIndex(index)
@@ -320,7 +334,7 @@ class NvmlReader:
                 "NVML: this daemon runs in its own PID namespace (a container without hostPID): NVML's"
                 " host PIDs cannot be matched, so every process on an engine's GPU counts as the engine's"
             )
-        self._register_events()
+        self._build_event_set()
         return self._indices()
 
     def _mig_enabled(self, dev: _Device) -> bool | None:
@@ -335,47 +349,125 @@ class NvmlReader:
         return {uuid: dev.index for uuid, dev in self._devices.items()}
 
     def registered_events(self) -> dict[str, int]:
-        """The event types registered per GPU (UUID -> mask of nvmlEventType bits), as ``open``
-        left them: the types asked for that the GPU supports and that registered one by one."""
+        """The event types registered per GPU (UUID -> mask of nvmlEventType bits) in the event set
+        now: the types asked for that the GPU supports and that registered one by one."""
         return {uuid: dev.events for uuid, dev in self._devices.items()}
 
-    def _register_events(self) -> None:
+    def unwatched_events(self) -> dict[str, str]:
+        """The GPUs left out of the event set, UUID -> why."""
+        return {uuid: dev.unwatched for uuid, dev in self._devices.items() if dev.unwatched is not None}
+
+    def _build_event_set(self) -> None:
+        """A new event set over every GPU not left out, in ``_event_set`` (None when nothing could
+        be registered). Called with no set in place (at open, or after ``_free_event_set``).
+
+        One type at a time: a NOT_SUPPORTED registration drops every type in its mask (nvml.h:
+        "None of the requested eventTypes are registered", and the set "can still be used"). Any
+        other failure (UNKNOWN: "event set is in undefined state and should be freed";
+        GPU_IS_LOST) leaves that GPU out: the set is freed and built again without it, at most
+        once per GPU.
+        """
         lib = self._lib
-        try:
-            event_set = lib.nvmlEventSetCreate()
-        except Exception as exc:
-            log.warning("NVML: no event set (%s: %s); XID events will not be seen", type(exc).__name__, exc)
-            return
-        registered = 0
-        for dev in self._devices.values():
+        for _ in range(len(self._devices) + 1):
             try:
-                supported = int(lib.nvmlDeviceGetSupportedEventTypes(dev.handle))
-            except Exception:
-                supported = 0
-            # One type at a time: a NotSupported registration drops every type in its mask.
-            for bit in EVENT_KINDS:
-                if not (self._event_types & supported & bit):
-                    continue
-                try:
-                    lib.nvmlDeviceRegisterEvents(dev.handle, bit, event_set)
-                except Exception as exc:
-                    log.debug("NVML: GPU %s: event %s not registered: %s", dev.uuid, EVENT_KINDS[bit], exc)
-                    continue
-                dev.events |= bit
-                registered += 1
+                event_set = lib.nvmlEventSetCreate()
+            except Exception as exc:
+                log.warning(
+                    "NVML: no event set (%s: %s); XID events will not be seen", type(exc).__name__, exc
+                )
+                return
+            broken = self._register_all(event_set)
+            if broken is None:
+                break
+            log.warning(
+                "NVML: GPU %d (%s) left out of the event set: %s; its XID events will not be seen, the"
+                " other GPUs' will (the set is built again without it)",
+                broken.index,
+                broken.uuid,
+                broken.unwatched,
+            )
+            with contextlib.suppress(Exception):
+                lib.nvmlEventSetFree(event_set)
+        else:  # pragma: no cover - every GPU left out ends the loop with an empty, clean set
+            return
+        for dev in self._devices.values():
             if dev.events:
                 log.info(
                     "NVML: GPU %s: events registered: %s",
                     dev.uuid,
                     ",".join(kind for bit, kind in EVENT_KINDS.items() if dev.events & bit),
                 )
-        if registered:
+        if any(dev.events for dev in self._devices.values()):
             self._event_set = event_set
             return
         with_devices = f" on {len(self._devices)} GPU(s)" if self._devices else ""
         log.warning("NVML: no event type could be registered%s; XID events will not be seen", with_devices)
         with contextlib.suppress(Exception):
             lib.nvmlEventSetFree(event_set)
+
+    def _register_all(self, event_set: Any) -> _Device | None:
+        """Register every watched GPU's types in ``event_set``; the GPU whose registration failed
+        (then left out, with why), or None."""
+        lib = self._lib
+        for dev in self._devices.values():
+            dev.events = 0
+        for dev in self._devices.values():
+            if dev.unwatched is not None:
+                continue
+            try:
+                supported = int(lib.nvmlDeviceGetSupportedEventTypes(dev.handle))
+            except Exception as exc:
+                if self._lost(exc, dev.uuid) is not None:
+                    dev.unwatched = f"the GPU is lost ({type(exc).__name__})"
+                    continue
+                supported = 0
+            for bit in EVENT_KINDS:
+                if not (self._event_types & supported & bit):
+                    continue
+                try:
+                    lib.nvmlDeviceRegisterEvents(dev.handle, bit, event_set)
+                except Exception as exc:
+                    if self._is(exc, "NVMLError_NotSupported"):
+                        log.debug("NVML: GPU %s: event %s not supported: %s", dev.uuid, EVENT_KINDS[bit], exc)
+                        continue
+                    dev.unwatched = f"registering {EVENT_KINDS[bit]} failed: {type(exc).__name__}: {exc}"
+                    return dev
+                dev.events |= bit
+        return None
+
+    def _free_event_set(self) -> None:
+        if self._event_set is not None:
+            try:
+                self._lib.nvmlEventSetFree(self._event_set)
+            except Exception as exc:
+                log.debug("NVML: nvmlEventSetFree: %s", exc)
+            self._event_set = None
+
+    def _rebuild_event_set(self, error: Exception) -> str:
+        """After ``nvmlEventSetWait`` failed with ``error`` (not a timeout): find the GPUs that
+        fell off the bus, free the set, and build a new one without them. What was done, in words.
+        """
+        self.event_wait_errors += 1
+        lost = []
+        for dev in self._devices.values():
+            if not dev.events:
+                continue
+            try:
+                # A GPU that fell off the bus answers GPU_IS_LOST to its device calls (nvml.h lists
+                # it for this one too); a cheap call that reads no sensor.
+                self._lib.nvmlDeviceGetSupportedEventTypes(dev.handle)
+            except Exception as exc:
+                if self._lost(exc, dev.uuid) is not None:
+                    dev.unwatched = f"the GPU is lost ({type(exc).__name__}, from the event wait)"
+                    lost.append(dev)
+        self._free_event_set()
+        self._build_event_set()
+        left_out = ", ".join(f"GPU {dev.index}" for dev in lost) or "no GPU"
+        watched = sorted(dev.index for dev in self._devices.values() if dev.events)
+        return (
+            f"nvmlEventSetWait: {type(error).__name__}: {error}; the event set was rebuilt without"
+            f" {left_out}, watching GPU(s) {watched or 'none'}"
+        )
 
     def _fields(self, dev: _Device, readings: _Readings | None) -> dict[int, int]:
         """The sample fields that answered, by id. Each field has its own return code
@@ -522,6 +614,7 @@ class NvmlReader:
             mig_enabled=dev.mig_enabled,
             pids_visible=self._pids_visible,
             unread=tuple(f"{what}: {type(exc).__name__}" for what, exc in r.failed),
+            events_unwatched=dev.unwatched,
         )
 
     def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
@@ -547,10 +640,9 @@ class NvmlReader:
             except Exception as exc:
                 if self._is(exc, "NVMLError_Timeout"):
                     return None
-                translated = self._translate(exc, "(event set)")
-                if translated is exc:
-                    raise
-                raise translated from exc
+                # Waiting on the same set again would fail the same way, and every other GPU's
+                # XIDs would be lost with it (docs/gpu.md, "The event set after a lost GPU").
+                raise EventSetRebuilt(self._rebuild_event_set(exc)) from exc
         event_type = int(data.eventType)
         dev = self._by_handle.get(_handle_key(data.device))
         if dev is None:
@@ -580,12 +672,7 @@ class NvmlReader:
         # driver, leak the set rather than free it under the waiter.
         if self._event_lock.acquire(timeout=5.0):
             try:
-                if self._event_set is not None:
-                    try:
-                        self._lib.nvmlEventSetFree(self._event_set)
-                    except Exception as exc:
-                        log.debug("NVML: nvmlEventSetFree: %s", exc)
-                    self._event_set = None
+                self._free_event_set()
             finally:
                 self._event_lock.release()
         if self._initialised:
@@ -601,6 +688,7 @@ class NvmlReader:
 __all__ = [
     "DEFAULT_EVENT_TYPES",
     "VALUE_MEMBERS",
+    "EventSetRebuilt",
     "NvmlReader",
     "in_host_pid_namespace",
 ]

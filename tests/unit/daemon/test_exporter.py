@@ -43,6 +43,7 @@ from llmsupervisor.detectors import Finding, FindingKind, Severity
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineStatus, Incarnation
 from llmsupervisor.http_api import HttpApi, Response
+from llmsupervisor.probes.gpu_readings import NvmlHealth
 from tests.lib.paths import REPO
 
 ALERTS = REPO / "packaging" / "prometheus" / "alerts.yml"
@@ -132,6 +133,7 @@ SNAPSHOT = Snapshot(
     last_action_at={"gpu0": {"step_down": 1_790_000_100.0}},
     gpu_faults_marked={1: 2},
     node_conditions=(NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_fault (fault 2): xid 48 on GPU 1"),),
+    nvml=NvmlHealth(up=True, since_s=NOW_S - 60, attempts=1, gpus=2),
 )
 GPU_SAMPLES: Mapping[int, Mapping[str, float]] = {
     0: {
@@ -483,7 +485,7 @@ def test_alert_rules_use_only_emitted_or_announced_series() -> None:
     emitted = emitted_series() | FUTURE_SERIES
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 15
+    assert len(rules) == 16
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
@@ -547,7 +549,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(promtool: str, snapsho
 def test_promtool_check_rules(promtool: str) -> None:
     result = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout
+    assert "SUCCESS: 16 rules found" in result.stdout
 
 
 def test_dashboard_promql_parses(promtool: str, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus, Incarnation
 from llmsupervisor.probes.gpu_readings import GpuSample
 
-TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions", "state_files_unsaved"}
+TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions", "state_files_unsaved", "nvml"}
 ENGINE_KEYS = {
     "state", "hold", "phase", "reason", "for_s", "pid", "incarnation", "state_changes", "model", "port",
     "gpus", "hold_unsaved",
@@ -251,3 +251,99 @@ def test_the_status_file_has_a_written_at_time_and_a_dead_daemons_file_reads_as_
     assert daemon_status.read_status_file(tmp_path / "none.json") is None
     (tmp_path / "junk.json").write_text("[1, 2]")
     assert daemon_status.read_status_file(tmp_path / "junk.json") is None
+
+
+def blind_snapshot() -> daemon_status.Snapshot:
+    from llmsupervisor.probes.gpu_readings import NvmlHealth
+
+    health = NvmlHealth(
+        up=False,
+        reason="reboot_pending",
+        detail="the driver library and kernel module differ: reboot pending after a driver upgrade",
+        since_s=NOW_S - 65.0,
+        attempts=7,
+        next_try_s=NOW_S + 12.0,
+        hung=(3,),
+        events_unwatched={2: "registering xid failed: NVMLError_Unknown: Unknown Error"},
+        event_wait_errors=4,
+        waiting={"gpu0": NOW_S + 235.0},
+    )
+    return dataclasses.replace(
+        daemon_status.snapshot(
+            (busy_engine(),),
+            now=NOW_S,
+            memory=PolicyMemory(),
+            gpu_samples=lambda gpus: {},
+            gpu_faults_marked={},
+            counters=daemon_status.DaemonCounters(),
+        ),
+        nvml=health,
+    )
+
+
+def test_nvml_that_cannot_be_opened_is_in_the_status_the_summary_the_table_and_the_metrics() -> None:
+    """Issue 36 (H1): blind is said wherever the operator looks."""
+    from llmsupervisor.cli.render import format_status
+    from llmsupervisor.daemon.exporter import Exporter
+
+    snap = blind_snapshot()
+    doc = daemon_status.status_json(snap)
+    assert doc["nvml"] == {
+        "up": False,
+        "needed": True,
+        "reason": "reboot_pending",
+        "detail": "the driver library and kernel module differ: reboot pending after a driver upgrade",
+        "for_s": 65.0,
+        "attempts": 7,
+        "next_try_in_s": 12.0,
+        "gpus": 0,
+        "engines_waiting": {"gpu0": 235.0},
+        "hung_gpus": [3],
+        "events_unwatched": {"2": "registering xid failed: NVMLError_Unknown: Unknown Error"},
+        "event_wait_errors": 4,
+    }
+    line = daemon_status.nvml_line(snap.nvml, now=NOW_S)
+    assert line == (
+        "NVML unavailable (reboot_pending) for 1m05s, no GPU telemetry, retrying;"
+        " gpu0 wait for it (3m55s left)"
+    )
+    assert daemon_status.summary(snap.engines, now=NOW_S, nvml=line).startswith(line + "; 1/1 engines ready")
+    table = format_status(doc).splitlines()
+    assert "NVML unavailable (reboot_pending) for 1m05s: no GPU telemetry" in table[-4]
+    assert "reboot pending after a driver upgrade" in table[-4]
+    assert table[-3] == "Waiting for NVML before starting (named by GPU index): gpu0 (3m55s left)"
+    assert table[-2].startswith("GPU 3: NVML calls stopped answering")
+    assert table[-1].startswith("GPU 2: XID events not seen")
+    metrics = Exporter(lambda: snap).render().decode()
+    assert 'llmsupervisor_nvml_up{reason="reboot_pending"} 0.0' in metrics
+    assert "llmsupervisor_nvml_open_attempts_total 7.0" in metrics
+    assert "llmsupervisor_engines_waiting_for_nvml 1.0" in metrics
+    assert "llmsupervisor_nvml_event_wait_errors_total 4.0" in metrics
+    assert 'llmsupervisor_nvml_hung_gpu{gpu="3"} 1.0' in metrics
+
+
+def test_nvml_open_says_nothing_more() -> None:
+    from llmsupervisor.cli.render import format_status
+    from llmsupervisor.probes.gpu_readings import NvmlHealth
+
+    snap = dataclasses.replace(
+        blind_snapshot(), nvml=NvmlHealth(up=True, since_s=NOW_S - 5, attempts=1, gpus=2)
+    )
+    doc = daemon_status.status_json(snap)
+    assert doc["nvml"]["up"] is True and doc["nvml"]["reason"] is None
+    assert daemon_status.nvml_line(snap.nvml, now=NOW_S) is None
+    assert "NVML" not in format_status(doc)
+
+
+def test_a_host_with_no_engine_on_a_gpu_is_not_called_blind() -> None:
+    """The vLLM CPU build on a host without NVML: nothing needs it, so STATUS= and the table say
+    nothing of it (the JSON and /metrics still do)."""
+    from llmsupervisor.cli.render import format_status
+
+    snap = blind_snapshot()
+    assert snap.nvml is not None
+    cpu_only = dataclasses.replace(snap, nvml=dataclasses.replace(snap.nvml, needed=False, waiting={}))
+    assert daemon_status.nvml_line(cpu_only.nvml, now=NOW_S) is None
+    doc = daemon_status.status_json(cpu_only)
+    assert doc["nvml"]["needed"] is False
+    assert not any(line.startswith("NVML unavailable") for line in format_status(doc).splitlines())

@@ -21,6 +21,7 @@ from llmsupervisor.detectors import (
     Finding,
     FindingKind,
     detect_all,
+    gpu_watch,
     new_window,
 )
 from llmsupervisor.detectors import gpu as gpu_detectors
@@ -148,10 +149,13 @@ def test_detect_all_finds_what_every_detector_finds(ticks: list[dict[str, object
 
 
 def test_gpu_kinds_are_the_gpu_module_s_detectors() -> None:
-    """A detector added to gpu.py (which reads GPU data) is skipped with the others, and no other
-    detector is ever skipped."""
+    """A detector added to gpu.py or gpu_watch.py (which read GPU data) is skipped with the
+    others, and no other detector is ever skipped."""
     gpu_functions = {
-        getattr(gpu_detectors, name) for name in gpu_detectors.__all__ if name.startswith("detect_")
+        getattr(module, name)
+        for module in (gpu_detectors, gpu_watch)
+        for name in module.__all__
+        if name.startswith("detect_")
     }
     assert {kind for kind, d in DETECTORS.items() if d in gpu_functions} == GPU_KINDS
 

@@ -168,8 +168,8 @@ def test_real_module_on_a_host_without_a_driver() -> None:
     assert "libnvidia-ml.so.1" in str(first.value)
     with pytest.raises(NvmlUnavailable) as second:
         reader.open()
-    assert second.value is first.value
-    assert init_calls == 1  # remembered, not retried
+    assert second.value.reason == "library_not_found"
+    assert init_calls == 2  # tried again: a driver may load after the daemon (GpuMonitor paces it)
     reader.close()  # no nvmlShutdown without a successful init (it would raise Uninitialized)
 
 
@@ -180,7 +180,9 @@ def test_default_reader_imports_the_binding() -> None:
 
 
 @without_a_driver
-def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_threaded_reader_reports_no_driver_once_while_the_reason_stays(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def go() -> tuple[dict[str, int], dict[str, int], ProbeFailure | Any, Any]:
         gpu = ThreadedGpuReader(NvmlReader(pynvml))
         first = await gpu.open()
@@ -198,7 +200,7 @@ def test_threaded_reader_reports_no_driver_exactly_once(caplog: pytest.LogCaptur
     assert event is None
     warnings = [r for r in caplog.records if "NVML unavailable" in r.getMessage()]
     assert len(warnings) == 1
-    assert "without GPU telemetry" in warnings[0].getMessage()
+    assert "no GPU telemetry until it opens" in warnings[0].getMessage()
 
 
 def test_constants_match_the_binding() -> None:
@@ -530,7 +532,7 @@ def test_fake_gpu_can_play_a_host_without_nvml(caplog: pytest.LogCaptureFixture)
 
     with caplog.at_level(logging.WARNING, logger=gpu_threads.__name__):
         assert asyncio.run(go()) == [{}, {}]
-    assert fake.calls["open"] == 1
+    assert fake.calls["open"] == 2  # each open tries again
     assert len([r for r in caplog.records if "driver_not_loaded" in r.getMessage()]) == 1
 
 
