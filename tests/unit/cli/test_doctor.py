@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from llmsupervisor import doctor
 from llmsupervisor.cli import main as cli
@@ -27,6 +26,7 @@ from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.fake_gpu import FakeGpu
 from llmsupervisor.probes.gpu_readings import GpuSample
 from llmsupervisor.probes.nvml import NvmlReader
+from tests.lib.configs import write_config
 from tests.lib.daemon import FAKE_VLLM, fake_engine, free_port
 from tests.lib.vllm_env import vllm_python
 
@@ -42,13 +42,6 @@ def me() -> Identity:
 
 def spec(command: list[str], **fields: object) -> EngineSpec:
     return EngineSpec(name="e", model="m", gpus=(), port=8000, command=tuple(command), **fields)  # type: ignore[arg-type]
-
-
-def write_config(tmp_path: Path, engines: list[dict[str, object]], **supervisor: object) -> Path:
-    path = tmp_path / "config.yaml"
-    settings = {"state_dir": str(tmp_path / "state"), "http_listen": f"127.0.0.1:{free_port()}", **supervisor}
-    path.write_text(yaml.safe_dump({"supervisor": settings, "engines": engines}, sort_keys=False))
-    return path
 
 
 @pytest.fixture

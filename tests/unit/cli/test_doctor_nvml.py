@@ -13,8 +13,8 @@ from llmsupervisor.config import load_config
 from llmsupervisor.doctor import Level
 from llmsupervisor.errors import NvmlUnavailable
 from llmsupervisor.probes.fake_gpu import FakeGpu, nominal_sample
+from tests.lib.configs import write_config
 from tests.lib.daemon import fake_engine, free_port
-from tests.unit.cli.test_doctor import write_config
 
 
 def test_nvml_not_there_says_what_the_daemon_will_do(tmp_path: Path) -> None:

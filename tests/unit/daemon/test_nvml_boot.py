@@ -20,9 +20,9 @@ from llmsupervisor.notify import Notifier
 from llmsupervisor.probes.fake_nvml import FakeDevice, FakeNvml, fake_uuid
 from llmsupervisor.probes.nvml import NvmlReader
 from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
+from tests.lib.supervisor_run import stopped as engines_stopped
 from tests.lib.virtual_nvml import VirtualNvml, inline_nvml
 from tests.lib.virtual_time import run_virtual
-from tests.unit.daemon.test_supervisor_loop import stopped as engines_stopped
 
 S = EngineState
 

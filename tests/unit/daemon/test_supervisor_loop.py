@@ -14,12 +14,12 @@ import pytest
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSettings
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.requests import Request
 from llmsupervisor.daemon.supervisor import Supervisor
 from llmsupervisor.engine.commands import Desired
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes.fake_gpu import FakeGpu
 from tests.lib.engine_fakes import FakeProcesses, FakeSweeper, ServerScript
+from tests.lib.supervisor_run import stopped
 from tests.lib.virtual_time import VirtualTimeLoop, run_virtual
 
 ENGINES = 8
@@ -65,14 +65,6 @@ async def started(tmp_path: Path, sweeper: FakeSweeper) -> tuple[Supervisor, asy
     loop = asyncio.create_task(sup._loop())
     await all_ready(sup)
     return sup, loop
-
-
-async def stopped(sup: Supervisor, loop: asyncio.Task[None]) -> None:
-    sup.submit(Request.SHUTDOWN)
-    await loop
-    sup.fleet.stop_all()
-    await asyncio.wait_for(asyncio.gather(*sup.fleet.all_tasks()), 600)
-    await sup.status_file.flush()
 
 
 class ReadySeen(Notifier):
