@@ -227,7 +227,26 @@ def format_status(
             f"Node condition {condition.get('condition')} on GPU {condition.get('gpu')}:"
             f" {condition.get('reason')} (not ready; node-level remediation takes it from here)"
         )
+    lines += gpu_verdict_lines(status.get("gpu_verdicts") or {})
     return "\n".join(lines)
+
+
+# How each GPU's faults are judged (daemon/status.py gpu_verdict_sources).
+_VERDICT_SOURCES: Final = {
+    "recovery_action": "the GPU's recovery action (field 230)",
+    "xid_catalogue": "NVIDIA's XID catalogue (the driver has no recovery action, R565+ needed)",
+}
+
+
+def gpu_verdict_lines(sources: Mapping[str, str]) -> list[str]:
+    """``GPU faults judged by the GPU's recovery action (field 230): GPU 0,1``, one line per way."""
+    by_source: dict[str, list[str]] = {}
+    for gpu, source in sources.items():
+        by_source.setdefault(source, []).append(gpu)
+    return [
+        f"GPU faults judged by {_VERDICT_SOURCES.get(source, source)}: GPU {','.join(gpus)}"
+        for source, gpus in sorted(by_source.items())
+    ]
 
 
 def unknown_engines(known: Iterable[str], names: Iterable[str]) -> list[str]:

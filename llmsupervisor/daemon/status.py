@@ -184,6 +184,23 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
         "engines": {s.name: _engine_json(snap, s) for s in snap.engines},
         "gpu_faults_marked": {str(g): n for g, n in sorted(snap.gpu_faults_marked.items())},
         "node_conditions": [c.as_json() for c in snap.node_conditions],
+        "gpu_verdicts": gpu_verdict_sources(snap.gpu_samples),
+    }
+
+
+# How a GPU's faults are judged (docs/gpu.md): its own recovery action, or NVIDIA's XID catalogue
+# where the driver does not answer field 230 (before R565).
+VERDICTS_FROM_RECOVERY_ACTION: Final = "recovery_action"
+VERDICTS_FROM_XID_CATALOGUE: Final = "xid_catalogue"
+
+
+def gpu_verdict_sources(samples: Mapping[int, GpuSample]) -> dict[str, str]:
+    """Per GPU index (the engines' GPUs), which way its faults are judged."""
+    return {
+        str(index): VERDICTS_FROM_XID_CATALOGUE
+        if sample.recovery_action is None
+        else VERDICTS_FROM_RECOVERY_ACTION
+        for index, sample in sorted(samples.items())
     }
 
 
