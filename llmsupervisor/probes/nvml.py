@@ -454,6 +454,15 @@ class NvmlReader:
             if readings.failed and readings.failed[-1][0] == "temperature thresholds":
                 return got[0], got[1]  # try again next time
             dev.thresholds = (got[0], got[1])
+            if got[0] is None:
+                # Read once per GPU, so said once (issue 36, L3): nvml.h calls the threshold API
+                # "no longer the preferred interface" from Ada on, and support may go.
+                log.warning(
+                    "NVML: GPU %s reports no slowdown temperature (nvmlDeviceGetTemperatureThreshold"
+                    " not supported): THERMAL is judged by the clock-event reasons alone there, and"
+                    " the LlmSupervisorGpuHot alert has no threshold series for it",
+                    dev.uuid,
+                )
         return dev.thresholds
 
     def _memory(self, dev: _Device, readings: _Readings) -> tuple[int | None, int | None, int | None]:

@@ -119,6 +119,15 @@ def test_remapped_rows_thresholds_and_mig() -> None:
     assert reader(FakeDevice("GPU-b", mig_mode=None)).sample("GPU-b").mig_enabled is None
 
 
+def test_a_board_without_thresholds_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 36 (L3): the threshold API may answer NotSupported on newer boards; say so once.
+    r = reader(FakeDevice("GPU-a", thresholds={}))
+    for _ in range(3):
+        sample = r.sample("GPU-a")
+    assert (sample.slowdown_temperature_c, sample.max_operating_temperature_c) == (None, None)
+    assert caplog.text.count("GPU GPU-a reports no slowdown temperature") == 1
+
+
 def test_every_supported_event_type_acted_on_is_registered() -> None:
     fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b", supported_events=0x8 | 0x2)])
     NvmlReader(fake).open()
