@@ -125,17 +125,19 @@ def _reasons(sample: GpuSample) -> frozenset[str]:
 
 # A duration counter (fields 269-271, ns) says a sample was held back when at least this share of
 # the time since the previous sample was spent so.
-THERMAL_MIN_FRACTION: Final = 0.5
+HELD_MIN_FRACTION: Final = 0.5
 # A counter whose rise between two samples exceeds the time between them by more than this (and
 # a second) is no duration counter: on drivers that number the fields otherwise (L2, R575 against
 # R580) the same ids carry power-smoothing settings. Then the clock-event bit is read instead.
 COUNTER_SLACK: Final = 0.1
 
-Counter = Callable[[GpuSample], int | None]
+DurationField = Callable[[GpuSample], int | None]
 Interval = tuple[float, GpuSample] | None  # the GPU's previous known sample, with when
 
 
-def _counter_share(counter: Counter, sample: GpuSample, at_s: float, previous: Interval) -> float | None:
+def _counter_share(
+    counter: DurationField, sample: GpuSample, at_s: float, previous: Interval
+) -> float | None:
     """The share of the interval since ``previous`` that ``counter`` was running; None when the
     counter is unread or does not behave as a duration (it fell, or rose faster than time)."""
     if previous is None:
@@ -161,14 +163,14 @@ class ClockRule:
     name: str
     severity: Severity  # WARNING: NVIDIA's real trouble (THERMAL's step down); INFO: report only
     bit: str | None = None
-    counter: Counter | None = None
+    counter: DurationField | None = None
     unless: str | None = None  # a bit that names another cause (the brake, for hw_slowdown)
 
     def holds(self, sample: GpuSample, at_s: float, previous: Interval, cfg: DetectorConfig) -> bool:
         if self.counter is not None:
             share = _counter_share(self.counter, sample, at_s, previous)
             if share is not None:
-                return share >= THERMAL_MIN_FRACTION
+                return share >= HELD_MIN_FRACTION
         reasons = _reasons(sample)
         return self.bit is not None and self.bit in reasons and not (self.unless and self.unless in reasons)
 
