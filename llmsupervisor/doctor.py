@@ -43,7 +43,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -58,7 +58,16 @@ from llmsupervisor.daemon.state_dir import judge as state_dir_trust
 from llmsupervisor.daemon.status import read_status_file
 from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.cpus import format_cpu_list
-from llmsupervisor.probes.gpu_readings import GpuReader
+from llmsupervisor.probes.gpu_readings import (
+    COMPUTE_MODES,
+    RECOVERY_NONE,
+    DriverFacts,
+    GpuFacts,
+    GpuInspector,
+    GpuReader,
+    GpuSample,
+    recovery_action_name,
+)
 from llmsupervisor.probes.nvml import NvmlReader
 from llmsupervisor.redact import redact
 
@@ -538,6 +547,16 @@ def _resolved(config: SupervisorConfig, index_of: dict[str, int]) -> SupervisorC
     return replace(config, engines=tuple(engines))
 
 
+@dataclass(slots=True)
+class GpuReport:
+    """What ``check_nvml`` read of the GPUs for ``check_gpu_health``: the driver, and per GPU
+    index its sample and, where the reader can say (``GpuInspector``), its facts."""
+
+    driver: DriverFacts | None = None
+    samples: dict[int, GpuSample] = field(default_factory=dict)
+    facts: dict[int, GpuFacts] = field(default_factory=dict)
+
+
 def check_nvml(
     reader: GpuReader,
     config: SupervisorConfig | None,
@@ -545,11 +564,13 @@ def check_nvml(
     timeout_s: float = NVML_TIMEOUT_S,
     gpu_cpus: dict[int, frozenset[int]] | None = None,
     gpu_index_of: dict[str, int] | None = None,
+    report: GpuReport | None = None,
 ) -> list[DoctorCheck]:
     """NVML answers and lists GPUs, and every GPU an engine names (by index or UUID) exists
     without MIG. A missing driver is a FAIL only when an enabled engine has gpus configured.
     Each GPU's CPU affinity goes into ``gpu_cpus`` and its UUID -> index into ``gpu_index_of``
-    (for the placement check)."""
+    (for the placement check); what was read of the GPUs into ``report`` (for
+    ``check_gpu_health``)."""
     needing = _gpu_engines(config)
     missing_level = Level.FAIL if needing else Level.WARN
     why = (
@@ -569,6 +590,14 @@ def check_nvml(
                     cpus = reader.cpu_affinity(uuid)
                     if cpus and gpu_cpus is not None:
                         gpu_cpus[index] = cpus
+            if report is not None:
+                report.samples.update((s.index, s) for s in samples)
+                if isinstance(reader, GpuInspector):
+                    with contextlib.suppress(Exception):
+                        report.driver = reader.driver()
+                    for uuid, index in uuids.items():
+                        with contextlib.suppress(Exception):
+                            report.facts[index] = reader.facts(uuid)
             outcome.append(samples)
         except Exception as exc:
             outcome.append(exc)
@@ -687,6 +716,172 @@ def check_daemon_gpus(config: SupervisorConfig) -> list[DoctorCheck]:
             DoctorCheck(name, Level.OK, f"the running daemon (pid {pid}) reads {nvml.get('gpus')} GPU(s)")
         )
     return results
+
+
+# The recovery action (field 230) and its event are new in R565 (NVML change log, "v560 and
+# v565"): before it, every XID verdict comes from NVIDIA's catalogue.
+RECOVERY_ACTION_SINCE: Final = 565
+
+
+def _gpu_list(gpus: Sequence[int]) -> str:
+    return "GPU " + ",".join(str(g) for g in sorted(gpus))
+
+
+def _engine_gpus(config: SupervisorConfig | None) -> dict[int, list[str]]:
+    """The enabled engines on each GPU index (a config with UUIDs resolved, ``_resolved``)."""
+    on: dict[int, list[str]] = {}
+    for spec in config.engines if config is not None else ():
+        for gpu in spec.gpus if spec.enabled else ():
+            on.setdefault(gpu, []).append(spec.name)
+    return on
+
+
+def _driver_check(report: GpuReport) -> DoctorCheck | None:
+    driver = report.driver
+    if driver is None or driver.version is None:
+        return None
+    what = f"{driver.version}" + (f" (branch {driver.branch})" if driver.branch else "")
+    if driver.major is not None and driver.major < RECOVERY_ACTION_SINCE:
+        return DoctorCheck(
+            "gpu driver",
+            Level.WARN,
+            f"{what}: before R565 the driver gives no recovery action (field 230), so XID verdicts"
+            " come from NVIDIA's XID catalogue, and an XID it gives no fix for takes the GPU out of"
+            " rotation until someone looks (docs/gpu.md)",
+        )
+    return DoctorCheck(
+        "gpu driver", Level.OK, what + (f", NVML {driver.nvml_version}" if driver.nvml_version else "")
+    )
+
+
+def _verdict_checks(report: GpuReport, used: Mapping[int, list[str]]) -> list[DoctorCheck]:
+    """Which way each GPU's faults are judged, and a verdict the GPU already stands on."""
+    read = [i for i, s in report.samples.items() if s.recovery_action is not None]
+    fallback = [i for i in report.samples if i not in read]
+    results = []
+    if read:
+        results.append(
+            DoctorCheck(
+                "gpu verdicts",
+                Level.OK,
+                f"recovery action read (field 230) on {_gpu_list(read)}: the GPU's own verdict"
+                " decides each fault",
+            )
+        )
+    if fallback:
+        results.append(
+            DoctorCheck(
+                "gpu verdicts",
+                Level.WARN,
+                f"catalogue fallback on {_gpu_list(fallback)}: the driver does not answer the recovery"
+                " action (field 230, R565+), so XIDs are judged by NVIDIA's XID catalogue",
+            )
+        )
+    for index, sample in sorted(report.samples.items()):
+        level = Level.FAIL if index in used else Level.WARN
+        if sample.recovery_action is not None and sample.recovery_action != RECOVERY_NONE:
+            action = recovery_action_name(sample.recovery_action)
+            results.append(
+                DoctorCheck(
+                    f"gpu {index}",
+                    level,
+                    f"recovery action {action} stands: NVIDIA says do it before the GPU is used again;"
+                    " the daemon will keep its engines stopped",
+                )
+            )
+        if sample.remap_failed:
+            results.append(
+                DoctorCheck(
+                    f"gpu {index}",
+                    level,
+                    "a row remap failed (permanent, no reset clears it): run NVIDIA's field diagnostic,"
+                    " RMA the board if it fails",
+                )
+            )
+        elif sample.remap_pending:
+            results.append(
+                DoctorCheck(f"gpu {index}", Level.WARN, "a row remap waits for the next GPU reset")
+            )
+    return results
+
+
+def _setting_checks(report: GpuReport, used: Mapping[int, list[str]]) -> list[DoctorCheck]:
+    """Persistence, ECC and compute mode, NVLink and PCIe replays, from ``GpuFacts``."""
+    facts = report.facts
+    results = []
+    off = [i for i, f in facts.items() if f.persistence_mode is False]
+    on = [i for i, f in facts.items() if f.persistence_mode]
+    if off:
+        results.append(
+            DoctorCheck(
+                "gpu persistence",
+                Level.WARN,
+                f"persistence mode off on {_gpu_list(off)}: with no client the driver tears the GPU"
+                " down, and the next NVML or CUDA start initialises it again (slow); run"
+                " nvidia-persistenced",
+            )
+        )
+    elif on:
+        results.append(DoctorCheck("gpu persistence", Level.OK, f"on ({_gpu_list(on)})"))
+    no_ecc = [i for i, f in facts.items() if f.ecc_enabled is False]
+    changing = [i for i, f in facts.items() if f.ecc_pending is not None and f.ecc_pending != f.ecc_enabled]
+    if no_ecc or changing:
+        detail = []
+        if no_ecc:
+            detail.append(f"ECC off on {_gpu_list(no_ecc)}: memory errors are neither corrected nor counted")
+        if changing:
+            detail.append(f"ECC mode changes at the next reset or reboot on {_gpu_list(changing)}")
+        results.append(DoctorCheck("gpu ecc", Level.WARN, "; ".join(detail)))
+    elif any(f.ecc_enabled for f in facts.values()):
+        results.append(DoctorCheck("gpu ecc", Level.OK, "enabled"))
+    modes = {i: f.compute_mode for i, f in facts.items() if f.compute_mode is not None}
+    odd = {i: m for i, m in modes.items() if m != 0}
+    for index, mode in sorted(odd.items()):
+        name = COMPUTE_MODES.get(mode, str(mode))
+        prohibited = name == "prohibited"
+        results.append(
+            DoctorCheck(
+                "gpu compute mode",
+                Level.FAIL if prohibited and index in used else Level.WARN,
+                f"GPU {index} is {name}"
+                + (
+                    ": no CUDA context can be created there" if prohibited else ": one CUDA process at a time"
+                ),
+            )
+        )
+    if modes and not odd:
+        results.append(DoctorCheck("gpu compute mode", Level.OK, "default"))
+    links = {i: f for i, f in facts.items() if f.nvlinks is not None}
+    down = {i: f for i, f in links.items() if (f.nvlinks_active or 0) < (f.nvlinks or 0)}
+    if links:
+        text = "; ".join(f"GPU {i}: {f.nvlinks_active}/{f.nvlinks} active" for i, f in sorted(links.items()))
+        results.append(DoctorCheck("gpu nvlink", Level.WARN if down else Level.OK, text))
+    replays = {i: f.pcie_replay_count for i, f in facts.items() if f.pcie_replay_count is not None}
+    if replays:
+        results.append(
+            DoctorCheck(
+                "gpu pcie replays",
+                Level.OK,
+                ", ".join(f"GPU {i}: {n}" for i, n in sorted(replays.items()))
+                + " since the driver loaded (a count that keeps rising is a marginal PCIe link)",
+            )
+        )
+    unread = sorted({f"GPU {i}: {u}" for i, f in facts.items() for u in f.unread})
+    if unread:
+        results.append(DoctorCheck("gpu facts", Level.WARN, "could not read " + "; ".join(unread)))
+    return results
+
+
+def check_gpu_health(report: GpuReport, config: SupervisorConfig | None) -> list[DoctorCheck]:
+    """What the GPUs say beyond being present: the driver and which way faults are judged
+    (recovery action read, or NVIDIA's XID catalogue), a verdict a GPU already stands on, and
+    the settings the daemon relies on (persistence, ECC, compute mode, NVLink, PCIe replays). A
+    reading the board does not support is left out. Nothing without NVML."""
+    if not report.samples:
+        return []
+    used = _engine_gpus(config)
+    driver = _driver_check(report)
+    return [*([driver] if driver else []), *_verdict_checks(report, used), *_setting_checks(report, used)]
 
 
 def check_placement(config: SupervisorConfig, gpu_cpus: dict[int, frozenset[int]]) -> list[DoctorCheck]:
@@ -832,7 +1027,9 @@ def run_checks(
         results.append(check_state_dir(state_dir, who, under_unit=under_unit))
     gpu_cpus: dict[int, frozenset[int]] = {}
     index_of: dict[str, int] = {}
-    results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus, gpu_index_of=index_of)
+    report = GpuReport()
+    results += check_nvml(reader_factory(), config, gpu_cpus=gpu_cpus, gpu_index_of=index_of, report=report)
+    results += check_gpu_health(report, None if config is None else _resolved(config, index_of))
     if config is not None:
         results += check_daemon_gpus(config)
         results += check_placement(_resolved(config, index_of), gpu_cpus)
@@ -846,6 +1043,7 @@ def failed(results: Sequence[DoctorCheck]) -> bool:
 
 __all__ = [
     "DoctorCheck",
+    "GpuReport",
     "Identity",
     "Level",
     "check_api_key_file",
@@ -853,6 +1051,7 @@ __all__ = [
     "check_daemon_gpus",
     "check_engine_command",
     "check_gpu_devices",
+    "check_gpu_health",
     "check_identity",
     "check_launcher",
     "check_nvml",

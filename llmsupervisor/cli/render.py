@@ -240,6 +240,7 @@ def format_status(
     nvml = status.get("nvml")
     if isinstance(nvml, Mapping):
         lines += nvml_lines(nvml)
+    lines += gpu_verdict_lines(status.get("gpu_verdicts") or {})
     return "\n".join(lines)
 
 
@@ -266,6 +267,24 @@ def nvml_lines(nvml: Mapping[str, Any]) -> list[str]:
     for gpu, why in sorted((nvml.get("events_unwatched") or {}).items()):
         out.append(f"GPU {gpu}: XID events not seen (left out of NVML's event set: {why})")
     return out
+
+
+# How each GPU's faults are judged (daemon/status.py gpu_verdict_sources).
+_VERDICT_SOURCES: Final = {
+    "recovery_action": "the GPU's recovery action (field 230)",
+    "xid_catalogue": "NVIDIA's XID catalogue (the driver has no recovery action, R565+ needed)",
+}
+
+
+def gpu_verdict_lines(sources: Mapping[str, str]) -> list[str]:
+    """``GPU faults judged by the GPU's recovery action (field 230): GPU 0,1``, one line per way."""
+    by_source: dict[str, list[str]] = {}
+    for gpu, source in sources.items():
+        by_source.setdefault(source, []).append(gpu)
+    return [
+        f"GPU faults judged by {_VERDICT_SOURCES.get(source, source)}: GPU {','.join(gpus)}"
+        for source, gpus in sorted(by_source.items())
+    ]
 
 
 def unknown_engines(known: Iterable[str], names: Iterable[str]) -> list[str]:

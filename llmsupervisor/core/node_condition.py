@@ -22,10 +22,18 @@ GPU_UNRECOVERABLE: Final = "gpu_unrecoverable"
 GPU_LOST_REASON: Final = "gpu_lost"
 GPU_FAULT_REASON: Final = "gpu_fault"
 
-# A GPU fault's verdict (detectors/gpu.py VERDICT_*): the GPU's recovery action, or the XID table.
-VERDICT_RESET: Final = "reset"
-VERDICT_RESTART: Final = "restart"
-VERDICT_UNKNOWN: Final = "unknown"
+# A GPU fault's verdict (detectors/gpu.py VERDICT_*): the GPU's recovery action, or NVIDIA's XID
+# catalogue where the driver has no recovery action.
+VERDICT_RESTART: Final = "restart"  # restart the engine and count: the GPU is fine
+VERDICT_UNKNOWN: Final = "unknown"  # no verdict: needs a look before the GPU serves again
+VERDICT_RESET: Final = "reset"  # the GPU must be reset (or the node rebooted) before use
+# A failed row remap: permanent, no reset clears it (nvml.h nvmlDeviceGetRemappedRows:
+# failureOccurred is set "if a row remapping ever failed in the past"). NVIDIA's remedy is a field
+# diagnostic, then an RMA (NVSentinel: DCGM_FR_ROW_REMAP_FAILURE -> RUN_FIELDDIAG).
+VERDICT_FIELD_DIAG: Final = "field_diag"
+VERDICTS: Final = (VERDICT_RESTART, VERDICT_UNKNOWN, VERDICT_RESET, VERDICT_FIELD_DIAG)  # mildest first
+# The verdicts that take the GPU out of service at once: everything but a restart.
+CONDITION_VERDICTS: Final = frozenset({VERDICT_UNKNOWN, VERDICT_RESET, VERDICT_FIELD_DIAG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +42,21 @@ class NodeCondition:
     gpu: int  # the GPU's NVML index on this boot (what engines name)
     reason: str  # what the GPU did, as the finding said it
     uuid: str = ""  # the physical GPU the condition belongs to
+    verdict: str = ""  # the fault's verdict (VERDICTS): what clears it; "" for a lost GPU
 
     def describe(self) -> str:
         return f"{self.condition} on GPU {self.gpu}{f' ({self.uuid})' if self.uuid else ''}: {self.reason}"
 
     def as_json(self) -> dict[str, Any]:
-        return {"condition": self.condition, "gpu": self.gpu, "uuid": self.uuid, "reason": self.reason}
+        out: dict[str, Any] = {
+            "condition": self.condition,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "reason": self.reason,
+        }
+        if self.verdict:
+            out["verdict"] = self.verdict
+        return out
 
 
 def gpu_verdicts(raw: object) -> dict[int, str]:
@@ -49,33 +66,29 @@ def gpu_verdicts(raw: object) -> dict[int, str]:
     out: dict[int, str] = {}
     for part in raw.split(","):
         gpu, _, verdict = part.partition("=")
-        if gpu.strip().isdigit() and verdict in (VERDICT_RESET, VERDICT_RESTART, VERDICT_UNKNOWN):
+        if gpu.strip().isdigit() and verdict in VERDICTS:
             out[int(gpu)] = verdict
     return out
 
 
-def gpu_unrecoverable(fault_reason: str, marks_before: int, verdict: str = VERDICT_UNKNOWN) -> bool:
-    """Whether a GPU-marking fault means the GPU itself is gone for this node.
+def gpu_unrecoverable(fault_reason: str, verdict: str = VERDICT_UNKNOWN) -> bool:
+    """Whether a GPU-marking fault takes the GPU out of service for this node, at once.
 
     - ``gpu_lost`` (XID 79, a GPU-unavailable event, NVML saying the GPU is lost or needs a
-      reset): at once. No engine restart brings a GPU back; only a reset or a reboot does.
-    - ``gpu_fault`` with verdict ``reset`` (a recovery action other than NONE, a failed row remap,
-      or on drivers without field 230 a reset-class XID: 48, 64, 95, 119, 120, 140): at once.
+      reset): no engine restart brings a GPU back; only a reset or a reboot does.
+    - ``gpu_fault`` with verdict ``reset`` (a recovery action other than NONE, or on drivers
+      without it an XID NVIDIA's catalogue resolves with a reset: 46, 48, 62, 64, 95, 110, ...):
       NVIDIA: "terminate all GPU processes, reset the GPU" before it is used again.
-    - verdict ``restart`` (recovery action NONE, or XID 8/94 without field 230): never; the
+    - verdict ``field_diag`` (a failed row remap): no reset clears it.
+    - verdict ``unknown`` (no recovery action, and an XID the catalogue does not resolve, or
+      says to report): the GPU needs a look. Restarting the engine on it would loop on a GPU
+      nobody judged, so it is out of rotation until an operator clears it or the node reboots.
+    - verdict ``restart`` (recovery action NONE, or a RESTART_APP XID without it): never; the
       engine is restarted and the mark counted.
-    - verdict ``unknown`` (no field 230 and an XID outside the table): when the GPU was marked
-      before within the marks' window, on this node.
-
-    ``marks_before`` counts the physical GPU's earlier marks in the window (daemon/actions.py).
     """
     if fault_reason == GPU_LOST_REASON:
         return True
-    if fault_reason != GPU_FAULT_REASON:
-        return False
-    if verdict == VERDICT_RESET:
-        return True
-    return verdict == VERDICT_UNKNOWN and marks_before >= 1
+    return fault_reason == GPU_FAULT_REASON and verdict in CONDITION_VERDICTS
 
 
 def engine_blocked(gpus: tuple[int, ...], conditions: tuple[NodeCondition, ...]) -> NodeCondition | None:
@@ -88,9 +101,12 @@ def verdict_for(verdicts: Mapping[int, str], gpu: int) -> str:
 
 
 __all__ = [
+    "CONDITION_VERDICTS",
     "GPU_FAULT_REASON",
     "GPU_LOST_REASON",
     "GPU_UNRECOVERABLE",
+    "VERDICTS",
+    "VERDICT_FIELD_DIAG",
     "VERDICT_RESET",
     "VERDICT_RESTART",
     "VERDICT_UNKNOWN",

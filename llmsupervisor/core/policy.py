@@ -11,9 +11,11 @@ Cause first, least disruptive first::
     ──────────────────────────────────────────────────────────────────────────────────────
     hang (CRITICAL), stall                    restart now, no drain            already lost
     gpu fault / gpu lost (CRITICAL)           restart after a drain, mark GPU  already lost
+                                              (stopped instead where the mark
+                                              sets the node condition)
     kv pressure                               shed: out of rotation, no restart  min_in_rotation
     kv pressure cleared                       back into rotation               -
-    preemption storm, thermal                 drain-restart one ladder step down  max_unavailable
+    preemption storm, thermal (WARNING)       drain-restart one ladder step down  max_unavailable
     calm for ladder_calm_s on a lower step    drain-restart one step up        max_unavailable
     degradation (throughput, TTFT, prefix)    /reset_prefix_cache, then check;   -, then
                                               drain-restart if it did not help   max_unavailable
@@ -22,8 +24,10 @@ Cause first, least disruptive first::
     a reload changed the spec it runs         drain-restart on the new spec    max_unavailable
                                               (config restart; see below)      only
     out of memory at start                    next start one ladder step down  -
-    foreign GPU memory, power brake/cap, INFO report only                      -
-    GPU lost / needs a reset, while STARTING  mark GPU (node condition), stop  -
+    foreign GPU memory, power brake/cap,      report only                      -
+    thermal INFO (SW thermal: Boost), INFO
+    GPU lost / needs a reset or a look,       mark GPU (node condition), stop  -
+    while STARTING
 
 The table is two tables in the code. ``decide`` takes the engines the policy governs
 (``in_policy``) by name, and tries ``ENGINE_RULES`` on each in order until one settles it: the
@@ -71,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from llmsupervisor.core.findings import Blame, Finding, FindingKind, Severity, blame_of
-from llmsupervisor.core.node_condition import VERDICT_RESET, gpu_verdicts
+from llmsupervisor.core.node_condition import CONDITION_VERDICTS, gpu_verdicts
 from llmsupervisor.core.state import EngineState
 
 K = FindingKind
@@ -200,12 +204,14 @@ class Action:
 
 
 def _gpu_needs_reset(findings: Sequence[Finding]) -> Finding | None:
-    """A CRITICAL GPU_LOST, or a CRITICAL GPU_FAULT with a GPU whose verdict is a reset."""
+    """A CRITICAL GPU_LOST, or a CRITICAL GPU_FAULT with a GPU whose verdict sets the node
+    condition (a reset, a field diagnostic, or a look: anything but a restart)."""
     for f in findings:
         if f.severity is not Severity.CRITICAL:
             continue
         if f.kind is K.GPU_LOST or (
-            f.kind is K.GPU_FAULT and VERDICT_RESET in gpu_verdicts(f.evidence.get("verdicts")).values()
+            f.kind is K.GPU_FAULT
+            and CONDITION_VERDICTS.intersection(gpu_verdicts(f.evidence.get("verdicts")).values())
         ):
             return f
     return None

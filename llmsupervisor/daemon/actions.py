@@ -18,8 +18,11 @@ from typing import Any
 
 from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import (
+    GPU_LOST_REASON,
     GPU_UNRECOVERABLE,
+    VERDICT_FIELD_DIAG,
     VERDICT_RESET,
+    VERDICT_UNKNOWN,
     NodeCondition,
     gpu_unrecoverable,
     verdict_for,
@@ -121,7 +124,8 @@ class GpuMarks:
     def _condition(self, index: int, uuid: str) -> NodeCondition | None:
         held = self._by_uuid.get(uuid, {}).get("unrecoverable")
         if isinstance(held, dict) and held.get("boot_id") == self.boot:
-            return NodeCondition(GPU_UNRECOVERABLE, index, str(held.get("reason", "")), uuid)
+            reason, verdict = str(held.get("reason", "")), str(held.get("verdict", ""))
+            return NodeCondition(GPU_UNRECOVERABLE, index, reason, uuid, verdict)
         return None
 
     @property
@@ -151,7 +155,6 @@ class GpuMarks:
                 log.error("GPU %d: fault not marked, NVML does not name this GPU: %s", gpu, detail)
                 continue
             verdict = verdict_for(verdicts or {}, gpu)
-            before = len(self._marks(uuid))
             marks = [
                 *self._marks(uuid),
                 {
@@ -174,10 +177,16 @@ class GpuMarks:
                 detail,
                 extra={"event": "action"},
             )
-            if self._condition(gpu, uuid) is None and gpu_unrecoverable(reason, before, verdict):
-                why = "needs a GPU reset" if verdict == VERDICT_RESET else f"fault {before + 1}"
-                condition = NodeCondition(GPU_UNRECOVERABLE, gpu, f"{reason} ({why}): {detail}", uuid)
-                entry["unrecoverable"] = {"reason": condition.reason, "boot_id": self.boot, "at": now}
+            if self._condition(gpu, uuid) is None and gpu_unrecoverable(reason, verdict):
+                held = "" if reason == GPU_LOST_REASON else verdict
+                why = _WHY.get(held, f"fault {len(marks)}")
+                condition = NodeCondition(GPU_UNRECOVERABLE, gpu, f"{reason} ({why}): {detail}", uuid, held)
+                entry["unrecoverable"] = {
+                    "reason": condition.reason,
+                    "verdict": held,
+                    "boot_id": self.boot,
+                    "at": now,
+                }
                 new.append(condition)
                 log.critical(
                     "node condition %s: the pod is not ready; node-level remediation takes it from here",
@@ -213,10 +222,31 @@ class GpuMarks:
         return out
 
 
+# What a condition's verdict says of the GPU, in its reason.
+_WHY: dict[str, str] = {
+    VERDICT_RESET: "needs a GPU reset",
+    VERDICT_FIELD_DIAG: "a row remap failed: permanent, a field diagnostic or an RMA",
+    VERDICT_UNKNOWN: "needs a look: no recovery action, and no fix in NVIDIA's XID catalogue",
+}
+
+
 def blocked_reason(condition: NodeCondition) -> str:
     """Why an engine on a GPU with a condition stays STOPPED at a daemon start, and what clears it."""
-    how = f"llm-supervisor gpu clear {condition.uuid}" if condition.uuid else "a reboot"
-    return f"{condition.describe()}; not started on a GPU that needs a reset: after the reset, {how}"
+    clear = f"llm-supervisor gpu clear {condition.uuid}" if condition.uuid else "a reboot"
+    if condition.verdict == VERDICT_FIELD_DIAG:
+        # nvml.h: failureOccurred is set "if a row remapping ever failed": a reset does not clear
+        # it, and the condition would be back at the next sample.
+        return (
+            f"{condition.describe()}; not started: a failed row remap is permanent and no reset"
+            " clears it; run NVIDIA's field diagnostic on the GPU and RMA it if that fails"
+        )
+    if condition.verdict == VERDICT_UNKNOWN:
+        return (
+            f"{condition.describe()}; not started on a GPU nobody has judged: read the XID in the"
+            " kernel log against NVIDIA's XID catalogue, reset the GPU if it says so, then"
+            f" {clear}"
+        )
+    return f"{condition.describe()}; not started on a GPU that needs a reset: after the reset, {clear}"
 
 
 def commands_for(action: Action, spec: EngineSpec | None = None) -> list[Command]:

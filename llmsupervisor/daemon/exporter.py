@@ -567,8 +567,9 @@ class _SnapshotCollector:
         yield marked
         conditions = GaugeMetricFamily(
             _name("node_condition"),
-            "1 while a node condition holds: gpu_unrecoverable is a GPU lost, or marked a second time"
-            " for a critical fault; the pod is not ready and node-level remediation takes it from there.",
+            "1 while a node condition holds: gpu_unrecoverable is a GPU lost, or a critical fault"
+            " whose verdict is not a restart; the pod is not ready and node-level remediation takes it"
+            " from there.",
             labels=["condition", "gpu"],
         )
         for condition in snap.node_conditions:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import Severity
 from llmsupervisor.core.policy import ActionKind, EngineView, FleetRules, decide
 from llmsupervisor.core.policy_memory import EngineMemory, PolicyMemory, Seen
 from llmsupervisor.core.state import EngineState
@@ -135,7 +136,9 @@ class Reconciler:
                 Seen(
                     name=s.name,
                     incarnation=s.incarnation.number if s.incarnation is not None else None,
-                    finding_kinds=frozenset(f.kind for f in s.findings),
+                    # A report-only finding (INFO: SW thermal, the power cap) is no step-down
+                    # cause: the calm that steps the ladder back up counts through it.
+                    finding_kinds=frozenset(f.kind for f in s.findings if f.severity is not Severity.INFO),
                     ladder_step=s.ladder_step,
                 )
                 for s in statuses

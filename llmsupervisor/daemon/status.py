@@ -186,6 +186,7 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
         # Written once the disk has room; until then a daemon restart would not find them.
         "state_files_unsaved": [u.as_json() for u in snap.unsaved_files],
         "nvml": nvml_json(snap),
+        "gpu_verdicts": gpu_verdict_sources(snap.gpu_samples),
     }
 
 
@@ -217,6 +218,22 @@ def nvml_json(snap: Snapshot) -> dict[str, Any] | None:
         "hung_gpus": list(health.hung),
         "events_unwatched": {str(g): why for g, why in health.events_unwatched.items()},
         "event_wait_errors": health.event_wait_errors,
+    }
+
+
+# How a GPU's faults are judged (docs/gpu.md): its own recovery action, or NVIDIA's XID catalogue
+# where the driver does not answer field 230 (before R565).
+VERDICTS_FROM_RECOVERY_ACTION: Final = "recovery_action"
+VERDICTS_FROM_XID_CATALOGUE: Final = "xid_catalogue"
+
+
+def gpu_verdict_sources(samples: Mapping[int, GpuSample]) -> dict[str, str]:
+    """Per GPU index (the engines' GPUs), which way its faults are judged."""
+    return {
+        str(index): VERDICTS_FROM_XID_CATALOGUE
+        if sample.recovery_action is None
+        else VERDICTS_FROM_RECOVERY_ACTION
+        for index, sample in sorted(samples.items())
     }
 
 

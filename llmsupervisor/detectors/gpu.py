@@ -15,21 +15,40 @@ from dataclasses import dataclass
 from typing import Final
 
 from llmsupervisor.core.findings import Finding, FindingKind, Severity
-from llmsupervisor.core.node_condition import VERDICT_RESET, VERDICT_RESTART, VERDICT_UNKNOWN
+from llmsupervisor.core.node_condition import (
+    VERDICT_FIELD_DIAG,
+    VERDICT_RESET,
+    VERDICT_RESTART,
+    VERDICT_UNKNOWN,
+    VERDICTS,
+)
 from llmsupervisor.core.observe import Observation, ObservationWindow
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import MIB, new_finding, newest_first, upto
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.gpu_readings import RECOVERY_NONE, GpuEvent, GpuSample, recovery_action_name
+from llmsupervisor.probes.gpu_readings import (
+    RECOVERY_NONE,
+    XID_IGNORE,
+    XID_RECOVERY_ACTION_CHANGED,
+    XID_RESET_GPU,
+    XID_RESTART_APP,
+    XID_RESTART_BM,
+    XID_RESTART_VM,
+    GpuEvent,
+    GpuSample,
+    recovery_action_name,
+    xid_resolution,
+)
 
 K = FindingKind
 
-# NVML clock-event reasons (docs/host-notes.md §1.4) by what they mean here.
-THERMAL_REASONS: Final = frozenset({"sw_thermal", "hw_thermal"})
-POWER_BRAKE_REASONS: Final = frozenset({"hw_power_brake"})
-# hw_slowdown is set for temperature, power brake or overcurrent: thermal unless the power brake
-# bit says otherwise.
+# NVML clock-event reasons (docs/host-notes.md §1.4; nvml.h nvmlClocksEventReason*).
+SW_THERMAL: Final = "sw_thermal"  # Boost holding the GPU (or HBM) at its max operating temperature
+HW_THERMAL: Final = "hw_thermal"  # clocks cut by half or more for heat
+# hw_slowdown is set for temperature, the power brake, or "power draw is too high and Fast
+# Trigger protection" (nvml.h): counted unless the power brake bit says it is the brake.
 HW_SLOWDOWN: Final = "hw_slowdown"
+POWER_BRAKE: Final = "hw_power_brake"  # the PSU or BMC asserts it
 POWER_CAP: Final = "sw_power_cap"  # routine at full load: INFO only
 
 # NVML event kinds (probes.gpu_readings.EVENT_KINDS values) that are faults without an XID.
@@ -42,22 +61,32 @@ REPAIR_EVENT_KINDS: Final = frozenset({"dram_retirement", "single_bit_ecc_storm"
 XID_GPU_LOST: Final = 79  # fallen off the bus
 
 # What a GPU fault leads to (the finding's "verdicts" evidence, per GPU; core/node_condition.py):
-# VERDICT_RESET: the GPU must be reset before use (node condition at once); VERDICT_RESTART: restart
-# the engine and count, no condition; VERDICT_UNKNOWN: a second mark in the window sets it.
+# VERDICT_RESTART: restart the engine and count, no condition; anything else is a node condition
+# at once, the engines on the GPU stopped: VERDICT_RESET (reset the GPU first), VERDICT_FIELD_DIAG
+# (a failed row remap: no reset clears it), VERDICT_UNKNOWN (nobody judged the fault: a look).
 
 # The GPU's own verdict (field 230, read after each event and every sample) decides. For drivers
-# without field 230, NVIDIA's XID catalogue (https://docs.nvidia.com/deploy/xid-errors/, the
-# "Resolution" column) and the memory error guide
+# without field 230 (before R565: the R535 and R550 long-term branches), NVIDIA's XID catalogue
+# (probes/gpu_readings.XID_CATALOGUE, its "Resolution" buckets) and the memory error guide
 # (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Error Recovery and Response Flags"):
-# - reset before reuse: 48 double-bit ECC ("reboot the system (or reset GPUs)"), 64 row-remap
-#   failure, 95 uncontained ECC (RESET_GPU), 119/120 GSP errors (RESET_GPU), 140 unrecovered ECC;
-# - restart the application only: 8 (RESTART_APP), 94 contained ECC (the recovery action is NONE:
-#   "start a new process"; the remap waits for the next reset).
-XID_RESET_REQUIRED: Final = frozenset({48, 64, 95, 119, 120, 140})
-XID_RESTART_ONLY: Final = frozenset({8, 94})
+# - reset before reuse: RESET_GPU (46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156,
+#   158, ...), RESTART_BM and RESTART_VM (a node restart resets the GPU too), and 48 (double-bit
+#   ECC: "reboot the system (or reset GPUs)");
+# - restart the application only: RESTART_APP (8, 13, 31, 94 contained ECC, ...);
+# - nothing: IGNORE (63, 92, ...): a note;
+# - any other bucket (UNEXPECTED_ERR_REPORT_ISSUE, the CHECK_* and WORKFLOW_* ones), and an XID
+#   the catalogue does not list: unknown, a look before the GPU serves again.
+XID_BUCKET_VERDICTS: Final[Mapping[str, str | None]] = {
+    XID_RESET_GPU: VERDICT_RESET,
+    XID_RESTART_BM: VERDICT_RESET,
+    XID_RESTART_VM: VERDICT_RESET,
+    "WORKFLOW_XID_48": VERDICT_RESET,
+    XID_RESTART_APP: VERDICT_RESTART,
+    XID_IGNORE: None,
+}
 EVENT_RESET_REQUIRED: Final = frozenset({"double_bit_ecc", "fatal_poison", "dram_retirement_failure"})
 EVENT_RESTART_ONLY: Final = frozenset({"non_fatal_poison"})
-_VERDICT_ORDER: Final = (VERDICT_RESTART, VERDICT_UNKNOWN, VERDICT_RESET)
+_VERDICT_ORDER: Final = VERDICTS  # mildest first
 
 
 def _gpu_latest(
@@ -94,59 +123,115 @@ def _reasons(sample: GpuSample) -> frozenset[str]:
     return sample.clock_event_reason_names
 
 
-# From the throttle-duration counters (fields 269 + 270, ns): a sample is throttled for heat when
-# at least this share of the time since the previous sample was spent throttled.
-THERMAL_MIN_FRACTION: Final = 0.5
+# A duration counter (fields 269-271, ns) says a sample was held back when at least this share of
+# the time since the previous sample was spent so.
+HELD_MIN_FRACTION: Final = 0.5
+# A counter whose rise between two samples exceeds the time between them by more than this (and
+# a second) is no duration counter: on drivers that number the fields otherwise (L2, R575 against
+# R580) the same ids carry power-smoothing settings. Then the clock-event bit is read instead.
+COUNTER_SLACK: Final = 0.1
+
+DurationField = Callable[[GpuSample], int | None]
+Interval = tuple[float, GpuSample] | None  # the GPU's previous known sample, with when
 
 
-def _thermal_bits(sample: GpuSample) -> bool:
-    reasons = _reasons(sample)
-    if reasons & THERMAL_REASONS:
-        return True
-    return HW_SLOWDOWN in reasons and not reasons & POWER_BRAKE_REASONS
+def _counter_share(
+    counter: DurationField, sample: GpuSample, at_s: float, previous: Interval
+) -> float | None:
+    """The share of the interval since ``previous`` that ``counter`` was running; None when the
+    counter is unread or does not behave as a duration (it fell, or rose faster than time)."""
+    if previous is None:
+        return None
+    before_s, before = previous
+    now_ns, then_ns = counter(sample), counter(before)
+    elapsed_s = at_s - before_s
+    if now_ns is None or then_ns is None or elapsed_s <= 0:
+        return None
+    rise_s = (now_ns - then_ns) / 1e9
+    if rise_s < 0 or rise_s > elapsed_s * (1 + COUNTER_SLACK) + 1.0:
+        return None
+    return rise_s / elapsed_s
 
 
-def _too_hot(sample: GpuSample, cfg: DetectorConfig) -> bool:
-    """At or above the board's own slowdown threshold; ``thermal_temperature_c`` only for a board
-    that reports none (0: never). Never a fixed constant: 87 C is an H100 SXM's normal boost
-    ceiling (its "GPU Max Operating Temp"), not a fault."""
-    if sample.temperature_c is None:
-        return False
-    limit = sample.slowdown_temperature_c or cfg.thermal_temperature_c
-    return bool(limit) and sample.temperature_c >= limit
+@dataclass(frozen=True, slots=True)
+class ClockRule:
+    """One reason the clocks are held back, judged per sample: from its duration counter where
+    the driver has one that behaves (R580+), else from its clock-event bit at sample time. The
+    tracker's sustain time (``sustain_s``) then turns a run of such samples into a finding, so a
+    bit seen at one instant opens nothing."""
+
+    name: str
+    severity: Severity  # WARNING: NVIDIA's real trouble (THERMAL's step down); INFO: report only
+    bit: str | None = None
+    counter: DurationField | None = None
+    unless: str | None = None  # a bit that names another cause (the brake, for hw_slowdown)
+
+    def holds(self, sample: GpuSample, at_s: float, previous: Interval, cfg: DetectorConfig) -> bool:
+        if self.counter is not None:
+            share = _counter_share(self.counter, sample, at_s, previous)
+            if share is not None:
+                return share >= HELD_MIN_FRACTION
+        reasons = _reasons(sample)
+        return self.bit is not None and self.bit in reasons and not (self.unless and self.unless in reasons)
 
 
-def _throttled_for_heat(
-    sample: GpuSample, at_s: float, previous: tuple[float, GpuSample] | None, cfg: DetectorConfig
-) -> bool:
-    if _too_hot(sample, cfg):
-        return True
-    if previous is not None:
-        before_s, before = previous
-        if (
-            sample.thermal_throttle_ns is not None
-            and before.thermal_throttle_ns is not None
-            and sample.thermal_throttle_ns >= before.thermal_throttle_ns
-            and at_s > before_s
-        ):
-            # The duration counters say how much of the interval was throttled; the clock-event
-            # mask only what held at one instant.
-            throttled_s = (sample.thermal_throttle_ns - before.thermal_throttle_ns) / 1e9
-            return throttled_s >= THERMAL_MIN_FRACTION * (at_s - before_s)
-    return _thermal_bits(sample)
+@dataclass(frozen=True, slots=True)
+class _TooHot(ClockRule):
+    """At or above the board's own slowdown threshold, where NVML says HW slowdown begins;
+    ``thermal_temperature_c`` only for a board that reports none (0: never). Never a fixed
+    constant: 87 C is an H100 SXM's normal boost ceiling (its "GPU Max Operating Temp")."""
+
+    def holds(self, sample: GpuSample, at_s: float, previous: Interval, cfg: DetectorConfig) -> bool:
+        if sample.temperature_c is None:
+            return False
+        limit = sample.slowdown_temperature_c or cfg.thermal_temperature_c
+        return bool(limit) and sample.temperature_c >= limit
 
 
-def _thermal_runs(
-    window: ObservationWindow, now: float, cfg: DetectorConfig
+def _sw_thermal_ns(s: GpuSample) -> int | None:
+    return s.sw_thermal_ns
+
+
+def _hw_thermal_ns(s: GpuSample) -> int | None:
+    return s.hw_thermal_ns
+
+
+def _power_brake_ns(s: GpuSample) -> int | None:
+    return s.power_brake_ns
+
+
+# THERMAL, worst first. Only what nvml.h documents as trouble acts (WARNING, a step down the batch
+# ladder): HW thermal and HW slowdown ("reducing the core clocks by a factor of 2 or more"), or the
+# slowdown temperature reached. SW thermal is Boost holding the GPU at its max operating
+# temperature, normal under sustained load (NVSentinel: DCGM_FR_CLOCKS_EVENT_THERMAL is
+# CHECK_THERMALS, no action on the workload): INFO, reported, never acted on.
+THERMAL_RULES: Final[tuple[ClockRule, ...]] = (
+    _TooHot("slowdown_temperature", Severity.WARNING),
+    ClockRule(HW_THERMAL, Severity.WARNING, bit=HW_THERMAL, counter=_hw_thermal_ns),
+    ClockRule(HW_SLOWDOWN, Severity.WARNING, bit=HW_SLOWDOWN, unless=POWER_BRAKE),
+    ClockRule(SW_THERMAL, Severity.INFO, bit=SW_THERMAL, counter=_sw_thermal_ns),
+)
+# POWER_THROTTLE, worst first; never acted on (core/policy.py): the brake is the PSU's or BMC's
+# signal, which a smaller batch does not clear (WARNING, alerted), held for its duration (field
+# 271) where the driver has it; the power cap is routine at full load (INFO).
+POWER_RULES: Final[tuple[ClockRule, ...]] = (
+    ClockRule(POWER_BRAKE, Severity.WARNING, bit=POWER_BRAKE, counter=_power_brake_ns),
+    ClockRule(POWER_CAP, Severity.INFO, bit=POWER_CAP),
+)
+
+
+def _rule_runs(
+    window: ObservationWindow, now: float, cfg: DetectorConfig, rule: ClockRule
 ) -> dict[int, tuple[float, GpuSample]]:
-    """Per GPU throttled for heat now: when its run of throttled samples began, and the newest."""
+    """Per GPU where ``rule`` holds now: when its unbroken run of such samples began, and the
+    newest sample. Unknown readings (failures, absent) neither extend nor break a run."""
     previous: dict[int, tuple[float, GpuSample]] = {}
     runs: dict[int, float] = {}
     for obs in reversed(list(newest_first(window, now))):
         for index, sample in obs.gpus.items():
             if not isinstance(sample, GpuSample):
-                continue  # unknown: neither extends nor breaks a run
-            if _throttled_for_heat(sample, obs.at_s, previous.get(index), cfg):
+                continue
+            if rule.holds(sample, obs.at_s, previous.get(index), cfg):
                 runs.setdefault(index, obs.at_s)
             else:
                 runs.pop(index, None)
@@ -174,56 +259,61 @@ def _gpu_evidence(samples: Mapping[int, GpuSample]) -> dict[str, float | str]:
     return evidence
 
 
-def detect_thermal(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """Clocks held back for heat on any GPU, from the throttle-duration counters where the driver
-    has them (else the thermal clock-event bits), or the board's own slowdown temperature
-    reached. The sustain time turns that into a duration, not one 2-second mask."""
+def _clock_finding(
+    window: ObservationWindow,
+    now: float,
+    cfg: DetectorConfig,
+    kind: FindingKind,
+    rules: Sequence[ClockRule],
+    summary: Callable[[Severity, Mapping[str, float | str]], str],
+) -> Finding | None:
+    """One finding for the worst severity among ``rules`` that hold on some GPU now, naming the
+    GPUs and the rules that hold at that severity."""
     latest, _ = _gpu_latest(window, now, cfg)
-    runs = _thermal_runs(window, now, cfg)
-    if latest is None or not runs:
+    if latest is None:
         return None
-    current = {i: sample for i, (_, sample) in runs.items()}
-    since_s = min(since for since, _ in runs.values())
-    evidence = _gpu_evidence(current)
-    return new_finding(
-        latest,
-        K.THERMAL,
-        Severity.WARNING,
-        since_s,
-        f"thermal slowdown on GPU {evidence['gpus']} ({evidence['clock_event_reasons']},"
-        f" {evidence.get('temperature_c', '?')} C)",
-        **evidence,
+    for severity in (Severity.WARNING, Severity.INFO):
+        names: list[str] = []
+        runs: dict[int, tuple[float, GpuSample]] = {}
+        for rule in (r for r in rules if r.severity is severity):
+            for index, (since_s, sample) in _rule_runs(window, now, cfg, rule).items():
+                names += [rule.name] if rule.name not in names else []
+                earlier = runs.get(index)
+                runs[index] = (min(since_s, earlier[0]) if earlier else since_s, sample)
+        if runs:
+            evidence = _gpu_evidence({i: sample for i, (_, sample) in runs.items()})
+            evidence["rules"] = ",".join(names)
+            since_s = min(since for since, _ in runs.values())
+            return new_finding(latest, kind, severity, since_s, summary(severity, evidence), **evidence)
+    return None
+
+
+def _thermal_summary(severity: Severity, evidence: Mapping[str, float | str]) -> str:
+    where = f"GPU {evidence['gpus']} ({evidence['rules']}, {evidence.get('temperature_c', '?')} C)"
+    if severity is Severity.WARNING:
+        return f"thermal slowdown on {where}"
+    return (
+        f"{where} held at its max operating temperature (GPU or memory) by the clock governor:"
+        " normal under sustained load, no action"
     )
 
 
+def detect_thermal(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
+    """THERMAL_RULES on any GPU: WARNING (a ladder step down, core/policy.py) for HW thermal or
+    HW slowdown held, or the board's slowdown temperature reached; else INFO for SW thermal alone
+    (Boost at the max operating temperature: reported, never acted on)."""
+    return _clock_finding(window, now, cfg, K.THERMAL, THERMAL_RULES, _thermal_summary)
+
+
+def _power_summary(severity: Severity, evidence: Mapping[str, float | str]) -> str:
+    return f"{'power brake' if severity is Severity.WARNING else 'power cap'} on GPU {evidence['gpus']}"
+
+
 def detect_power_throttle(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:
-    """The power brake (WARNING) on any GPU; else the power cap alone (INFO: routine at full load).
-
-    The brake is the PSU's or BMC's signal: it is alerted on, never restarted for (core/policy.py).
-    """
-    latest, samples = _gpu_latest(window, now, cfg)
-    if latest is None:
-        return None
-
-    def brake(s: GpuSample) -> bool:
-        return bool(_reasons(s) & POWER_BRAKE_REASONS)
-
-    def cap(s: GpuSample) -> bool:
-        return POWER_CAP in _reasons(s)
-
-    for pred, severity, what in ((brake, Severity.WARNING, "power brake"), (cap, Severity.INFO, "power cap")):
-        current = {i: s for i, s in samples.items() if pred(s)}
-        if current:
-            evidence = _gpu_evidence(current)
-            return new_finding(
-                latest,
-                K.POWER_THROTTLE,
-                severity,
-                min(_run_start(window, now, i, pred) for i in current),
-                f"{what} on GPU {evidence['gpus']}",
-                **evidence,
-            )
-    return None
+    """The power brake held (WARNING) on any GPU; else the power cap alone (INFO: routine at full
+    load). Both are reported only: the brake is the PSU's or BMC's signal, alerted on, never
+    restarted for (core/policy.py)."""
+    return _clock_finding(window, now, cfg, K.POWER_THROTTLE, POWER_RULES, _power_summary)
 
 
 def _events(observations: Sequence[Observation]) -> list[tuple[Observation, GpuEvent]]:
@@ -238,11 +328,18 @@ def _worse(a: str | None, b: str) -> str:
     return b if a is None or _VERDICT_ORDER.index(b) > _VERDICT_ORDER.index(a) else a
 
 
+def catalogue_verdict(xid: int) -> str | None:
+    """What NVIDIA's XID catalogue makes of ``xid`` where the driver gives no recovery action:
+    XID_BUCKET_VERDICTS for its resolution bucket (None: IGNORE, a note); unknown for any other
+    bucket and for an XID the catalogue does not list."""
+    bucket = xid_resolution(xid)
+    if bucket is not None and bucket in XID_BUCKET_VERDICTS:
+        return XID_BUCKET_VERDICTS[bucket]
+    return VERDICT_UNKNOWN
+
+
 def _fallback_verdict(event: GpuEvent) -> str:
-    if event.kind == "xid":
-        if event.xid in XID_RESET_REQUIRED:
-            return VERDICT_RESET
-        return VERDICT_RESTART if event.xid in XID_RESTART_ONLY else VERDICT_UNKNOWN
+    """A fault event's verdict without the GPU's own (no field 230): by its kind."""
     if event.kind in EVENT_RESET_REQUIRED:
         return VERDICT_RESET
     return VERDICT_RESTART if event.kind in EVENT_RESTART_ONLY else VERDICT_UNKNOWN
@@ -273,15 +370,18 @@ class _Reads:
     cfg: DetectorConfig
     actions: Mapping[int, tuple[float, int]]
 
-    def verdict(self, obs: Observation, event: GpuEvent) -> str:
-        """The event's own recovery action; else one a sample read after the fault; else the
-        XID catalogue's fallback."""
+    def action_after(self, obs: Observation, event: GpuEvent) -> int | None:
+        """The GPU's recovery action on this fault: the one read with the event, else one a
+        sample read after it; None where field 230 could not be read (a driver before R565)."""
         if event.recovery_action is not None:
-            return _action_verdict(event.recovery_action)
+            return event.recovery_action
         read = self.actions.get(event.index) if event.index is not None else None
-        if read is not None and read[0] >= obs.at_s:  # read after the fault: its verdict
-            return _action_verdict(read[1])
-        return _fallback_verdict(event)
+        return read[1] if read is not None and read[0] >= obs.at_s else None
+
+    def verdict(self, obs: Observation, event: GpuEvent) -> str:
+        """A fault event's verdict: the GPU's recovery action, else its kind's (no field 230)."""
+        action = self.action_after(obs, event)
+        return _fallback_verdict(event) if action is None else _action_verdict(action)
 
 
 def _recovery_reads(observations: Sequence[Observation]) -> dict[int, tuple[float, int]]:
@@ -308,14 +408,41 @@ def _lost_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[Fault
     return () if _is_lost_event(event) else None
 
 
+def _recovery_changed_xid(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
+    """XID 154, "GPU recovery action changed": no action of its own (the catalogue: "follow
+    guidance as it applies to another Xid"). The action read says: NONE, a note; anything else,
+    a reset; unreadable, a look."""
+    if event.kind != "xid" or event.xid != XID_RECOVERY_ACTION_CHANGED:
+        return None
+    action = reads.action_after(obs, event)
+    label = f"xid {event.xid} (recovery action changed) on GPU {_where(event)}"
+    if action is None:
+        return (FaultMark(obs.at_s, f"{label}, action unread", VERDICT_UNKNOWN, event.index, event.xid),)
+    verdict = None if action == RECOVERY_NONE else VERDICT_RESET
+    label += f": {recovery_action_name(action)}"
+    return (FaultMark(obs.at_s, label, verdict, event.index, event.xid),)
+
+
 def _xid_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[FaultMark, ...] | None:
-    """An XID: a fault with its verdict, or a note when the engine's own (``xid_engine_level``)
-    or informational (``xid_info_only``)."""
+    """An XID: a fault with the GPU's verdict (field 230), or without one NVIDIA's catalogue's
+    (``catalogue_verdict``); a note when the engine's own (``xid_engine_level``), informational
+    (``xid_info_only``) or IGNORE in the catalogue. Without the GPU's verdict, a listed XID that
+    the catalogue resolves with a reset is not waved through: it needs a look (109, which the
+    device plugin calls the application's and the catalogue RESET_GPU)."""
     if event.kind != "xid" or event.xid is None:
         return None
-    benign = event.xid in reads.cfg.xid_engine_level or event.xid in reads.cfg.xid_info_only
-    verdict = None if benign else reads.verdict(obs, event)
+    action = reads.action_after(obs, event)
+    listed = event.xid in reads.cfg.xid_engine_level or event.xid in reads.cfg.xid_info_only
+    verdict: str | None
+    if listed:
+        verdict = (
+            VERDICT_UNKNOWN if action is None and catalogue_verdict(event.xid) == VERDICT_RESET else None
+        )
+    else:
+        verdict = catalogue_verdict(event.xid) if action is None else _action_verdict(action)
     label = f"xid {event.xid} on GPU {_where(event)}"
+    if action is None and verdict is not None:  # the catalogue's verdict: say which bucket
+        label += f" (no recovery action; NVIDIA's XID catalogue: {xid_resolution(event.xid) or 'not listed'})"
     return (FaultMark(obs.at_s, label, verdict, event.index, event.xid),)
 
 
@@ -349,6 +476,7 @@ def _repair_event(obs: Observation, event: GpuEvent, reads: _Reads) -> tuple[Fau
 # Each event goes to the first rule that claims it; one no rule claims is not a fault.
 EVENT_RULES: Final[tuple[EventRule, ...]] = (
     _lost_event,
+    _recovery_changed_xid,
     _xid_event,
     _recovery_event,
     _fault_event,
@@ -399,10 +527,20 @@ def _standing_marks(latest: Mapping[int, GpuSample], now: float) -> list[FaultMa
             label = f"recovery action {recovery_action_name(sample.recovery_action)} on GPU {index}"
             marks.append(FaultMark(now, label, VERDICT_RESET, index))
         if sample.remap_failed:
-            marks.append(FaultMark(now, f"row remap failed on GPU {index}", VERDICT_RESET, index))
+            # Permanent: nvml.h, failureOccurred is set "if a row remapping ever failed".
+            label = f"row remap failed on GPU {index} (permanent: field diagnostic, RMA)"
+            marks.append(FaultMark(now, label, VERDICT_FIELD_DIAG, index))
         elif sample.remap_pending:
             marks.append(FaultMark(now, f"row remap pending the next reset on GPU {index}"))
     return marks
+
+
+# The finding's summary by its worst verdict.
+_FAULT_WHAT: Final[Mapping[str | None, str]] = {
+    VERDICT_UNKNOWN: "GPU fault with no verdict (the GPU needs a look)",
+    VERDICT_RESET: "GPU fault that needs a GPU reset",
+    VERDICT_FIELD_DIAG: "GPU fault that no reset clears (field diagnostic, RMA)",
+}
 
 
 def _fault_finding(newest: Observation, marks: Sequence[FaultMark]) -> Finding:
@@ -424,9 +562,8 @@ def _fault_finding(newest: Observation, marks: Sequence[FaultMark]) -> Finding:
         evidence["verdicts"] = ",".join(f"{g}={v}" for g, v in sorted(verdicts.items()))
     if any(m.gpu is None for m in critical):  # a critical fault on a device NVML could not name
         evidence["verdict_unknown_gpu"] = "an event's device could not be matched"
-    what = "GPU fault" if critical else "engine-level GPU error (not the GPU's fault)"
-    if VERDICT_RESET in verdicts.values():
-        what = "GPU fault that needs a GPU reset"
+    worst = max(verdicts.values(), key=_VERDICT_ORDER.index, default=None)
+    what = _FAULT_WHAT.get(worst, "GPU fault") if critical else "engine-level GPU error (not the GPU's fault)"
     return new_finding(
         newest,
         K.GPU_FAULT,
@@ -445,8 +582,9 @@ def detect_gpu_fault(window: ObservationWindow, now: float, cfg: DetectorConfig)
     warnings) alone give INFO: the engine faulted, or the GPU recorded a repair, but the GPU is
     not to blame. XID 79 is GPU_LOST's. A critical fault carries a verdict per GPU in its
     ``verdicts`` evidence ("0=reset,1=restart"): the recovery action read after the fault (field
-    230; NONE is "restart", anything else "reset"), else the XID catalogue's fallback table. A
-    recovery action other than NONE, or a failed row remap, is a fault by itself.
+    230; NONE is "restart", anything else "reset"), else NVIDIA's XID catalogue
+    (``catalogue_verdict``: "unknown" where it gives no fix). A recovery action other than NONE
+    is a fault by itself, and so is a failed row remap ("field_diag").
 
     Three sources of marks, then one finding: the events (EVENT_RULES), the ECC counts, and the
     GPUs' standing verdict.
@@ -583,18 +721,23 @@ __all__ = [
     "EVENT_RULES",
     "FAULT_EVENT_KINDS",
     "HW_SLOWDOWN",
+    "HW_THERMAL",
     "LOST_EVENT_KINDS",
-    "POWER_BRAKE_REASONS",
+    "POWER_BRAKE",
     "POWER_CAP",
+    "POWER_RULES",
     "REPAIR_EVENT_KINDS",
-    "THERMAL_REASONS",
+    "SW_THERMAL",
+    "THERMAL_RULES",
+    "VERDICT_FIELD_DIAG",
     "VERDICT_RESET",
     "VERDICT_RESTART",
     "VERDICT_UNKNOWN",
+    "XID_BUCKET_VERDICTS",
     "XID_GPU_LOST",
-    "XID_RESET_REQUIRED",
-    "XID_RESTART_ONLY",
+    "ClockRule",
     "FaultMark",
+    "catalogue_verdict",
     "detect_foreign_gpu_memory",
     "detect_gpu_fault",
     "detect_gpu_lost",

@@ -154,6 +154,26 @@ async def _group_gone(
         await pause(min(GROUP_POLL_S, max(0.0, deadline - aio.now())))
 
 
+# Where a GPU's process list cannot be read, its used memory (nvmlMemory_v2: without the
+# driver's reserved part) below this counts as released: a GPU serves one engine, so what is
+# left after its stop is another process's (or nothing).
+RELEASED_BELOW_BYTES = 256 * 1024**2
+
+
+def _gpu_holders(sample: GpuSample | ProbeFailure, pids: frozenset[int]) -> tuple[list[int], str | None]:
+    """The stopped engine's PIDs still on the GPU, and why the GPU cannot be judged (None: it
+    can). A process list that could not be read (NoPermission, a failed sample) is not an empty
+    one: the GPU's used memory decides then, or nothing does."""
+    if isinstance(sample, ProbeFailure):
+        return [], f"GPU unreadable ({sample})"
+    if sample.processes is None:
+        used = sample.memory_used_bytes
+        if used is not None and used < RELEASED_BELOW_BYTES:
+            return [], None
+        return [], "process list unreadable" + ("" if used is None else f", {used / 1024**3:.1f} GiB used")
+    return [p.pid for p in sample.processes if p.pid in pids or not sample.pids_visible], None
+
+
 async def await_gpu_release(
     spec: EngineSpec,
     pids: Iterable[int],
@@ -164,23 +184,24 @@ async def await_gpu_release(
 
     In a container with its own PID namespace NVML's host PIDs match none of ``pids``
     (``GpuSample.pids_visible`` False): there every process on the engine's GPUs counts, and the
-    wait is for the list to empty (a GPU given to this pod runs only this pod's engines)."""
+    wait is for the list to empty (a GPU given to this pod runs only this pod's engines). A GPU
+    whose list cannot be read is released only when its used memory says so
+    (``RELEASED_BELOW_BYTES``); else the wait runs to ``gpu_release_timeout_s``. A GPU without
+    NVML at all (no sample) is not waited for."""
     if not spec.gpus or spec.gpu_release_timeout_s <= 0:
         return
     pids = frozenset(pids)
     started_s = aio.now()
     deadline = started_s + spec.gpu_release_timeout_s
     while True:
-        holders = sorted(
-            {
-                p.pid
-                for sample in samples_for(spec.gpus).values()
-                if isinstance(sample, GpuSample) and sample.processes
-                for p in sample.processes
-                if p.pid in pids or not sample.pids_visible
-            }
-        )
-        if not holders:
+        holders: set[int] = set()
+        unknown: dict[int, str] = {}
+        for gpu, sample in samples_for(spec.gpus).items():
+            on_gpu, why = _gpu_holders(sample, pids)
+            holders.update(on_gpu)
+            if why is not None:
+                unknown[gpu] = why
+        if not holders and not unknown:
             if aio.now() > started_s:
                 log.info(
                     "GPU memory released %.1f s after the stop",
@@ -189,11 +210,19 @@ async def await_gpu_release(
                 )
             return
         if aio.now() >= deadline:
-            log.warning(
-                "GPU memory still held by stopped engine pid(s) %s after %g s; starting anyway",
-                holders,
-                spec.gpu_release_timeout_s,
-                extra={"engine": spec.name},
-            )
+            if holders:
+                log.warning(
+                    "GPU memory still held by stopped engine pid(s) %s after %g s; starting anyway",
+                    sorted(holders),
+                    spec.gpu_release_timeout_s,
+                    extra={"engine": spec.name},
+                )
+            if unknown:
+                log.warning(
+                    "GPU memory release not known after %g s (%s); starting anyway",
+                    spec.gpu_release_timeout_s,
+                    "; ".join(f"GPU {g}: {why}" for g, why in sorted(unknown.items())),
+                    extra={"engine": spec.name},
+                )
             return
         await aio.wait_any(timeout_s=GPU_RELEASE_POLL_S)

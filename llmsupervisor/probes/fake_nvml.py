@@ -18,12 +18,13 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from llmsupervisor.probes.cpus import parse_cpu_list
 from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, EVENT_KINDS
 
 GIB = 1024**3
+_T = TypeVar("_T")
 MIB = 1024**2
 
 
@@ -61,6 +62,14 @@ class FakeDevice:
     margin_temperature_c: int | None = 45  # nvmlDeviceGetMarginTemperature; None: NotSupported
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
     cpus: tuple[int, ...] = ()  # nvmlDeviceGetCpuAffinity; () = NotSupported
+    # What doctor reads (NvmlReader.facts); None answers NotSupported.
+    persistence_mode: int | None = 1  # NVML_FEATURE_ENABLED
+    ecc_mode: tuple[int, int] | None = (1, 1)  # (current, pending)
+    compute_mode: int | None = 0  # NVML_COMPUTEMODE_DEFAULT
+    pcie_replay_count: int | None = 0
+    # nvmlDeviceGetNvLinkState per link (1 active); None: no NVLink (a PCIe board). An SXM H100
+    # has 18 links.
+    nvlink_states: tuple[int, ...] | None = None
     supported_events: int = 0x1 | 0x2 | 0x8 | 0x200 | 0x400 | 0x800 | 0x1000 | 0x2000 | 0x4000 | 0x8000
     # Function name -> NVML return code it fails with (pynvml.NVML_ERROR_*), e.g.
     # {"nvmlDeviceGetComputeRunningProcesses": NVML_ERROR_NO_PERMISSION}.
@@ -138,7 +147,7 @@ class FakeNvml:
 
     def __getattr__(self, name: str) -> Any:
         # Constants, structs and error classes: the real module's.
-        if name.startswith(("NVML", "nvmlMemory", "nvmlEventType", "c_nvml")):
+        if name.startswith(("NVML", "nvmlMemory", "nvmlEventType", "c_nvml", "SystemDriverBranchInfo")):
             return getattr(self._pynvml, name)
         raise AttributeError(name)
 
@@ -179,7 +188,11 @@ class FakeNvml:
             gate.set()
 
     def push_event(self, index: int, event_type: int, data: int = 0) -> None:
-        """Queue an event; delivered only if its type was registered on that GPU."""
+        """Queue an event; delivered only if its type was registered on that GPU. Only an XID
+        event carries data: nvml.h, nvmlEventData_t.eventData, "eventData is 0 for any other
+        event"."""
+        if event_type != self._pynvml.nvmlEventTypeXidCriticalError:
+            data = 0
         with self._cond:
             if (index, event_type) in self.registered:
                 self._events.append((index, event_type, data))
@@ -189,6 +202,15 @@ class FakeNvml:
 
     def xid(self, index: int, xid: int) -> None:
         self.push_event(index, self._pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    def recovery_action_changed(self, index: int, action: int) -> None:
+        """What an R565+ driver does when a GPU's recovery action changes: field 230 says the new
+        action, and an ``nvmlEventTypeGpuRecoveryAction`` event (data 0) says that it changed."""
+        self.devices[index].fields[self._pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION] = (
+            self._pynvml.NVML_SUCCESS,
+            action,
+        )
+        self.push_event(index, self._pynvml.nvmlEventTypeGpuRecoveryAction)
 
     # -- the functions ---------------------------------------------------------------------
 
@@ -210,6 +232,17 @@ class FakeNvml:
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         return self.cuda_driver_version
+
+    def nvmlSystemGetDriverBranch(self) -> Any:
+        # New in R560 (NVML change log, "v555 and v560"): older drivers lack the symbol. The
+        # branch string is a stand-in (the GPU proof records a real one).
+        major = int(self.driver_version.split(".")[0])
+        if major < 560 or "nvmlSystemGetDriverBranch" in self.missing:
+            raise self._error(self._pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = self._pynvml.c_nvmlSystemDriverBranchInfo_v1_t(0)
+        info.version = self._pynvml.SystemDriverBranchInfo_v1
+        info.branch = f"r{major}_00".encode()
+        return info
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
@@ -325,6 +358,8 @@ class FakeNvml:
         values = (self._pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for i, field_id in enumerate(field_ids):
             ret, value = dev.fields.get(field_id, (self._pynvml.NVML_ERROR_NOT_SUPPORTED, 0))
+            if field_id == self._pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT and dev.nvlink_states is not None:
+                ret, value = self._pynvml.NVML_SUCCESS, len(dev.nvlink_states)
             values[i].fieldId = field_id
             values[i].nvmlReturn = ret
             values[i].valueType = self._pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
@@ -336,6 +371,30 @@ class FakeNvml:
         if dev.remapped_rows is None:
             raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         return dev.remapped_rows
+
+    def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
+        return self._optional(self._dev("nvmlDeviceGetPersistenceMode", h).persistence_mode)
+
+    def nvmlDeviceGetEccMode(self, h: Any) -> list[int]:
+        return list(self._optional(self._dev("nvmlDeviceGetEccMode", h).ecc_mode))
+
+    def nvmlDeviceGetComputeMode(self, h: Any) -> int:
+        return self._optional(self._dev("nvmlDeviceGetComputeMode", h).compute_mode)
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: Any) -> int:
+        return self._optional(self._dev("nvmlDeviceGetPcieReplayCounter", h).pcie_replay_count)
+
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
+        # nvml.h: NOT_SUPPORTED on a device without NVLink, INVALID_ARGUMENT for a link it lacks.
+        states = self._optional(self._dev("nvmlDeviceGetNvLinkState", h).nvlink_states)
+        if not 0 <= link < len(states):
+            raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return states[link]
+
+    def _optional(self, value: _T | None) -> _T:
+        if value is None:
+            raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
 
     def nvmlDeviceGetCpuAffinity(self, h: Any, words: int) -> list[int]:
         dev = self._dev("nvmlDeviceGetCpuAffinity", h)
@@ -416,8 +475,10 @@ class FileNvml(FakeNvml):
     GPUs); ``uuid`` defaults to ``GPU-fake-0000`` style; a top-level ``"pids_visible": false`` plays
     a daemon in a container without hostPID (read once, at start); a top-level ``"init_error":
     "DriverNotLoaded"`` makes every ``nvmlInit`` fail so until the file drops it (a driver that
-    loads after the daemon). Each event is delivered once (by id), and
-    only if its type was registered, as NVML does.
+    loads after the daemon). Each event is delivered once (by id), and only if its type was
+    registered, as NVML does. Only an XID event carries data (nvml.h): a
+    ``{"kind": "gpu_recovery_action"}`` event says the action changed, and the GPU's
+    ``recovery_action`` (field 230) says to what.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

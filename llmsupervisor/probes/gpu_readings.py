@@ -1,6 +1,7 @@
 """What a GPU reading is, for everyone who reads one: ``GpuSample``, ``GpuEvent``, ``GpuLost``, the
 ``GpuReader`` that gives them, and NVML's tables that name what they carry (event kinds, clock-event
-reasons, recovery actions) with their decoders.
+reasons, recovery actions) with their decoders; NVIDIA's XID catalogue (``XID_CATALOGUE``); and
+what ``doctor`` reads besides (``GpuFacts``, ``DriverFacts``, through a ``GpuInspector``).
 
 ::
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from llmsupervisor.errors import SupervisorError
 
@@ -86,6 +87,62 @@ EVENT_NON_FATAL_POISON: Final = 0x1000
 EVENT_FATAL_POISON: Final = 0x2000
 EVENT_GPU_RECOVERY_ACTION: Final = 0x8000
 XID_UNKNOWN: Final = 999  # what NVML reports when it cannot name the XID
+XID_RECOVERY_ACTION_CHANGED: Final = 154  # "GPU recovery action changed": read field 230
+
+# NVIDIA's XID catalogue: the resolution NVIDIA gives each XID ("Analyzing Xid Catalog",
+# https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, its "Resolution" column).
+# NVIDIA ships the same buckets machine-readable in NVIDIA/NVSentinel,
+# distros/kubernetes/nvsentinel/charts/gpu-health-monitor/xiderrorsmapping.csv (checked against
+# it for XIDs 1-162). The daemon reads it only where the driver has no recovery action (field
+# 230, R565+): the GPU's own verdict comes first (detectors/gpu.py, docs/gpu.md).
+XID_RESET_GPU: Final = "RESET_GPU"
+XID_RESTART_BM: Final = "RESTART_BM"  # restart the bare-metal node
+XID_RESTART_VM: Final = "RESTART_VM"
+XID_RESTART_APP: Final = "RESTART_APP"
+XID_IGNORE: Final = "IGNORE"
+XID_REPORT_ISSUE: Final = "UNEXPECTED_ERR_REPORT_ISSUE"  # NVIDIA does not expect it: report it
+
+
+def _xids(*spans: int | tuple[int, int]) -> frozenset[int]:
+    """XIDs from single numbers and inclusive (first, last) ranges."""
+    out: set[int] = set()
+    for span in spans:
+        first, last = span if isinstance(span, tuple) else (span, span)
+        out.update(range(first, last + 1))
+    return frozenset(out)
+
+
+_XID_BUCKETS: Final[tuple[tuple[str, frozenset[int]], ...]] = (
+    (XID_RESET_GPU, _xids(46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158, 162)),
+    (XID_RESTART_BM, _xids(79, 160)),
+    (XID_RESTART_VM, _xids(151)),
+    ("WORKFLOW_XID_48", _xids(48)),  # double-bit ECC: "reboot the system (or reset GPUs)"
+    ("WORKFLOW_XID_45", _xids(45)),  # preemptive cleanup: follows an earlier error
+    ("WORKFLOW_NVLINK_ERR", _xids(74)),
+    ("WORKFLOW_NVLINK5_ERR", _xids((144, 150))),
+    ("CHECK_MECHANICALS", _xids(54)),
+    ("UPDATE_SWFW", _xids(78)),
+    ("CHECK_UVM", _xids(159)),
+    ("FOLLOW_OTHER_XID", _xids(XID_RECOVERY_ACTION_CHANGED)),  # "as it applies to another Xid"
+    (
+        XID_RESTART_APP,
+        _xids(8, 11, 13, 25, 31, 32, (39, 41), 60, (68, 72), (75, 77), 80, (82, 86), 88, 89, 94),
+    ),
+    (XID_RESTART_APP, _xids((96, 105), (126, 135), 139)),
+    (XID_IGNORE, _xids(14, 37, 38, 43, 44, 63, 66, 67, 92, 93, 106, 107, 121, 137, 141, 152, 153)),
+    (XID_IGNORE, _xids(157, 161)),
+    (
+        XID_REPORT_ISSUE,
+        _xids((1, 7), 9, 10, 12, (15, 24), (26, 30), (33, 36), 42, 47, (49, 53), (55, 59), 61, 65, 73),
+    ),
+    (XID_REPORT_ISSUE, _xids(81, 87, 90, 91, 108, (111, 118), (122, 125), 138, 142)),
+)
+XID_CATALOGUE: Final[Mapping[int, str]] = {xid: bucket for bucket, xids in _XID_BUCKETS for xid in xids}
+
+
+def xid_resolution(xid: int) -> str | None:
+    """NVIDIA's resolution bucket for ``xid`` (XID_CATALOGUE); None for an XID it does not list."""
+    return XID_CATALOGUE.get(xid)
 
 
 class GpuLost(SupervisorError):
@@ -135,8 +192,13 @@ class GpuSample:
     remap_failed: bool | None = None  # a row could not be remapped: the GPU needs a reset
     slowdown_temperature_c: int | None = None  # the board's own thresholds
     max_operating_temperature_c: int | None = None
-    thermal_throttle_ns: int | None = None  # fields 269 + 270: time throttled for heat, cumulative
-    power_brake_ns: int | None = None  # field 271
+    # Time with the clocks held back since the driver loaded, in ns (fields 269, 270, 271; read on
+    # R580+ drivers only, where nvml.h gives them these ids): a duration, where the clock-event
+    # mask is one instant. SW thermal is Boost holding the GPU at its max operating temperature;
+    # HW thermal halves the clocks or more.
+    sw_thermal_ns: int | None = None
+    hw_thermal_ns: int | None = None
+    power_brake_ns: int | None = None
     mig_enabled: bool | None = None  # nvmlDeviceGetMigMode, current mode; None = no MIG on this board
     # Whether ``processes``' PIDs are this daemon's: False in a container with its own PID
     # namespace, where NVML's host PIDs match nothing in our /proc.
@@ -146,6 +208,12 @@ class GpuSample:
     # event set after a registration failed (nvml.h: UNKNOWN leaves the set "in undefined state").
     # None: its events are watched, or it supports none.
     events_unwatched: str | None = None
+
+    @property
+    def thermal_throttle_ns(self) -> int | None:
+        """SW plus HW thermal slowdown time (the ``gpu_thermal_throttle_seconds_total`` metric)."""
+        known = [ns for ns in (self.sw_thermal_ns, self.hw_thermal_ns) if ns is not None]
+        return sum(known) if known else None
 
     @property
     def clock_event_reason_names(self) -> frozenset[str]:
@@ -201,6 +269,61 @@ class NvmlHealth:
     needed: bool = True
 
 
+# nvmlComputeMode_t (nvml.h): who may create a CUDA context on the GPU.
+COMPUTE_MODES: Final[Mapping[int, str]] = {
+    0: "default",
+    1: "exclusive_thread",
+    2: "prohibited",
+    3: "exclusive_process",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuFacts:
+    """What ``doctor`` reports of one GPU beyond a sample: its settings and link health. Each is
+    None where the board or driver does not support the reading (NVMLError_NotSupported, or a
+    function this driver lacks); a reading that failed otherwise is named in ``unread``."""
+
+    uuid: str
+    persistence_mode: bool | None = None  # nvmlDeviceGetPersistenceMode
+    ecc_enabled: bool | None = None  # nvmlDeviceGetEccMode: current
+    ecc_pending: bool | None = None  # and after the next reset
+    compute_mode: int | None = None  # nvmlDeviceGetComputeMode: COMPUTE_MODES
+    pcie_replay_count: int | None = None  # nvmlDeviceGetPcieReplayCounter: since the driver loaded
+    nvlinks_active: int | None = None  # nvmlDeviceGetNvLinkState over the GPU's links
+    nvlinks: int | None = None  # the links NVML answers for; None: no NVLink (a PCIe board)
+    # Field 230's own return code: True where the driver answers it (R565+), so the GPU's verdict
+    # on a fault is read; False where it does not, and XIDs are judged by XID_CATALOGUE.
+    recovery_action_supported: bool | None = None
+    unread: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriverFacts:
+    """The driver under NVML (nvmlSystemGetDriverVersion, nvmlSystemGetDriverBranch on R560+,
+    nvmlSystemGetNVMLVersion); None where this driver does not say."""
+
+    version: str | None = None  # "580.159.04"
+    branch: str | None = None
+    nvml_version: str | None = None
+
+    @property
+    def major(self) -> int | None:
+        """The driver's major version (580 for "580.159.04"): its branch, R580."""
+        head = (self.version or "").split(".", 1)[0]
+        return int(head) if head.isdigit() else None
+
+
+@runtime_checkable
+class GpuInspector(Protocol):
+    """What ``doctor`` asks of a reader besides ``GpuReader``'s calls (``nvml.NvmlReader`` has it;
+    the sample-level doubles do not). Blocking, like every NVML call."""
+
+    def driver(self) -> DriverFacts: ...
+
+    def facts(self, uuid: str) -> GpuFacts: ...
+
+
 class GpuReader(Protocol):
     """What the daemon uses of NVML. Every call blocks; run them through ``ThreadedGpuReader``."""
 
@@ -230,6 +353,7 @@ class GpuReader(Protocol):
 
 __all__ = [
     "CLOCK_EVENT_REASONS",
+    "COMPUTE_MODES",
     "EVENT_DOUBLE_BIT_ECC",
     "EVENT_DRAM_RETIREMENT",
     "EVENT_DRAM_RETIREMENT_FAILURE",
@@ -242,8 +366,19 @@ __all__ = [
     "EVENT_XID",
     "RECOVERY_ACTIONS",
     "RECOVERY_NONE",
+    "XID_CATALOGUE",
+    "XID_IGNORE",
+    "XID_RECOVERY_ACTION_CHANGED",
+    "XID_REPORT_ISSUE",
+    "XID_RESET_GPU",
+    "XID_RESTART_APP",
+    "XID_RESTART_BM",
+    "XID_RESTART_VM",
     "XID_UNKNOWN",
+    "DriverFacts",
     "GpuEvent",
+    "GpuFacts",
+    "GpuInspector",
     "GpuLost",
     "GpuProcess",
     "GpuReader",
@@ -251,4 +386,5 @@ __all__ = [
     "NvmlHealth",
     "decode_clock_event_reasons",
     "recovery_action_name",
+    "xid_resolution",
 ]

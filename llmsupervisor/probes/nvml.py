@@ -46,7 +46,9 @@ from llmsupervisor.probes.gpu_readings import (
     EVENT_NON_FATAL_POISON,
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID,
+    DriverFacts,
     GpuEvent,
+    GpuFacts,
     GpuLost,
     GpuProcess,
     GpuSample,
@@ -64,14 +66,21 @@ NVML_SUCCESS: Final = 0
 NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: Final = 1
 NVML_TEMPERATURE_THRESHOLD_GPU_MAX: Final = 3
 NVML_DEVICE_MIG_ENABLE: Final = 1
+NVML_FEATURE_ENABLED: Final = 1
 # nvmlDeviceGetFieldValues field ids (nvml.h; nvidia-ml-py 13.615 names them NVML_FI_DEV_*).
 FI_GPU_RECOVERY_ACTION: Final = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: the GPU's own verdict
 # Time spent throttled since the driver loaded, in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_*): a
-# duration, where the clock-event mask is one instant.
+# duration, where the clock-event mask is one instant. These ids are R580's: the NVML change log
+# for R575 to R580 "adjusted NVML_FI_DEV_CLOCKS_EVENT_REASON_* ... numbering to resolve overlap
+# with NVML_FI_PWR_SMOOTHING_*" (the 12.9 header has them at 251-253, and 269-271 are power
+# smoothing fields there). So they are read on R580 and later only, and the detectors check that
+# each behaves as a duration counter (detectors/gpu.py ``_counter_share``).
 FI_SW_THERMAL_NS: Final = 269
 FI_HW_THERMAL_NS: Final = 270
 FI_HW_POWER_BRAKE_NS: Final = 271
+DURATION_FIELDS_SINCE: Final = 580  # the driver branch that numbers the duration counters so
 SAMPLE_FIELDS: Final = (FI_GPU_RECOVERY_ACTION, FI_SW_THERMAL_NS, FI_HW_THERMAL_NS, FI_HW_POWER_BRAKE_NS)
+FI_NVLINK_LINK_COUNT: Final = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 
 # Every type the detectors act on (detectors/gpu.py); registered where the GPU supports it
 # (nvmlDeviceGetSupportedEventTypes), one bit at a time. Clock and P-state changes are left out:
@@ -88,13 +97,17 @@ DEFAULT_EVENT_TYPES: Final = (
     | EVENT_GPU_UNAVAILABLE
     | EVENT_GPU_RECOVERY_ACTION
 )
-# After these the GPU's recovery action is read at once and carried on the event.
+# After these the GPU's recovery action is read at once and carried on the event. The
+# recovery-action event is one of them: its eventData is 0 (nvml.h, nvmlEventData_t: "Stores Xid
+# error ... in the event of nvmlEventTypeXidCriticalError, eventData is 0 for any other event"),
+# so the new action is field 230's.
 _VERDICT_EVENTS: Final = (
     EVENT_XID
     | EVENT_DOUBLE_BIT_ECC
     | EVENT_DRAM_RETIREMENT_FAILURE
     | EVENT_NON_FATAL_POISON
     | EVENT_FATAL_POISON
+    | EVENT_GPU_RECOVERY_ACTION
 )
 
 # Binding error class name -> (NvmlUnavailable.reason, what it means for the operator).
@@ -212,6 +225,7 @@ class NvmlReader:
         self._initialised = False
         self._event_set: Any = None
         self.event_wait_errors = 0  # nvmlEventSetWait errors other than a timeout
+        self._driver: DriverFacts | None = None
         # Held for the whole of nvmlEventSetWait, so close() never frees the set under a waiter.
         self._event_lock = threading.Lock()
 
@@ -469,24 +483,52 @@ class NvmlReader:
             f" {left_out}, watching GPU(s) {watched or 'none'}"
         )
 
-    def _fields(self, dev: _Device, readings: _Readings | None) -> dict[int, int]:
-        """The sample fields that answered, by id. Each field has its own return code
-        (``c_nvmlFieldValue_t.nvmlReturn``): a driver without field 230 still gives the others."""
+    def driver(self) -> DriverFacts:
+        """The driver's version and branch, read once (``open`` first). A reading this driver
+        lacks (nvmlSystemGetDriverBranch before R560) is None."""
+        if self._driver is None:
+            version = branch = nvml_version = None
+            with contextlib.suppress(Exception):
+                version = _text(self._lib.nvmlSystemGetDriverVersion())
+            with contextlib.suppress(Exception):
+                branch = _text(self._lib.nvmlSystemGetDriverBranch().branch) or None
+            with contextlib.suppress(Exception):
+                nvml_version = _text(self._lib.nvmlSystemGetNVMLVersion())
+            self._driver = DriverFacts(version=version, branch=branch, nvml_version=nvml_version)
+        return self._driver
+
+    def _sample_fields(self) -> tuple[int, ...]:
+        """Field 230, and the duration counters where the driver gives them these ids (R580+;
+        a driver that does not say its version gets field 230 only)."""
+        major = self.driver().major
+        if major is not None and major >= DURATION_FIELDS_SINCE:
+            return SAMPLE_FIELDS
+        return (FI_GPU_RECOVERY_ACTION,)
+
+    def _field_values(
+        self, dev: _Device, ids: Sequence[int], readings: _Readings | None
+    ) -> dict[int, tuple[int, int]]:
+        """(per-field return code, value) by field id; {} when the call itself failed."""
         values = self._read(
             ("nvmlDeviceGetFieldValues",),
             dev.uuid,
             dev.handle,
-            list(SAMPLE_FIELDS),
+            list(ids),
             readings=readings,
             what="field values",
         )
-        found: dict[int, int] = {}
+        found: dict[int, tuple[int, int]] = {}
         for value in values or ():
-            if int(value.nvmlReturn) != NVML_SUCCESS:
-                continue
+            ret = int(value.nvmlReturn)
             member = VALUE_MEMBERS.get(int(value.valueType), "ullVal")
-            found[int(value.fieldId)] = int(getattr(value.value, member))
+            found[int(value.fieldId)] = (ret, int(getattr(value.value, member)) if ret == NVML_SUCCESS else 0)
         return found
+
+    def _fields(self, dev: _Device, readings: _Readings | None) -> dict[int, int]:
+        """The sample fields that answered, by id. Each field has its own return code
+        (``c_nvmlFieldValue_t.nvmlReturn``): a driver without field 230 still gives the others."""
+        values = self._field_values(dev, self._sample_fields(), readings)
+        return {field_id: value for field_id, (ret, value) in values.items() if ret == NVML_SUCCESS}
 
     def _thresholds(self, dev: _Device, readings: _Readings) -> tuple[int | None, int | None]:
         if dev.thresholds is None:
@@ -504,6 +546,15 @@ class NvmlReader:
             if readings.failed and readings.failed[-1][0] == "temperature thresholds":
                 return got[0], got[1]  # try again next time
             dev.thresholds = (got[0], got[1])
+            if got[0] is None:
+                # Read once per GPU, so said once (issue 36, L3): nvml.h calls the threshold API
+                # "no longer the preferred interface" from Ada on, and support may go.
+                log.warning(
+                    "NVML: GPU %s reports no slowdown temperature (nvmlDeviceGetTemperatureThreshold"
+                    " not supported): THERMAL is judged by the clock-event reasons alone there, and"
+                    " the LlmSupervisorGpuHot alert has no threshold series for it",
+                    dev.uuid,
+                )
         return dev.thresholds
 
     def _memory(self, dev: _Device, readings: _Readings) -> tuple[int | None, int | None, int | None]:
@@ -579,7 +630,6 @@ class NvmlReader:
             first = r.failed[0][1]
             translated = self._translate(first, uuid)
             raise translated from first
-        thermal = [fields[f] for f in (FI_SW_THERMAL_NS, FI_HW_THERMAL_NS) if f in fields]
         return GpuSample(
             index=dev.index,
             uuid=uuid,
@@ -609,13 +659,65 @@ class NvmlReader:
             remap_failed=None if remapped is None else bool(remapped[3]),
             slowdown_temperature_c=slowdown_c,
             max_operating_temperature_c=max_c,
-            thermal_throttle_ns=sum(thermal) if thermal else None,
+            sw_thermal_ns=fields.get(FI_SW_THERMAL_NS),
+            hw_thermal_ns=fields.get(FI_HW_THERMAL_NS),
             power_brake_ns=fields.get(FI_HW_POWER_BRAKE_NS),
             mig_enabled=dev.mig_enabled,
             pids_visible=self._pids_visible,
             unread=tuple(f"{what}: {type(exc).__name__}" for what, exc in r.failed),
             events_unwatched=dev.unwatched,
         )
+
+    def facts(self, uuid: str) -> GpuFacts:
+        """What ``doctor`` reports of one GPU (``GpuFacts``): settings and link health, each read
+        on its own; NotSupported or a function this driver lacks is None."""
+        dev = self._devices[uuid]
+        r = _Readings()
+
+        def read(name: str, *args: Any) -> Any:
+            return self._read(
+                (name,), uuid, dev.handle, *args, readings=r, what=name.removeprefix("nvmlDevice")
+            )
+
+        persistence = read("nvmlDeviceGetPersistenceMode")
+        ecc = read("nvmlDeviceGetEccMode")
+        compute = read("nvmlDeviceGetComputeMode")
+        replays = read("nvmlDeviceGetPcieReplayCounter")
+        fields = self._field_values(dev, (FI_GPU_RECOVERY_ACTION, FI_NVLINK_LINK_COUNT), r)
+        action_ret = fields.get(FI_GPU_RECOVERY_ACTION, (None, 0))[0]
+        active, links = self._nvlinks(dev, fields.get(FI_NVLINK_LINK_COUNT))
+        return GpuFacts(
+            uuid=uuid,
+            persistence_mode=None if persistence is None else int(persistence) == NVML_FEATURE_ENABLED,
+            ecc_enabled=None if ecc is None else int(ecc[0]) == NVML_FEATURE_ENABLED,
+            ecc_pending=None if ecc is None else int(ecc[1]) == NVML_FEATURE_ENABLED,
+            compute_mode=None if compute is None else int(compute),
+            pcie_replay_count=None if replays is None else int(replays),
+            nvlinks_active=active,
+            nvlinks=links,
+            recovery_action_supported=None if action_ret is None else action_ret == NVML_SUCCESS,
+            unread=tuple(f"{what}: {type(exc).__name__}" for what, exc in r.failed),
+        )
+
+    def _nvlinks(self, dev: _Device, count: tuple[int, int] | None) -> tuple[int | None, int | None]:
+        """(active, links) from nvmlDeviceGetNvLinkState: over the link count field where it
+        answers, else link by link until NVML refuses the link (INVALID_ARGUMENT past the last,
+        NOT_SUPPORTED on a board without NVLink). (None, None): no NVLink."""
+        known = count is not None and count[0] == NVML_SUCCESS
+        limit = (
+            count[1] if known and count is not None else int(getattr(self._lib, "NVML_NVLINK_MAX_LINKS", 18))
+        )
+        states: list[int] = []
+        for link in range(limit):
+            try:
+                states.append(int(self._lib.nvmlDeviceGetNvLinkState(dev.handle, link)))
+            except Exception:
+                if known:
+                    continue  # a link the count names that does not answer: not active
+                break
+        if not states and not (known and limit):
+            return None, None
+        return sum(1 for state in states if state), (limit if known else len(states))
 
     def cpu_affinity(self, uuid: str) -> frozenset[int] | None:
         # A bitmask in unsigned longs (64 bits here), CPU n at bit n % 64 of word n // 64.
@@ -651,9 +753,7 @@ class NvmlReader:
                 EVENT_KINDS.get(event_type, hex(event_type)),
             )
         action: int | None = None
-        if event_type & EVENT_GPU_RECOVERY_ACTION:
-            action = int(data.eventData)  # the event's data is the new action, not an XID
-        elif event_type & _VERDICT_EVENTS and dev is not None:
+        if event_type & _VERDICT_EVENTS and dev is not None:
             # The GPU's verdict on this fault, read now (docs/gpu.md): NONE restarts the engine;
             # anything else needs a reset first.
             with contextlib.suppress(Exception):

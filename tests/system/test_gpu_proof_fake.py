@@ -83,7 +83,8 @@ def test_the_fake_run_prints_one_line_per_check_in_order_with_cuda_parts_skipped
     assert len(faults["wait"]["waits_s"]) == 1 and faults["wait"]["samples_meanwhile"] > 0
 
     # The scripted hot, power-capped GPU 0 reached the detectors; default sustain opens nothing.
-    assert {"thermal/warning", "power_throttle/info"} <= set(thermal["detectors_raw"])
+    # SW thermal alone is INFO (issue 36, M1: boost at the max operating temperature).
+    assert {"thermal/info", "power_throttle/info"} <= set(thermal["detectors_raw"])
     assert thermal["burn"]["0"]["reasons_seen"] == ["sw_power_cap", "sw_thermal"]
     assert thermal["idle"]["1"]["reasons_seen"] == ["gpu_idle"]
     assert thermal["throttle_seconds_delta"]["269"] > 0

@@ -22,7 +22,7 @@ from llmsupervisor.core.node_condition import (
 )
 from llmsupervisor.core.policy import finding_gpus
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.daemon.actions import GpuMarks
+from llmsupervisor.daemon.actions import GpuMarks, blocked_reason
 from llmsupervisor.daemon.agent import agent_reply
 from llmsupervisor.engine.status import EngineStatus
 from tests.lib.endpoints import serve_endpoints
@@ -42,21 +42,21 @@ def status(name: str, gpus: tuple[int, ...]) -> EngineStatus:
 
 
 @pytest.mark.parametrize(
-    ("reason", "marks_before", "verdict", "unrecoverable"),
+    ("reason", "verdict", "unrecoverable"),
     [
-        ("gpu_lost", 0, "unknown", True),  # no restart brings a GPU back onto the bus
-        ("gpu_lost", 3, "restart", True),
-        ("gpu_fault", 0, "reset", True),  # the GPU says reset (or XID 48/95/64/119/120): at once
-        ("gpu_fault", 5, "restart", False),  # recovery action NONE: restart and count, never more
-        ("gpu_fault", 0, "unknown", False),  # no verdict: one fault may be one bad kernel
-        ("gpu_fault", 1, "unknown", True),  # the second in the window on the same GPU: the hardware
-        ("hang", 5, "reset", False),  # not a GPU-marking cause
+        ("gpu_lost", "unknown", True),  # no restart brings a GPU back onto the bus
+        ("gpu_lost", "restart", True),
+        ("gpu_fault", "reset", True),  # the GPU says reset (or XID 48/95/64/62/46... without it)
+        ("gpu_fault", "field_diag", True),  # a failed row remap: no reset clears it
+        ("gpu_fault", "restart", False),  # recovery action NONE: restart and count, never more
+        # No verdict (no field 230, an XID the catalogue gives no fix for): a look, at once; a
+        # restart on a GPU nobody judged would loop (issue 36, M4).
+        ("gpu_fault", "unknown", True),
+        ("hang", "reset", False),  # not a GPU-marking cause
     ],
 )
-def test_which_faults_make_a_gpu_unrecoverable(
-    reason: str, marks_before: int, verdict: str, unrecoverable: bool
-) -> None:
-    assert gpu_unrecoverable(reason, marks_before, verdict) is unrecoverable
+def test_which_faults_make_a_gpu_unrecoverable(reason: str, verdict: str, unrecoverable: bool) -> None:
+    assert gpu_unrecoverable(reason, verdict) is unrecoverable
 
 
 def test_engine_blocked_by_a_condition_on_any_of_its_gpus() -> None:
@@ -64,26 +64,49 @@ def test_engine_blocked_by_a_condition_on_any_of_its_gpus() -> None:
     assert engine_blocked((0, 1), (LOST,)) == LOST
 
 
-def test_marks_set_the_condition_on_the_second_unknown_fault_and_keep_it_for_this_boot(
+def test_a_fault_with_no_verdict_sets_the_condition_at_once_and_keeps_it_for_this_boot(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "gpu-faults.json"
     marks = GpuMarks(path, gpus=on(UUIDS), boot="boot-1")
-    assert marks.mark((0,), "GPU fault: xid 61 on GPU 0", reason="gpu_fault") == []
-    assert marks.conditions == ()
-    new = marks.mark((0,), "GPU fault: xid 61 on GPU 0", reason="gpu_fault")
+    new = marks.mark((0,), "GPU fault: xid 61 on GPU 0", reason="gpu_fault", verdicts={0: "unknown"})
     assert new == [
-        NodeCondition(GPU_UNRECOVERABLE, 0, "gpu_fault (fault 2): GPU fault: xid 61 on GPU 0", "GPU-aaaa")
+        NodeCondition(
+            GPU_UNRECOVERABLE,
+            0,
+            "gpu_fault (needs a look: no recovery action, and no fix in NVIDIA's XID catalogue):"
+            " GPU fault: xid 61 on GPU 0",
+            "GPU-aaaa",
+            "unknown",
+        )
     ]
     assert marks.conditions == tuple(new)
-    # Set once: a third fault neither repeats it nor changes its reason.
+    # Set once: a second fault neither repeats it nor changes its reason.
     assert marks.mark((0,), "again", reason="gpu_fault") == []
     assert marks.conditions == tuple(new)
     # A daemon restart in the same boot keeps it; a reboot (the usual remediation) clears it,
     # and keeps the count within the window.
     assert GpuMarks(path, gpus=on(UUIDS), boot="boot-1").conditions == tuple(new)
     rebooted = GpuMarks(path, gpus=on(UUIDS), boot="boot-2")
-    assert rebooted.conditions == () and rebooted.counts == {0: 3}
+    assert rebooted.conditions == () and rebooted.counts == {0: 2}
+    # What clears it, per verdict: a look then `gpu clear`; never `gpu clear` for a failed remap.
+    assert "XID catalogue" in blocked_reason(new[0]) and "gpu clear GPU-aaaa" in blocked_reason(new[0])
+
+
+def test_a_failed_row_remap_is_permanent_and_says_field_diagnostic_not_gpu_clear(tmp_path: Path) -> None:
+    """Issue 36, L6: nvml.h sets failureOccurred "if a row remapping ever failed": no reset
+    clears it, so the condition names a field diagnostic and an RMA, not a reset and `gpu clear`."""
+    marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
+    (condition,) = marks.mark(
+        (1,), "row remap failed on GPU 1", reason="gpu_fault", verdicts={1: "field_diag"}
+    )
+    assert condition.verdict == "field_diag" and "RMA" in condition.reason
+    why = blocked_reason(condition)
+    assert "field diagnostic" in why and "RMA" in why
+    assert "gpu clear" not in why and "after the reset" not in why
+    assert condition.as_json()["verdict"] == "field_diag"
+    reset = marks.mark((0,), "xid 48 on GPU 0", reason="gpu_fault", verdicts={0: "reset"})
+    assert "after the reset, llm-supervisor gpu clear GPU-aaaa" in blocked_reason(reset[0])
 
 
 def test_an_operator_clears_a_condition_after_a_reset_and_the_marks_stay(tmp_path: Path) -> None:
@@ -139,10 +162,11 @@ def test_a_mark_follows_the_uuid_not_the_index_after_a_reorder(tmp_path: Path) -
 def test_marks_expire_after_the_window(tmp_path: Path) -> None:
     now = [1_000_000.0]
     marks = GpuMarks(tmp_path / "m.json", gpus=on(UUIDS), boot="b", window_s=3600, clock=lambda: now[0])
-    marks.mark((0,), "xid 61", reason="gpu_fault")
+    marks.mark((0,), "xid 94", reason="gpu_fault", verdicts={0: "restart"})
     now[0] += 3601
     assert marks.counts == {}
-    assert marks.mark((0,), "xid 61", reason="gpu_fault") == []  # the first is history: no condition
+    marks.mark((0,), "xid 94", reason="gpu_fault", verdicts={0: "restart"})
+    assert marks.counts == {0: 1}  # the first is history
 
 
 def test_the_old_by_index_file_is_ignored(tmp_path: Path) -> None:
@@ -183,10 +207,24 @@ def test_status_says_the_condition() -> None:
     assert "Node condition gpu_unrecoverable on GPU 1: gpu_lost (fault 1): GPU 1 lost" in text
 
 
+def test_status_says_which_way_each_gpus_faults_are_judged() -> None:
+    # Issue 36 (M4): the recovery action read (field 230), or NVIDIA's XID catalogue without it.
+    status = {
+        "engines": {},
+        "gpu_verdicts": {"0": "recovery_action", "1": "xid_catalogue", "2": "xid_catalogue"},
+    }
+    lines = format_status(status).splitlines()
+    assert "GPU faults judged by the GPU's recovery action (field 230): GPU 0" in lines
+    assert (
+        "GPU faults judged by NVIDIA's XID catalogue (the driver has no recovery action, R565+ needed):"
+        " GPU 1,2" in lines
+    )
+
+
 def test_a_tensor_parallel_engine_marks_only_the_gpu_the_fault_was_on(tmp_path: Path) -> None:
     marks = GpuMarks(tmp_path / "gpu-faults.json", gpus=on(UUIDS), boot="b")
     for _ in range(2):
-        marks.mark((0, 1), "xid 48 on GPU 1", reason="gpu_fault", faulted=(1,))
+        marks.mark((0, 1), "xid 48 on GPU 1", reason="gpu_fault", faulted=(1,), verdicts={1: "reset"})
     assert marks.counts == {1: 2} and [c.gpu for c in marks.conditions] == [1]
     # A finding that names no GPU of the engine (or none at all) counts against all of them.
     marks.mark((2, 3), "ECC", reason="gpu_fault", faulted=None)

@@ -122,22 +122,44 @@ def test_ladder_steps_down_on_load_causes(cause: FindingKind) -> None:
     assert (action.kind, action.step, action.planned, action.drain) == (A.STEP_DOWN, 1, True, True)
 
 
+def test_a_warm_gpu_is_reported_not_stepped_down_and_does_not_hold_the_ladder_down() -> None:
+    """Issue 36 (M1): THERMAL INFO (SW thermal alone: Boost at the max operating temperature)
+    steps nothing down, and an engine on a lower step still steps up after the calm period."""
+    warm = finding(K.THERMAL, Severity.INFO)
+    assert run(view("e1", warm, ladder_steps=2, ladder_step=0)).actions == ()
+    lower = view(
+        "e1",
+        warm,
+        ladder_steps=2,
+        ladder_step=1,
+        ladder_changed_s=0.0,
+        step_cause_seen_s=0.0,
+        rules=EngineRules(ladder_calm_s=1800),
+    )
+    (action,) = run(lower, now_s=1_800.0).actions
+    assert (action.kind, action.step) == (A.STEP_UP, 0)
+
+
 def test_the_power_brake_is_alerted_on_not_restarted_for() -> None:
     # Issue 23: the PSU/BMC asserts the brake; a smaller batch does not clear it.
     assert run(view("e1", finding(K.POWER_THROTTLE), ladder_steps=2, ladder_step=0)).actions == ()
 
 
-def test_a_gpu_that_needs_a_reset_is_marked_even_while_the_engine_starts() -> None:
+# Issue 36 (M4, L6): every verdict that sets the node condition, "unknown" (a look) and
+# "field_diag" (a failed remap) as "reset": marked, not left to the start-failure budget (which
+# would restart the engine on a GPU nobody judged).
+@pytest.mark.parametrize("verdict", ["reset", "unknown", "field_diag"])
+def test_a_gpu_that_needs_a_reset_is_marked_even_while_the_engine_starts(verdict: str) -> None:
     reset = Finding(
         engine="e1",
         kind=K.GPU_FAULT,
         severity=Severity.CRITICAL,
-        evidence={"gpus": "0", "verdicts": "0=reset"},
+        evidence={"gpus": "0", "verdicts": f"0={verdict}"},
         since_s=0.0,
         summary="GPU fault that needs a GPU reset: xid 48 on GPU 0",
     )
     (action,) = run(view("e1", reset, state=S.STARTING)).actions
-    assert action.mark_gpus and action.gpu_verdicts == ((0, "reset"),) and action.fault_gpus == (0,)
+    assert action.mark_gpus and action.gpu_verdicts == ((0, verdict),) and action.fault_gpus == (0,)
     # An app-level or restart-class fault during a start is the start's business: no mark.
     restart = dataclasses.replace(reset, evidence={"gpus": "0", "verdicts": "0=restart"})
     assert run(view("e1", restart, state=S.STARTING)).actions == ()

@@ -66,7 +66,7 @@ def test_a_hung_engine_gets_a_restart_that_counts_as_a_failure(tmp_path: Path) -
         (K.HANG, {"rule": "frozen", "hung_pid": 8, "hung_role": "engine_core"}, Blame(pid=8)),
         (K.HANG, {"rule": "deadlines"}, Blame()),
         (K.STALL, {}, Blame()),
-        (K.GPU_FAULT, {"gpus": "0"}, None),  # no stacks for a GPU fault: nothing to blame
+        (K.GPU_FAULT, {"gpus": "0", "verdicts": "0=restart"}, None),  # no stacks: nothing to blame
     ],
     ids=["stopped", "stopped-old", "front", "front-rule-only", "frozen", "deadlines", "stall", "gpu-fault"],
 )
@@ -145,6 +145,17 @@ def test_oom_at_start_steps_the_next_spawn_down_without_a_restart(tmp_path: Path
     assert [c for _, c in sent.commands] == [
         StepTo(1, "oom_at_start: the last start ran out of memory: the next one starts a step down")
     ]
+
+
+def test_a_report_only_thermal_finding_is_no_step_down_cause_for_the_calm(tmp_path: Path) -> None:
+    """Issue 36 (M1): the policy's memory counts the calm before a step up from the last
+    step-down cause it saw; THERMAL INFO (SW thermal, Boost at the max operating temperature) is
+    none, THERMAL WARNING is one."""
+    rec, _sent = reconciler(tmp_path)
+    run(rec, status("e0", findings=(finding(K.THERMAL, Severity.INFO),)), now=10_000)
+    assert rec.memory.of("e0").step_cause_seen_s is None
+    run(rec, status("e0", findings=(finding(K.THERMAL, Severity.WARNING),)), now=10_010)
+    assert rec.memory.of("e0").step_cause_seen_s == 10_010
 
 
 def test_gpu_faults_mark_the_engines_gpus(tmp_path: Path) -> None:

@@ -19,7 +19,16 @@ from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus, Incarnation
 from llmsupervisor.probes.gpu_readings import GpuSample
 
-TOP_KEYS = {"pid", "config", "engines", "gpu_faults_marked", "node_conditions", "state_files_unsaved", "nvml"}
+TOP_KEYS = {
+    "pid",
+    "config",
+    "engines",
+    "gpu_faults_marked",
+    "node_conditions",
+    "state_files_unsaved",
+    "nvml",
+    "gpu_verdicts",
+}
 ENGINE_KEYS = {
     "state", "hold", "phase", "reason", "for_s", "pid", "incarnation", "state_changes", "model", "port",
     "gpus", "hold_unsaved",
@@ -137,6 +146,8 @@ def test_the_status_json_values_for_a_busy_and_an_idle_engine() -> None:
     assert doc["config"] == "/etc/llm-supervisor/config.yaml"
     assert doc["gpu_faults_marked"] == {"1": 2}
     assert doc["node_conditions"][0]["gpu"] == 1
+    # Issue 36 (M4): which way each GPU's faults are judged; these samples read no field 230.
+    assert doc["gpu_verdicts"] == {"0": "xid_catalogue", "1": "xid_catalogue"}
     busy = doc["engines"]["gpu0"]
     assert busy == {
         **busy,

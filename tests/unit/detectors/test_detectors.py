@@ -784,7 +784,10 @@ GPU_CASES: list[tuple[str, dict[str, Any], Severity | None, Severity | None]] = 
     # Issue 23: 87 C is an H100 SXM's normal boost ceiling; with no slowdown bit it is no finding.
     ("87 C, no slowdown bit", {"temperature_c": 87}, None, None),
     ("95 C on a board without thresholds", {"temperature_c": 95, "slowdown_temperature_c": None}, None, None),
-    ("sw_thermal", {"clock_event_reasons": 0x20}, Severity.WARNING, None),
+    # Issue 36 (M1): SW thermal is Boost holding the max operating temperature: reported, INFO.
+    ("sw_thermal", {"clock_event_reasons": 0x20}, Severity.INFO, None),
+    ("sw_thermal at 87 C", {"clock_event_reasons": 0x20, "temperature_c": 87}, Severity.INFO, None),
+    ("sw_thermal and hw_thermal", {"clock_event_reasons": 0x60}, Severity.WARNING, None),
     ("hw_thermal", {"clock_event_reasons": 0x40}, Severity.WARNING, None),
     ("hw_slowdown alone", {"clock_event_reasons": 0x8}, Severity.WARNING, None),
     ("hw_slowdown from the power brake", {"clock_event_reasons": 0x88}, None, Severity.WARNING),
@@ -811,22 +814,71 @@ def test_thermal_and_power(
 
 
 def test_thermal_from_the_duration_counters_over_the_sustain_time() -> None:
-    # 8 s of every 10 s throttled for heat (fields 269 + 270), with no bit set at sample time.
+    # 8 s of every 10 s in HW thermal slowdown (field 270), with no bit set at sample time.
     def throttled(t: float) -> GpuSample:
-        return gpu(temperature_c=80, clock_event_reasons=0x0, thermal_throttle_ns=int(t * 0.8e9))
+        return gpu(temperature_c=80, clock_event_reasons=0x0, hw_thermal_ns=int(t * 0.8e9))
 
     observations = [ob(t, gpus={0: throttled(t)}) for t in times(0, 120, 10)]
     finding = detect_thermal(win(observations), 120, CFG)
     assert finding is not None and finding.since_s == 10  # the first interval with a delta
+    assert finding.severity is Severity.WARNING and finding.evidence["rules"] == "hw_thermal"
     [first] = opened(replay(observations))
     assert first.kind is K.THERMAL
 
 
+def test_sw_thermal_time_alone_is_reported_never_a_step_cause() -> None:
+    # Issue 36 (M1): 8 s of every 10 s in SW thermal slowdown (field 269) at 87 C, the bit set:
+    # Boost holding the max operating temperature. INFO, however long.
+    def warm(t: float) -> GpuSample:
+        return gpu(temperature_c=87, clock_event_reasons=0x20 | 0x4, sw_thermal_ns=int(t * 0.8e9))
+
+    observations = [ob(t, gpus={0: warm(t)}) for t in times(0, 600, 10)]
+    finding = detect_thermal(win(observations), 600, CFG)
+    assert finding is not None and finding.severity is Severity.INFO
+    assert "normal under sustained load, no action" in finding.summary
+    assert {f.severity for f in opened(replay(observations)) if f.kind is K.THERMAL} == {Severity.INFO}
+
+
 def test_one_instantaneous_thermal_bit_with_flat_counters_is_not_thermal() -> None:
     # The mask caught hw_thermal at one instant; the duration counters did not move: not throttled.
-    observations = [ob(t, gpus={0: gpu(thermal_throttle_ns=5_000)}) for t in times(0, 50, 10)]
-    observations.append(ob(60, gpus={0: gpu(clock_event_reasons=0x40, thermal_throttle_ns=5_000)}))
+    observations = [ob(t, gpus={0: gpu(hw_thermal_ns=5_000)}) for t in times(0, 50, 10)]
+    observations.append(ob(60, gpus={0: gpu(clock_event_reasons=0x40, hw_thermal_ns=5_000)}))
     assert detect_thermal(win(observations), 60, CFG) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "counter"),
+    [
+        ("a counter that falls", lambda t: int(1e12 - t * 1e9)),
+        ("a counter that rises faster than time", lambda t: int(t * 5e9)),
+    ],
+)
+def test_a_counter_that_is_no_duration_gives_way_to_the_bit(name: str, counter: Any) -> None:
+    """Issue 36 (L2): ids 269-271 are power-smoothing fields on R575 drivers. Values that cannot
+    be a duration (falling, or rising faster than the wall clock) are not read as one: the
+    clock-event bit decides, here hw_thermal held."""
+    observations = [
+        ob(t, gpus={0: gpu(clock_event_reasons=0x40, hw_thermal_ns=counter(t))}) for t in times(0, 60, 10)
+    ]
+    finding = detect_thermal(win(observations), 60, CFG)
+    assert finding is not None and finding.severity is Severity.WARNING and finding.since_s == 0
+    quiet = [ob(t, gpus={0: gpu(hw_thermal_ns=counter(t))}) for t in times(0, 60, 10)]
+    assert detect_thermal(win(quiet), 60, CFG) is None
+
+
+def test_the_power_brake_is_judged_by_its_duration_where_the_driver_counts_it() -> None:
+    """Issue 36 (L5): field 271 is the brake's time. Braked 9 s of every 10 s with no bit at
+    sample time: a run; the bit at one instant with a flat counter: none."""
+    braked = [ob(t, gpus={0: gpu(power_brake_ns=int(t * 0.9e9))}) for t in times(0, 120, 10)]
+    finding = detect_power_throttle(win(braked), 120, CFG)
+    assert finding is not None and finding.severity is Severity.WARNING and finding.since_s == 10
+    assert [f.severity for f in opened(replay(braked)) if f.kind is K.POWER_THROTTLE] == [Severity.WARNING]
+    flicker = [ob(t, gpus={0: gpu(power_brake_ns=7)}) for t in times(0, 50, 10)]
+    flicker.append(ob(60, gpus={0: gpu(clock_event_reasons=0x80, power_brake_ns=7)}))
+    assert detect_power_throttle(win(flicker), 60, CFG) is None
+    # The bit alone (a driver without the counter) still needs the sustain time to open.
+    once = [ob(t, gpus={0: gpu(clock_event_reasons=0x80 if t == 60 else 0x1)}) for t in times(0, 300, 10)]
+    assert [f for f in opened(replay(once)) if f.kind is K.POWER_THROTTLE] == []
 
 
 def test_a_thermal_temperature_is_used_only_where_the_board_reports_no_threshold() -> None:
@@ -953,7 +1005,20 @@ VERDICT_CASES: list[tuple[str, list[Observation], Severity | None, str | None]] 
     ("XID 13: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(13, 0),))], Severity.INFO, None),
     ("XID 31: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(31, 0),))], Severity.INFO, None),
     ("XID 43: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(43, 0),))], Severity.INFO, None),
-    ("XID 109: the app's", [ob(0, gpus={0: gpu()}, gpu_events=(act(109, None),))], Severity.INFO, None),
+    (
+        "XID 109 with action NONE: the app's",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(109, 0),))],
+        Severity.INFO,
+        None,
+    ),
+    # Issue 36 (M4): without field 230, the catalogue's RESET_GPU is not waved through as the
+    # device plugin's application XID: a look.
+    (
+        "XID 109, no field 230",
+        [ob(0, gpus={0: gpu()}, gpu_events=(act(109, None),))],
+        Severity.CRITICAL,
+        "0=unknown",
+    ),
     ("XID 92: info", [ob(0, gpus={0: gpu()}, gpu_events=(act(92, None),))], Severity.INFO, None),
     (
         "XID 94, action NONE",
@@ -1017,7 +1082,7 @@ VERDICT_CASES: list[tuple[str, list[Observation], Severity | None, str | None]] 
         "0=reset",
     ),
     ("a standing recovery action", [ob(0, gpus={0: gpu(recovery_action=2)})], Severity.CRITICAL, "0=reset"),
-    ("a failed row remap", [ob(0, gpus={0: gpu(remap_failed=True)})], Severity.CRITICAL, "0=reset"),
+    ("a failed row remap", [ob(0, gpus={0: gpu(remap_failed=True)})], Severity.CRITICAL, "0=field_diag"),
     ("a pending row remap", [ob(0, gpus={0: gpu(remap_pending=True)})], Severity.INFO, None),
     ("recovery action NONE", [ob(0, gpus={0: gpu(recovery_action=0)})], None, None),
 ]

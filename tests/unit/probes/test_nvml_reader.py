@@ -84,9 +84,30 @@ def test_recovery_action_is_read_per_field_return_code() -> None:
     dev.fields.pop(269)  # an older driver: that field answers NotSupported in its own entry
     sample = reader(dev).sample("GPU-a")
     assert sample.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
-    assert sample.thermal_throttle_ns == 7_000_000_000
+    assert sample.hw_thermal_ns == sample.thermal_throttle_ns == 7_000_000_000
+    assert sample.sw_thermal_ns is None
     old = FakeDevice("GPU-b", fields={})
     assert reader(old).sample("GPU-b").recovery_action is None
+
+
+@pytest.mark.parametrize(
+    ("driver", "counters"), [("580.159.04", True), ("575.57.08", False), ("550.127.05", False)]
+)
+def test_the_duration_counters_are_read_on_r580_and_later_only(driver: str, counters: bool) -> None:
+    """Issue 36 (L2): the NVML change log for R575 to R580 renumbered
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_*; before R580, ids 269-271 are power-smoothing fields
+    (the 12.9 header). Field 230 is asked for on every driver."""
+    dev = FakeDevice("GPU-a")
+    dev.fields.update({269: (0, 3_000_000_000), 270: (0, 2), 271: (0, 5)})
+    fake = FakeNvml([dev])
+    fake.driver_version = driver
+    r = NvmlReader(fake)
+    r.open()
+    sample = r.sample("GPU-a")
+    assert (sample.sw_thermal_ns is not None) is counters
+    assert (sample.power_brake_ns is not None) is counters
+    assert sample.recovery_action == 0
+    assert r.driver().major == int(driver.split(".")[0])
 
 
 def test_remapped_rows_thresholds_and_mig() -> None:
@@ -96,6 +117,15 @@ def test_remapped_rows_thresholds_and_mig() -> None:
     assert (sample.slowdown_temperature_c, sample.max_operating_temperature_c) == (90, 87)
     assert sample.mig_enabled is True
     assert reader(FakeDevice("GPU-b", mig_mode=None)).sample("GPU-b").mig_enabled is None
+
+
+def test_a_board_without_thresholds_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 36 (L3): the threshold API may answer NotSupported on newer boards; say so once.
+    r = reader(FakeDevice("GPU-a", thresholds={}))
+    for _ in range(3):
+        sample = r.sample("GPU-a")
+    assert (sample.slowdown_temperature_c, sample.max_operating_temperature_c) == (None, None)
+    assert caplog.text.count("GPU GPU-a reports no slowdown temperature") == 1
 
 
 def test_every_supported_event_type_acted_on_is_registered() -> None:
@@ -137,12 +167,61 @@ def test_an_xid_event_carries_the_recovery_action_read_after_it() -> None:
     assert event is not None
     assert (event.index, event.uuid, event.kind, event.xid) == (1, "GPU-b", "xid", 48)
     assert event.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
-    # A recovery-action event's data is the action, not an XID.
-    fake.push_event(0, pynvml.nvmlEventTypeGpuRecoveryAction, pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)
+    assert r.wait_event(10) is None  # NVMLError_Timeout: nothing happened
+
+
+def test_a_recovery_action_event_carries_field_230_not_its_data() -> None:
+    """Issue 36 (L1): nvml.h, nvmlEventData_t.eventData: "Stores Xid error ... in the event of
+    nvmlEventTypeXidCriticalError, eventData is 0 for any other event". So the new action is
+    read from field 230 when the event arrives."""
+    fake = FakeNvml([FakeDevice("GPU-a")])
+    r = NvmlReader(fake)
+    r.open()
+    fake.recovery_action_changed(0, pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)
     event = r.wait_event(100)
     assert event is not None and event.xid is None and event.kind == "gpu_recovery_action"
     assert event.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
-    assert r.wait_event(10) is None  # NVMLError_Timeout: nothing happened
+    # The fake keeps nvml.h's rule: data given for a non-XID event is dropped, as the driver's is 0.
+    fake.push_event(0, pynvml.nvmlEventTypeGpuRecoveryAction, 7)
+    again = r.wait_event(100)
+    assert again is not None and again.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    # A driver that cannot say (field 230 unsupported): unread, never taken from the data.
+    fake.devices[0].fields.pop(230)
+    fake.push_event(0, pynvml.nvmlEventTypeGpuRecoveryAction)
+    unread = r.wait_event(100)
+    assert unread is not None and unread.recovery_action is None
+
+
+def test_doctor_facts_are_read_each_on_its_own() -> None:
+    """Issue 36 (L10): persistence, ECC and compute mode, PCIe replays, NVLink and whether field
+    230 answers, each NotSupported-tolerant; the driver's version and branch."""
+    sxm = FakeDevice("GPU-a", nvlink_states=(1,) * 17 + (0,), pcie_replay_count=3)
+    pcie = FakeDevice(
+        "GPU-b", persistence_mode=None, ecc_mode=(1, 0), compute_mode=3, pcie_replay_count=None, fields={}
+    )
+    fake = FakeNvml([sxm, pcie])
+    r = NvmlReader(fake)
+    r.open()
+    a, b = r.facts("GPU-a"), r.facts("GPU-b")
+    assert (a.persistence_mode, a.ecc_enabled, a.ecc_pending, a.compute_mode) == (True, True, True, 0)
+    assert (a.nvlinks_active, a.nvlinks, a.pcie_replay_count) == (17, 18, 3)
+    assert a.recovery_action_supported is True and a.unread == ()
+    assert (b.persistence_mode, b.ecc_enabled, b.ecc_pending, b.compute_mode) == (None, True, False, 3)
+    assert (b.nvlinks_active, b.nvlinks, b.pcie_replay_count) == (None, None, None)
+    assert b.recovery_action_supported is False
+    driver = r.driver()
+    assert (driver.version, driver.branch, driver.major) == ("580.159.04", "r580_00", 580)
+    # Before R560 there is no nvmlSystemGetDriverBranch: the branch is None, the rest stands.
+    old = FakeNvml([FakeDevice("GPU-c")])
+    old.driver_version = "550.127.05"
+    r_old = NvmlReader(old)
+    r_old.open()
+    assert (r_old.driver().branch, r_old.driver().major) == (None, 550)
+    # A call that fails otherwise is named, and the other facts still read.
+    sxm.errors["nvmlDeviceGetComputeMode"] = pynvml.NVML_ERROR_UNKNOWN
+    failed = r.facts("GPU-a")
+    assert failed.compute_mode is None and failed.persistence_mode is True
+    assert failed.unread == ("GetComputeMode: NVMLError_Unknown",)
 
 
 def test_host_pids_are_marked_when_the_daemon_is_in_its_own_pid_namespace() -> None:
