@@ -428,8 +428,8 @@ def _port_in_use(port: int, *, name: str, state_dir: Path | None) -> DoctorCheck
             ours = False
     who = ", ".join(described) or "an unknown process"
     if ours:
-        # The daemon on this config is running: its ports are busy by design.
-        return DoctorCheck(name, Level.WARN, f"in use by the running supervisor: {who}")
+        # The daemon on this config is running: its ports are busy by design, nothing to fix.
+        return DoctorCheck(name, Level.OK, f"in use by the running supervisor: {who}")
     return DoctorCheck(name, Level.FAIL, f"in use by {who}")
 
 
@@ -618,7 +618,9 @@ def check_nvml(
             if needing and config is not None
             else ""
         )
-        return [DoctorCheck("nvml", missing_level, f"{result.detail}{why}{then}")]
+        # No driver at all, and no engine with gpus: a box without GPUs, as it should be (issue 39).
+        level = Level.OK if not needing and result.reason == "library_not_found" else missing_level
+        return [DoctorCheck("nvml", level, f"{result.detail}{why}{then}")]
     if isinstance(result, Exception):
         return [DoctorCheck("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
     assert isinstance(result, list)
@@ -918,7 +920,7 @@ def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> DoctorCh
     name = "devices"
     nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
     if not nodes:
-        level = Level.FAIL if needed else Level.WARN
+        level = Level.FAIL if needed else Level.OK  # no engine needs them: nothing is missing
         return DoctorCheck(name, level, f"no {dev_dir}/nvidia* device nodes (NVIDIA driver not loaded)")
     problems = []
     for node in nodes:
@@ -949,8 +951,10 @@ def check_gpu_devices(dev_dir: Path, who: Identity, *, needed: bool) -> DoctorCh
     return DoctorCheck(name, Level.OK, f"{shown}: read-write for {who.name}")
 
 
-def check_identity(*, euid: int | None = None) -> tuple[DoctorCheck, Identity]:
-    """Whom to check files and devices for: the service user when run as root."""
+def check_identity(*, euid: int | None = None, installed: bool = True) -> tuple[DoctorCheck, Identity]:
+    """Whom to check files and devices for: the service user when run as root. Without it, root:
+    a warning where the unit is ``installed`` (its User= is missing), else what a box without the
+    package is checked as."""
     if (os.geteuid() if euid is None else euid) != 0:
         me = current_identity()
         return (
@@ -964,7 +968,7 @@ def check_identity(*, euid: int | None = None) -> tuple[DoctorCheck, Identity]:
         return (
             DoctorCheck(
                 "user",
-                Level.WARN,
+                Level.WARN if installed else Level.OK,
                 f"service user {SERVICE_USER} does not exist (the package's sysusers.d entry creates it); "
                 "checking as root",
             ),
@@ -989,11 +993,11 @@ def run_checks(
     installed unit's (Environment=, EnvironmentFile=) when checking for the service user, else
     this process's."""
     results: list[DoctorCheck] = []
-    if who is None:
-        user_result, who = check_identity()
-        results.append(user_result)
     if under_unit is None:
         under_unit = any(p.exists() for p in UNIT_PATHS)
+    if who is None:
+        user_result, who = check_identity(installed=under_unit)
+        results.append(user_result)
     if hub_env is None:
         if under_unit and who.name == SERVICE_USER:
             hub_env = unit_environment(UNIT_PATHS, pwd.getpwnam(SERVICE_USER).pw_dir)

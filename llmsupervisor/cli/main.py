@@ -7,8 +7,6 @@ reference with exit codes: docs/cli.md). No supervision logic here."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
@@ -19,11 +17,9 @@ from llmsupervisor.cli import control as cli_control
 from llmsupervisor.cli import engine_view, fleet, render
 from llmsupervisor.cli.client import EX_INTERRUPTED, Client
 from llmsupervisor.cli.client import EX_UNAVAILABLE as EX_UNAVAILABLE  # the daemon is not reachable
+from llmsupervisor.cli.start import run
 from llmsupervisor.config import DEFAULT_CONFIG_PATH, SupervisorSettings, load_config, state_dir_named_in
-from llmsupervisor.config.checks import hub_offline_problem
-from llmsupervisor.daemon import lock
-from llmsupervisor.daemon import state_dir as state_dir_check
-from llmsupervisor.errors import EX_ALREADY_RUNNING, EX_CONFIG, AlreadyRunning, ConfigError, UnsafeStateDir
+from llmsupervisor.errors import EX_CONFIG, ConfigError
 
 SYSTEMD_SOCKET = Path("/run/llm-supervisor/control.sock")
 ENGINE_COMMANDS = (
@@ -363,80 +359,6 @@ def check_config(path: Path) -> int:
     return 0
 
 
-def run(path: Path, fake_gpu: Path | None = None) -> int:
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        logs.setup("info")
-        for problem in exc.problems:
-            logging.getLogger("llmsupervisor").error("%s", problem)
-        logging.getLogger("llmsupervisor").critical("invalid config, not starting (exit %d)", EX_CONFIG)
-        return EX_CONFIG
-    # GPU= on each engine's journal entries (kept in step with reloads by the supervisor).
-    gpus_of = {e.name: ",".join(str(g) for g in e.gpus) for e in config.engines}
-    logs.setup(config.supervisor.log_level, gpus_of=gpus_of)
-    log = logging.getLogger("llmsupervisor")
-    for warning in config.warnings:
-        log.warning("config: %s", warning)
-    # One daemon per state dir, decided before anything touches it: a second one would kill the
-    # running daemon's engines as leftovers and take over (then remove) its control socket.
-    state_dir = config.supervisor.state_dir.resolve()
-    try:
-        # Whom the state dir lets in, before anything is written there (daemon/state_dir.py).
-        for unsafe in state_dir_check.prepare(state_dir):
-            log.warning("%s", unsafe)
-        held = lock.acquire(state_dir)
-    except UnsafeStateDir as exc:
-        message = f"{exc}; not starting (exit {EX_CONFIG})"
-        print(f"llm-supervisor: {message}", file=sys.stderr)
-        log.critical("%s", message)
-        return EX_CONFIG
-    except AlreadyRunning as exc:
-        who = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
-        message = (
-            f"another daemon ({who}) is running on state dir {state_dir};"
-            f" not starting (exit {EX_ALREADY_RUNNING})"
-        )
-        print(f"llm-supervisor: {message}", file=sys.stderr)
-        log.critical("%s", message)
-        return EX_ALREADY_RUNNING
-    except OSError as exc:
-        log.critical("%s; not starting", exc.strerror if exc.filename is None else exc)
-        return 1
-    if held.pid_unwritten is not None:
-        # A full disk must not keep the engines down (issue 38): the lock holds, the file is empty.
-        log.warning(
-            "%s: cannot write this daemon's pid (%s); the lock is held all the same",
-            held.path,
-            held.pid_unwritten.strerror or held.pid_unwritten,
-        )
-    with held:
-        from llmsupervisor.daemon.supervisor import Supervisor
-
-        for spec in config.engines:
-            # check-config and doctor refuse this; the daemon runs the other engines and lets
-            # this one fail into FATAL, which is visible in status and the metrics.
-            offline = hub_offline_problem(spec, os.environ) if spec.enabled else None
-            if offline is not None:
-                log.warning("engine %s will not load: %s", spec.name, offline)
-
-        reader = None
-        if fake_gpu is not None:
-            from llmsupervisor.probes.fake_nvml import FileNvml
-            from llmsupervisor.probes.nvml import NvmlReader
-
-            # The real reader over a pynvml-level fake: only the binding is faked.
-            log.warning("GPU telemetry from %s (--fake-gpu), not NVML", fake_gpu)
-            fake = FileNvml(fake_gpu)
-            reader = NvmlReader(fake, pids_visible=fake.pids_visible)
-
-        async def supervise() -> int:
-            # Built inside the loop: the daemon's clock is the loop's (llmsupervisor/aio.py).
-            return await Supervisor(config, gpus_of=gpus_of, gpu_reader=reader).run()
-
-        return asyncio.run(supervise())
-
-
 def doctor(path: Path) -> int:
     from llmsupervisor import doctor
 
@@ -493,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "log_format", None):
         # logs.setup reads it; the variable also reaches `run` without a new parameter.
         os.environ[logs.LOG_FORMAT_ENV] = args.log_format
-    return run(args.config, getattr(args, "fake_gpu", None))
+    fake_gpu = getattr(args, "fake_gpu", None)
+    # Both before the daemon moves to the config file's directory (``run``).
+    return run(args.config.absolute(), fake_gpu.absolute() if fake_gpu is not None else None)
 
 
 if __name__ == "__main__":

@@ -103,9 +103,21 @@ def _detail(engine: Mapping[str, Any]) -> str:
         else f"{f['kind']} ({f['severity']})"
         for f in engine.get("findings", [])
     )
-    detail = findings or str(engine.get("reason") or "")
+    detail = findings or dying_reason(engine) or str(engine.get("reason") or "")
     marks = [f"[{m}]" for m in (hold_text(engine), roll_text(engine)) if m]
     return " ".join([*marks, detail]) if detail else " ".join(marks)
+
+
+def dying_reason(engine: Mapping[str, Any]) -> str | None:
+    """A BACKOFF or FATAL engine's reason led by the line its own runtime printed as it died
+    (``python3: can't open file ...``, a traceback's last line: the JSON's ``last_error_line``),
+    so that a table cut to the terminal's width still shows it; None for any other engine."""
+    line = engine.get("last_error_line")
+    reason = str(engine.get("reason") or "")
+    if not line or engine.get("state") not in ("backoff", "fatal") or str(line) not in reason:
+        return None
+    rest = reason.replace(f": {line}", "", 1)
+    return f"{line}; {rest}" if rest else str(line)
 
 
 # The marker of a reload that changed the engine's spec and has not rolled it yet (the JSON's

@@ -22,7 +22,8 @@ The modules, each importing only the ones above it:
 - ``values``: the domain kinds (GPUs, CPUs, commands, args, env, ladder, detectors, ...).
 - ``fields``: the key -> field tables of an engine and of ``supervisor:``.
 - ``checks``: one engine's entry to an ``EngineSpec``, and the checks between engines.
-- ``load``: ``load_config`` and the top-level sections.
+- ``listeners``: every address the config listens on, against the others.
+- ``load``: ``load_config`` and the top-level sections; relative paths next to the file.
 - ``schema``: the JSON Schema and the field reference, generated from the ``fields`` tables.
 - ``reload_plan``: a reload as a pure diff of two validated configs (used by daemon/reload.py).
 """

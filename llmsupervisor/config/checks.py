@@ -1,6 +1,6 @@
 """One engine's entry to an ``EngineSpec`` (defaults merged, command and model paths resolved,
 then the checks that need the whole engine: executable, model, parallelism, ladder against its
-own args), and the checks between engines (names, ports, GPUs).
+own args), and the checks between engines (names, GPUs, CPUs; ports in listeners.py).
 
 ``_engine`` is two tables around one build: ``ENTRY_STEPS`` resolve the entry's fields in order
 (each reporting its own problems), the spec is built whenever its fields allow, then
@@ -486,10 +486,9 @@ def _check_parallelism(spec: EngineSpec, path: Path_, out: _Collector) -> None:
 
 
 def _cross_checks(engines_raw: list[Any], engines: list[EngineSpec], out: _Collector) -> None:
-    """Problems between engines: names, ports, GPUs. Checked on the raw entries so that an
-    engine with an unrelated problem still takes part."""
+    """Problems between engines: names and GPUs (ports: config/listeners.py). Checked on the raw
+    entries so that an engine with an unrelated problem still takes part."""
     seen_names: dict[str, int] = {}
-    seen_ports: dict[int, int] = {}
     seen_gpus: dict[int | str, int] = {}
     for i, raw in enumerate(engines_raw):
         if not isinstance(raw, dict):
@@ -503,16 +502,6 @@ def _cross_checks(engines_raw: list[Any], engines: list[EngineSpec], out: _Colle
                 )
             else:
                 seen_names[name] = i
-        # The vLLM port and the HAProxy agent port share one namespace: both are listened on.
-        for key in ("port", "agent_port"):
-            port = raw.get(key)
-            if isinstance(port, int) and not isinstance(port, bool):
-                if port in seen_ports:
-                    out.add(
-                        ("engines", i, key), f"port {port} is already used by engines[{seen_ports[port]}]"
-                    )
-                else:
-                    seen_ports[port] = i
         gpus = raw.get("gpus")
         gpu_list = [gpus] if isinstance(gpus, int | str) else gpus if isinstance(gpus, list) else []
         for gpu in gpu_list:

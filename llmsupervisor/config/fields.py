@@ -60,7 +60,8 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     ),
     "venv": Field(
         _string(),
-        "the virtualenv vLLM is installed in: runs VENV/bin/vllm serve MODEL (see launcher)",
+        "the virtualenv vLLM is installed in (relative: next to the config file): runs VENV/bin/vllm "
+        "serve MODEL (see launcher)",
     ),
     "launcher": Field(
         _string(choices=LAUNCHER_CHOICES),
@@ -71,7 +72,8 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     "command": Field(
         _command,
         "instead of venv: the program and its first arguments (a list, or one string split like a "
-        "shell); the supervisor appends --model, --host, --port, --served-model-name, then args",
+        "shell); the supervisor appends --model, --host, --port, --served-model-name, then args; it "
+        "runs in the config file's directory, so relative paths in it and in args are next to the file",
     ),
     "args": Field(
         _args,
@@ -113,8 +115,8 @@ ENGINE_FIELDS: Final[dict[str, Field]] = {
     ),
     "api_key_file": Field(
         _string(),
-        "a file whose first line is the engine's API key: given to vLLM as VLLM_API_KEY and sent "
-        "by every probe; never logged",
+        "a file whose first line is the engine's API key (relative: next to the config file): given "
+        "to vLLM as VLLM_API_KEY and sent by every probe; never logged",
     ),
     "log_probe_requests": Field(
         _boolean, "true: keep vLLM's access lines for the supervisor's own probes in the journal"
@@ -215,11 +217,15 @@ SUPERVISOR_FIELDS: Final[dict[str, Field]] = {
     "state_dir": Field(
         _string(),
         "status.json, the control socket outside systemd, the lock, and per engine its vLLM "
-        "compile cache and ladder step",
+        "compile cache and ladder step; a relative path is next to the config file",
     ),
     "log_level": Field(_string(choices=LOG_LEVELS), "debug, info, warning or error"),
     "tick_interval_s": Field(_number(lo=0.05, hi=60), "how often the daemon looks at every engine"),
-    "http_listen": Field(_listen, "HOST:PORT of the daemon's HTTP listener (readiness, /metrics)"),
+    "http_listen": Field(
+        _listen,
+        "HOST:PORT of the daemon's HTTP listener (readiness, /metrics); not an engine's port or "
+        "agent_port on an overlapping address",
+    ),
     "shutdown_timeout_s": Field(
         _number(lo=0, lo_open=True),
         "on SIGTERM, how long every engine's stop may take (cover stop + group_term + kill timeouts)",

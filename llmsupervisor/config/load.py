@@ -6,13 +6,15 @@ keep the config it has.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from llmsupervisor.config.checks import _cross_checks, _engine, check_placement
+from llmsupervisor.config.checks import _cross_checks, _engine, _home_expanded, check_placement
 from llmsupervisor.config.fields import ENGINE_FIELDS, PER_ENGINE_ONLY, SUPERVISOR_FIELDS
 from llmsupervisor.config.kinds import _check_section, _suggest, _type_name
+from llmsupervisor.config.listeners import check_listeners
 from llmsupervisor.config.problems import _Collector, _parse
 from llmsupervisor.config.spec import EngineSpec, SupervisorConfig, SupervisorSettings
 from llmsupervisor.errors import ConfigError, ConfigProblem
@@ -68,7 +70,16 @@ def state_dir_named_in(path: Path) -> Path | None:
         return None
     section = raw.get("supervisor") if isinstance(raw, dict) else None
     state_dir = section.get("state_dir") if isinstance(section, dict) else None
-    return Path(state_dir) if isinstance(state_dir, str) and state_dir and "\0" not in state_dir else None
+    if not isinstance(state_dir, str) or not state_dir or "\0" in state_dir:
+        return None
+    return beside(path, os.path.expanduser(state_dir))
+
+
+def beside(file: Path, value: str) -> Path:
+    """A path as the config file means it: a relative one is next to the file (as docker compose
+    reads its file), never against the working directory of whoever reads it (the daemon's is
+    ``/`` under systemd, the CLI's anything)."""
+    return Path(os.path.abspath(file.parent / value))
 
 
 def _validate(
@@ -81,14 +92,19 @@ def _validate(
         if key not in TOP_LEVEL:
             out.add((key,), f"unknown top-level key{_suggest(key, list(TOP_LEVEL))}")
 
-    sup = _check_section(
-        raw.get("supervisor"), ("supervisor",), SUPERVISOR_FIELDS, out, what="daemon settings"
-    )
+    sup_raw = raw.get("supervisor")
+    sup = _check_section(sup_raw, ("supervisor",), SUPERVISOR_FIELDS, out, what="daemon settings")
     settings = None
+    http_listen: str | None = None  # None: not known (it has a problem of its own)
     if sup is not None:
         if "state_dir" in sup:
-            sup["state_dir"] = Path(sup["state_dir"])
+            state_dir = _home_expanded(sup["state_dir"], ("supervisor", "state_dir"), out)
+            sup["state_dir"] = beside(file, state_dir if state_dir is not None else sup["state_dir"])
         settings = SupervisorSettings(**sup)
+        http_listen = settings.http_listen
+    listen_set = isinstance(sup_raw, dict) and "http_listen" in sup_raw
+    if listen_set and (sup is None or "http_listen" not in sup):
+        http_listen = None
 
     defaults_fields = {k: v for k, v in ENGINE_FIELDS.items() if k not in PER_ENGINE_ONLY}
     defaults_raw = raw.get("defaults")
@@ -121,9 +137,14 @@ def _validate(
             engines.append(spec)
             indexed.append((i, spec))
     _cross_checks(engines_raw, engines, out)
+    defaults_for_hosts = defaults_raw if isinstance(defaults_raw, dict) else {}
+    check_listeners(engines_raw, defaults_for_hosts, out, http_listen=http_listen, http_listen_set=listen_set)
     check_placement(indexed, out, check_host=check_paths)
     if settings is None or defaults is None:
         return None
     return SupervisorConfig(
-        path=file, supervisor=settings, engines=tuple(engines), warnings=tuple(out.warnings)
+        path=Path(os.path.abspath(file)),
+        supervisor=settings,
+        engines=tuple(engines),
+        warnings=tuple(out.warnings),
     )

@@ -280,6 +280,7 @@ def _engine_json(snap: Snapshot, s: EngineStatus) -> dict[str, Any]:
         "start_timeout_s": s.spec.start_timeout_s,
         "drain_timeout_s": s.spec.drain_timeout_s,
         "last_failure": s.last_failure,
+        "last_error_line": s.last_error_line,
         "batch_step": s.ladder_step,
         "batch_steps": s.ladder_steps,
         "actions": {
@@ -375,7 +376,7 @@ def summary(
         if s.state is EngineState.STARTING and s.start_phase:
             text += f": {s.start_phase}"
         if s.state in (EngineState.BACKOFF, EngineState.FATAL) and s.last_failure:
-            text += f": {s.last_failure[:80]}"
+            text += f": {(s.last_error_line or s.last_failure)[:80]}"
         elif s.state in (EngineState.SHEDDING, EngineState.DRAINING):
             text += f": {s.state_reason[:80]}"
         parts.append(text)

@@ -12,7 +12,8 @@ through the methods below:
     reached_ready()        READY: failures before it no longer count as "in a row"
     settled(ready_since)   READY for stable_after_s: the budget is reset
     exited(text)           an exit nobody asked for, and when
-    failed(reason)         a failure against the budget -> Verdict (backoff_s, or give_up)
+    failed(reason)         a failure against the budget -> Verdict (backoff_s, or give_up), and
+                           the error line the engine printed before it, if it exited by itself
     reset_budget(why)      a clean slate: an operator's start of a FATAL engine (which ends
                            ``gave_up``), or READY for stable_after_s
     restarted(cause)       a restart by cause (the restarts metric), and the last one's
@@ -70,6 +71,9 @@ class History:
     last_exit: str | None = None
     last_exit_at_s: float | None = None  # loop clock
     last_failure: str | None = None
+    # The error line the engine's own runtime printed before the last failure, when it exited by
+    # itself (engine/output.py): `python3: can't open file ...`, a traceback's last line.
+    last_error_line: str | None = None
     incarnations: int = 0
     incidents_total: int = 0  # hang/stall evidence files written (engine/evidence.py)
     last_incident: str | None = None  # the newest one's path
@@ -161,6 +165,7 @@ class Ledger:
             "last_exit": h.last_exit,
             "last_exit_at_s": h.last_exit_at_s,
             "last_failure": h.last_failure,
+            "last_error_line": h.last_error_line,
             "incidents_total": h.incidents_total,
             "last_incident": h.last_incident,
             "last_restart": h.last_restart,  # redacted where it leaves the daemon (redact.py)
@@ -220,12 +225,21 @@ class Ledger:
         self._history = replace(h, incidents_total=h.incidents_total + 1, last_incident=path)
 
     def failed(
-        self, reason: str, *, now: float, policy: RestartPolicy, draw: Callable[[], float] = lambda: 0.5
+        self,
+        reason: str,
+        error_line: str | None = None,
+        *,
+        now: float,
+        policy: RestartPolicy,
+        draw: Callable[[], float] = lambda: 0.5,
     ) -> Verdict:
         """A failure against the crash-loop budget. ``draw`` (a random number in [0, 1)) spreads
-        the backoff; it is called only when there is one."""
+        the backoff; it is called only when there is one. ``error_line``: what the engine printed
+        last before it exited by itself (``reason`` quotes it), None for any other failure."""
         failures = self._history.failures.record(now, policy)
-        self._history = replace(self._history, last_failure=reason, failures=failures)
+        self._history = replace(
+            self._history, last_failure=reason, last_error_line=error_line, failures=failures
+        )
         count = failures.count(now, policy)
         in_a_row = failures.unready >= policy.max_failures
         budget = (

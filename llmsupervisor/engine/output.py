@@ -120,6 +120,18 @@ STATS_IDLE_EVERY_S: Final = 300.0
 OUTPUT_LINE_LIMIT: Final = 64 * 1024
 # The final line of an uncaught exception ("RuntimeError: ...", "torch.OutOfMemoryError: ...").
 _EXCEPTION_LINE_RE: Final = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
+# A line its runtime printed when the engine could not even start, as none of vLLM's: Python's own
+# (`python3: can't open file '...': [Errno 2] ...`, `python3: No module named vllm`, `... Error while
+# finding module specification ...`), argparse's (`vllm serve: error: unrecognized arguments: ...`)
+# and a shell's (`sh: 1: vllm: not found`, `env: 'x': No such file or directory`). ``prog`` is the
+# program as it named itself: a path is cut to its last part (the log line keeps all of it).
+_RUNTIME_ERROR_RE: Final = re.compile(
+    r"^(?P<prog>[^\s:][^:]*?): (?:can't open file |No module named |Error while finding module |error: )"
+    r"|^(?P<shell>[^\s:]+): .*(?::| -) "
+    r"(?:(?:command )?not found|No such file or directory|Permission denied)$"
+)
+# The process a vLLM line comes from, before it: "(EngineCore_DP0 pid=12) ", maybe coloured.
+_PROCESS_PREFIX_RE: Final = re.compile(r"^(?:\x1b\[[\d;]*m)?\([^()]*pid=\d+\)(?:\x1b\[[\d;]*m)?\s")
 ERROR_LINE_LIMIT: Final = 300  # characters of the last error line kept for a failure's reason
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
 
@@ -144,6 +156,24 @@ def is_own_canary_line(line: str, own: OwnAddresses, now: float) -> bool:
 def engine_log_level(line: str, previous: int) -> int:
     match = _LEVEL_RE.match(line)
     return _LEVELS[match.group(1)] if match else previous
+
+
+def runtime_error(line: str) -> str | None:
+    """``line`` as a failure's reason quotes it when its runtime printed it on the way out
+    (``_RUNTIME_ERROR_RE``), the program cut to its name; else None."""
+    match = _RUNTIME_ERROR_RE.match(line)
+    if match is None:
+        return None
+    prog = match.group("prog") or match.group("shell")
+    if "/" not in prog or " " in prog:
+        return line
+    return prog.rsplit("/", 1)[1] + line[len(prog) :]
+
+
+def with_error_line(reason: str, line: str | None) -> str:
+    """``reason`` (a process that exited by itself) ending with the last error line it printed:
+    so a crash loop says what went wrong, not only "exited with code 1"."""
+    return f"{reason}: {line}" if line and line not in reason else reason
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,13 +225,12 @@ class OutputForwarder:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=timeout_s)
 
-    async def with_last_error(self, reason: str, *, settle_s: float) -> str:
-        """``reason`` (a process that exited by itself) ending with the last error line it printed,
-        once its pipes are read (at most ``settle_s``): so a crash loop says what went wrong, not
-        only "exited with code 1"."""
+    async def explained(self, reason: str, *, settle_s: float) -> tuple[str, str | None]:
+        """``reason`` (a process that exited by itself) ending with the last error line it printed
+        (``with_error_line``), and that line; once its pipes are read (at most ``settle_s``): its
+        last words may still be in them."""
         await self.settle(settle_s)
-        line = self.last_error_line
-        return f"{reason}: {line}" if line and line not in reason else reason
+        return with_error_line(reason, self.last_error_line), self.last_error_line
 
     async def close(self) -> None:
         """Let the pipes drain (bounded), then stop reading."""
@@ -230,6 +259,7 @@ class OutputForwarder:
             lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", buffering=0)
         )
         level = default_level
+        in_traceback = False  # after "Traceback (most recent call last):", until its exception line
         extra = {"engine": self._engine, "engine_pid": self._pid}
         try:
             while True:
@@ -248,12 +278,10 @@ class OutputForwarder:
                 level = engine_log_level(
                     line, level if line[:1].isspace() or line.startswith("Traceback") else default_level
                 )
-                if (
-                    not self._planned_stop
-                    and not line[:1].isspace()
-                    and (level >= logging.ERROR or _EXCEPTION_LINE_RE.match(line))
-                ):
-                    self.last_error_line = line[:ERROR_LINE_LIMIT]
+                if not self._planned_stop:
+                    error, in_traceback = _error_line(line, level, in_traceback)
+                    if error is not None:
+                        self.last_error_line = error[:ERROR_LINE_LIMIT]
                 if self._planned_stop:
                     shutdown = {**extra, "engine_shutdown": True, "engine_level": logging.getLevelName(level)}
                     engine_output_log.log(min(level, logging.INFO), "%s", line, extra=shutdown)
@@ -264,3 +292,18 @@ class OutputForwarder:
                     self._report(OutputSeen(oom=oom, phase=phase))
         finally:
             transport.close()
+
+
+def _error_line(line: str, level: int, in_traceback: bool) -> tuple[str | None, bool]:
+    """Whether ``line`` (logged at ``level``) is one a failure's reason quotes, as the reason
+    quotes it, and whether a traceback goes on after it. An error line: a vLLM ERROR line, the
+    line that ends a traceback (its exception, whatever its name), an exception line, or a line
+    of the runtime's own (``runtime_error``). The traceback's body is none: it is indented."""
+    body = _PROCESS_PREFIX_RE.sub("", line, count=1)
+    if body[:1].isspace() or not body:
+        return None, in_traceback
+    if body.startswith("Traceback (most recent call last)"):
+        return None, True
+    if in_traceback or level >= logging.ERROR or _EXCEPTION_LINE_RE.match(body):
+        return line, False
+    return runtime_error(line), False

@@ -432,11 +432,11 @@ class EngineRunner:
         """Clean up, then restart (at once the first time within the failure window, with a
         growing backoff on repeats), or give up (FATAL). ``blame``: what a hang's finding blames."""
         policy = self._spec.restart_policy
+        said = None  # exited by itself: the last error line it printed, which ends the reason (output.py)
         if self._output is not None and self._proc is not None and self._proc.returned:
-            # Exited by itself: the reason ends with the last error line it printed (output.py).
-            reason = await self._output.with_last_error(reason, settle_s=OUTPUT_SETTLE_S)
+            reason, said = await self._output.explained(reason, settle_s=OUTPUT_SETTLE_S)
         got = NO_EVIDENCE
-        verdict = self._ledger.failed(reason, now=aio.now(), policy=policy, draw=self._rng.random)
+        verdict = self._ledger.failed(reason, said, now=aio.now(), policy=policy, draw=self._rng.random)
         if self._proc is not None:
             if not self._procs.group_gone(self._proc):
                 # Failing: nothing to drain. A hang's stacks cut the API server first (evidence.py).

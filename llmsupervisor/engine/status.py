@@ -98,6 +98,7 @@ class EngineStatus:
     last_exit: str | None = None
     last_exit_at_s: float | None = None  # when (loop clock) the engine last exited unasked
     last_failure: str | None = None
+    last_error_line: str | None = None  # what the engine printed before the last failure (ledger.py)
     canary_latency_s: float | None = None
     # Canaries that answered since the runner began (readiness ones too): the engine's own
     # request counters include them, so whoever reads those counters can take them out.

@@ -25,7 +25,7 @@ import psutil
 import yaml
 
 from llmsupervisor import process
-from tests.lib.paths import LIB
+from tests.lib.paths import LIB, REPO
 
 FAKE_VLLM = LIB / "fake_vllm.py"
 
@@ -80,11 +80,17 @@ class Daemon:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.log_path = tmp_path / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cwd: Path | None = None  # the directory the daemon is started in (None: this process's)
 
     def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
+        """Start the daemon, in ``self.cwd`` when set (as an operator elsewhere would; the package
+        is still this repository's)."""
+        cwd = self.cwd
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSUPERVISOR_")}
         # Tests read the text log; "auto" would pick JSON on a CI runner that is itself a pod.
         env["LLMSUP_LOG_FORMAT"] = "text"
+        if cwd is not None:
+            env["PYTHONPATH"] = _with_repo(env.get("PYTHONPATH"))
         env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -100,6 +106,7 @@ class Daemon:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                cwd=cwd,
             )
         return self
 
@@ -247,11 +254,23 @@ def metric(url: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def _with_repo(pythonpath: str | None) -> str:
+    """PYTHONPATH with this repository first: ``python -m llmsupervisor`` run elsewhere than the
+    repository root imports this repository's package all the same."""
+    return os.pathsep.join(p for p in (str(REPO), pythonpath) if p)
+
+
 def cli(
-    d: Daemon | None, *args: str, config: Path | None = None, timeout_s: float = 60
+    d: Daemon | None,
+    *args: str,
+    config: Path | None = None,
+    timeout_s: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`llm-supervisor ARGS --config PATH` as the operator runs it (a subprocess), captured."""
+    """`llm-supervisor ARGS --config PATH` as the operator runs it (a subprocess), captured; in
+    ``cwd`` when given (``config`` may then be relative to it)."""
     path = config if config is not None else d.config_path if d is not None else Path("/nonexistent.yaml")
+    env = {**os.environ, "PYTHONPATH": _with_repo(os.environ.get("PYTHONPATH"))} if cwd is not None else None
     return subprocess.run(
         [
             sys.executable,
@@ -265,4 +284,6 @@ def cli(
         text=True,
         check=False,
         timeout=timeout_s,
+        cwd=cwd,
+        env=env,
     )

@@ -41,6 +41,7 @@ def leaky_engine() -> EngineStatus:
         state_since_s=0.0,
         last_exit=REASON,
         last_failure=OUTPUT,
+        last_error_line=OUTPUT,
     )
 
 

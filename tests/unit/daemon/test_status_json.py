@@ -34,7 +34,7 @@ ENGINE_KEYS = {
     "gpus", "hold_unsaved",
     "cpus", "in_rotation", "restarts", "restarts_by_reason", "canary_latency_s", "findings", "last_exit",
     "last_exit_age_s", "requests_running", "enabled", "wants_run", "meant_to_serve", "running",
-    "start_timeout_s", "drain_timeout_s",
+    "start_timeout_s", "drain_timeout_s", "last_error_line",
     "last_failure", "batch_step", "batch_steps", "actions", "gpu_temperature_c", "gpu_power_w",
     "gpu_memory_used_bytes", "gpu_memory_total_bytes", "requests_waiting", "kv_usage_ratio", "ttft_p95_s",
     "held_by_operator", "canary_requests", "served", "incidents", "last_incident", "last_restart",
