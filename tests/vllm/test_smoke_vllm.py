@@ -11,25 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.lib.daemon import Daemon, free_port
-from tests.lib.vllm_env import READY_TIMEOUT_S, build_model, complete, vllm_engine, vllm_python
+from tests.lib.daemon import Daemon
+from tests.lib.vllm_env import READY_TIMEOUT_S, complete, one_engine_daemon
 
 pytestmark = pytest.mark.vllm_cpu
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    python = vllm_python()
-    model = build_model(python, "tiny")
-    home = tmp_path / "home"
-    home.mkdir()
-    port = free_port()
-    config = {
-        "supervisor": {"tick_interval_s": 1.0, "shutdown_timeout_s": 120},
-        "engines": [vllm_engine("smoke", port, model, home)],
-    }
-    d = Daemon(tmp_path, config)
-    d.start()
+    d, _ = one_engine_daemon(tmp_path, "smoke")
     try:
         yield d
     finally:
