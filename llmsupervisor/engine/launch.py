@@ -29,12 +29,17 @@ log = logging.getLogger("llmsupervisor.engine")
 class Launched:
     proc: EngineProcess | None  # None: the start failed before anything ran
     failure: str = ""
+    # Someone else listens where the engine would bind: no failure of the engine's, the runner
+    # waits for the port (issue 38; engine/runner.py).
+    held: PortHeld | None = None
 
 
 async def preflight_port(spec: EngineSpec, procs: Processes) -> None:
-    """Before binding: a leftover engine of ours on the port is killed; anyone else fails us."""
+    """Before binding: a leftover engine of ours on the port is killed; anyone else raises
+    ``PortHeld``. Only a listener the engine's bind of ``spec.host`` collides with counts (a
+    listener on ``[::1]`` only does not hold an engine on 127.0.0.1: process.port_holders)."""
     try:
-        holders = await procs.port_holders(spec.port)
+        holders = await procs.port_holders(spec.port, spec.host)
     except TimeoutError:
         # The spawn goes on: a port held after all fails vLLM's bind, which the runner sees.
         log.warning(
@@ -63,7 +68,7 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     try:
         await preflight_port(spec, procs)
     except PortHeld as exc:
-        return Launched(None, str(exc))
+        return Launched(None, str(exc), held=exc)
     cache_dir = procs.state_dir / "engines" / spec.name / "vllm-cache"
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

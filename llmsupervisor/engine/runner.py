@@ -76,6 +76,11 @@ log = logging.getLogger("llmsupervisor.engine")
 S = EngineState
 POLICY_TURN_S = 1.0  # how long a BACKOFF after an out-of-memory start waits for the policy
 OUTPUT_SETTLE_S = 0.5  # after an exit, how long its last lines may take to arrive
+# A port someone else listens on: looked at again after 1 s, then twice as long each time, at
+# most every PORT_WAIT_MAX_S; never a failure of the engine's (issue 38: five preflight
+# failures made it FATAL in about 12 s, and it stayed FATAL once the port was free).
+PORT_WAIT_FIRST_S = 1.0
+PORT_WAIT_MAX_S = 10.0
 
 
 class Outcome(enum.Enum):
@@ -285,6 +290,12 @@ class EngineRunner:
         ledger = self._ledger
         self._to(S.STARTING, start_reason(ledger.state, ledger.history.last_failure, step, len(spec.ladder)))
         launched = await launch(spec, step, self._procs)
+        wait_s = PORT_WAIT_FIRST_S
+        while launched.held is not None:
+            if not await self._wait_for_port(launched.failure, wait_s):
+                return self._interrupted_start()
+            wait_s = min(wait_s * 2, PORT_WAIT_MAX_S)
+            launched = await launch(spec, step, self._procs)
         if launched.proc is not None:
             proc = self._proc = launched.proc
             self._inc = Incarnation(
@@ -321,6 +332,22 @@ class EngineRunner:
             if self._proc.returned:
                 self._record_exit(self._proc)
             return Outcome.FAILED, why
+        return self._interrupted_start()
+
+    async def _wait_for_port(self, held: str, wait_s: float) -> bool:
+        """STARTING, saying who holds the port, for ``wait_s`` or until a command; False when a
+        stop or restart ends the wait. Nothing is spawned and no failure is counted."""
+        reason = f"{held}; waiting for it to be free"
+        if not self._ledger.reason.startswith(reason):  # logged once per holder, not every look
+            log.warning(
+                "%s (looking again every %g s at most)", reason, PORT_WAIT_MAX_S, extra={"engine": self.name}
+            )
+        self._ledger.note(f"{reason} (next look in {wait_s:g} s)")
+        self._publish()
+        await self._pause(wait_s)
+        return not self._desired.interrupts
+
+    def _interrupted_start(self) -> tuple[Outcome, str]:
         d = self._desired
         if not d.wants_run:
             return Outcome.STOP, "stop requested during start"

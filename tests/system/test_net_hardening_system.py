@@ -1,0 +1,61 @@
+"""Issue 38, points 1, 5, 8, 10 against the real daemon over fake engines (point 9's system test
+is in test_system_fake.py, beside the foreign holder it changed).
+
+Each test failed before its fix: a listener on ``[::1]`` only kept an engine on 127.0.0.1 from
+ever starting (10).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.lib.daemon import fake_engine, free_port
+
+pytestmark = pytest.mark.system
+
+V6ONLY_LISTENER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+s.bind(("::1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+time.sleep(3600)
+"""
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_a_listener_on_ipv6_loopback_only_does_not_keep_an_engine_on_ipv4_loopback_down(
+    daemon_factory: Any,
+) -> None:
+    port = free_port()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", V6ONLY_LISTENER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "listening\n"
+        d = daemon_factory({"engines": [fake_engine("a", port, host="127.0.0.1", max_failures=2)]})
+        d.start()
+        ready = d.wait_state("a", "ready")
+        assert "held by" not in d.log(), ready
+        assert holder.poll() is None
+        assert d.stop() == 0
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
