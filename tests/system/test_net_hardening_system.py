@@ -2,7 +2,8 @@
 is in test_system_fake.py, beside the foreign holder it changed).
 
 Each test failed before its fix: a listener on ``[::1]`` only kept an engine on 127.0.0.1 from
-ever starting (10).
+ever starting (10); a removed control socket never came back, the CLI said "not running"
+meanwhile, and the daemon's exit removed an impostor's socket (8).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.lib.daemon import fake_engine, free_port
+from tests.lib.daemon import cli, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
 
@@ -59,3 +61,39 @@ def test_a_listener_on_ipv6_loopback_only_does_not_keep_an_engine_on_ipv4_loopba
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def dead_socket(path: Path) -> socket.socket:
+    """A socket file nobody listens on (connect: refused): someone else's, not the daemon's."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    return s
+
+
+def test_a_removed_control_socket_comes_back_and_the_exit_leaves_someone_elses(daemon_factory: Any) -> None:
+    d = daemon_factory({"engines": [fake_engine("a", free_port())]})
+    d.start()
+    d.wait_state("a", "ready")
+    path = d.state_dir / "control.sock"
+    assert cli(d, "status").returncode == 0
+    path.unlink()
+    impostor = dead_socket(path)  # deterministic: the daemon leaves someone else's alone
+    try:
+        gone = cli(d, "status")
+        assert gone.returncode == 69, gone
+        assert f"the daemon runs (pid {d.pid}, lock held) but its control socket" in gone.stderr
+        assert "not running" not in gone.stderr
+        d.wait_log("is not this daemon's")
+        # Gone altogether: the daemon notices by itself and makes its own again.
+        path.unlink()
+        wait_for(lambda: cli(d, "status").returncode == 0, timeout_s=30, what="the socket made again")
+        assert "was removed; made again" in d.log()
+        # At exit only its own is removed: someone else's stays.
+        path.unlink()
+        impostor.close()
+        impostor = dead_socket(path)
+        inode = path.stat().st_ino
+        assert d.stop() == 0
+        assert path.exists() and path.stat().st_ino == inode
+    finally:
+        impostor.close()
