@@ -414,8 +414,7 @@ class Supervisor:
         Otherwise apply the plan; the policy rolls the changed engines that run (within
         max_unavailable), from the next reconcile on, which this wakes at once. READY=1 follows
         here, without waiting for the roll (systemd would wait in "reloading" for minutes).
-        ``dry_run``: the same reply, nothing applied. The control socket is made again first if
-        it was removed (SIGHUP is the operator's way to ask at once: control.py ``keep``)."""
+        ``dry_run``: the same reply, nothing applied. A removed control socket is made again first."""
         if self.control_server is not None:
             await self.control_server.keep()
         new, reply = await self.reloader.reload(self.config, dry_run=dry_run)

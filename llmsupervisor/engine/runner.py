@@ -52,7 +52,7 @@ from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, NO_EVIDENCE, take_evi
 from llmsupervisor.engine.heartbeat import heartbeat_path
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
-from llmsupervisor.engine.launch import launch
+from llmsupervisor.engine.launch import launch_when_free
 from llmsupervisor.engine.ledger import Ledger, rotation_reason, start_reason
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer, round_unless_interrupted
 from llmsupervisor.engine.output import OutputForwarder, OutputSeen
@@ -76,11 +76,6 @@ log = logging.getLogger("llmsupervisor.engine")
 S = EngineState
 POLICY_TURN_S = 1.0  # how long a BACKOFF after an out-of-memory start waits for the policy
 OUTPUT_SETTLE_S = 0.5  # after an exit, how long its last lines may take to arrive
-# A port someone else listens on: looked at again after 1 s, then twice as long each time, at
-# most every PORT_WAIT_MAX_S; never a failure of the engine's (issue 38: five preflight
-# failures made it FATAL in about 12 s, and it stayed FATAL once the port was free).
-PORT_WAIT_FIRST_S = 1.0
-PORT_WAIT_MAX_S = 10.0
 
 
 class Outcome(enum.Enum):
@@ -289,13 +284,9 @@ class EngineRunner:
         self._start = StartProgress()
         ledger = self._ledger
         self._to(S.STARTING, start_reason(ledger.state, ledger.history.last_failure, step, len(spec.ladder)))
-        launched = await launch(spec, step, self._procs)
-        wait_s = PORT_WAIT_FIRST_S
-        while launched.held is not None:
-            if not await self._wait_for_port(launched.failure, wait_s):
-                return self._interrupted_start()
-            wait_s = min(wait_s * 2, PORT_WAIT_MAX_S)
-            launched = await launch(spec, step, self._procs)
+        launched = await launch_when_free(spec, step, self._procs, wait=self._wait_for_port)
+        if launched is None:  # a stop or restart while someone else held the port
+            return self._interrupted_start()
         if launched.proc is not None:
             proc = self._proc = launched.proc
             self._inc = Incarnation(
@@ -334,15 +325,10 @@ class EngineRunner:
             return Outcome.FAILED, why
         return self._interrupted_start()
 
-    async def _wait_for_port(self, held: str, wait_s: float) -> bool:
-        """STARTING, saying who holds the port, for ``wait_s`` or until a command; False when a
-        stop or restart ends the wait. Nothing is spawned and no failure is counted."""
-        reason = f"{held}; waiting for it to be free"
-        if not self._ledger.reason.startswith(reason):  # logged once per holder, not every look
-            log.warning(
-                "%s (looking again every %g s at most)", reason, PORT_WAIT_MAX_S, extra={"engine": self.name}
-            )
-        self._ledger.note(f"{reason} (next look in {wait_s:g} s)")
+    async def _wait_for_port(self, reason: str, wait_s: float) -> bool:
+        """STARTING with ``reason`` (who holds the port) for ``wait_s`` or until a command; False
+        when a stop or restart ends the wait (engine/launch.py ``launch_when_free``)."""
+        self._ledger.note(reason)
         self._publish()
         await self._pause(wait_s)
         return not self._desired.interrupts

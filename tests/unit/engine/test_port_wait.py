@@ -21,9 +21,8 @@ import pytest
 
 from llmsupervisor import aio, process
 from llmsupervisor.engine.commands import Stop
-from llmsupervisor.engine.launch import preflight_port
+from llmsupervisor.engine.launch import PORT_WAIT_MAX_S, preflight_port
 from llmsupervisor.engine.processes import HostProcesses
-from llmsupervisor.engine.runner import PORT_WAIT_MAX_S
 from tests.lib.runner_harness import Harness, S, ready_as, run, spec
 
 # ---- point 9: waiting for a held port, on virtual time ----
