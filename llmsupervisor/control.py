@@ -278,7 +278,9 @@ class ControlServer:
 
     async def _reply(self, writer: asyncio.StreamWriter, reply: dict[str, Any]) -> None:
         try:
-            data = json.dumps(redact_json(reply)).encode() + b"\n"  # a reason may quote a secret
+            # A reply of many lines or events (`logs`, `events`: up to a megabyte or so) is
+            # redacted and encoded in a thread, so the loop keeps turning meanwhile (issue 38).
+            data = await asyncio.to_thread(_encode, reply) if _bulky(reply) else _encode(reply)
         except (TypeError, ValueError) as exc:  # a handler's result JSON cannot say
             log.error("control reply not serializable: %s", exc)
             data = json.dumps({"ok": False, "error": f"internal error: {exc}"}).encode() + b"\n"
@@ -286,6 +288,21 @@ class ControlServer:
             async with asyncio.timeout(self.idle_timeout_s):
                 writer.write(data)
                 await writer.drain()
+
+
+BULKY_ITEMS: Final = 64  # a reply listing more lines or events than this is encoded in a thread
+
+
+def _encode(reply: dict[str, Any]) -> bytes:
+    return json.dumps(redact_json(reply)).encode() + b"\n"  # a reason may quote a secret
+
+
+def _bulky(reply: dict[str, Any]) -> bool:
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return False
+    items = result.get("lines", result.get("events"))
+    return isinstance(items, list) and len(items) > BULKY_ITEMS
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
@@ -366,9 +383,9 @@ def _exchange(path: Path, payload: dict[str, Any], timeout_s: float, deadline: f
         # A daemon that answered "busy" without reading may have closed already: read its answer.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(json.dumps(payload).encode() + b"\n")
-        data = b""
+        data = bytearray()  # grown in place: `bytes +=` copied the whole reply at every chunk
         while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
+            chunk = sock.recv(1 << 20)
             if not chunk:
                 break
             data += chunk

@@ -3,11 +3,13 @@ is in test_system_fake.py, beside the foreign holder it changed).
 
 Each test failed before its fix: a listener on ``[::1]`` only kept an engine on 127.0.0.1 from
 ever starting (10); a removed control socket never came back, the CLI said "not running"
-meanwhile, and the daemon's exit removed an impostor's socket (8).
+meanwhile, and the daemon's exit removed an impostor's socket (8); `logs NAME` after long lines
+made a reply of tens of megabytes (5: 20.7 MB here for 400 lines of 100 KiB).
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from llmsupervisor import control
+from llmsupervisor.daemon.output_ring import BYTES_KEPT
 from tests.lib.daemon import cli, fake_engine, free_port, wait_for
 
 pytestmark = pytest.mark.system
@@ -97,3 +101,20 @@ def test_a_removed_control_socket_comes_back_and_the_exit_leaves_someone_elses(d
         assert path.exists() and path.stat().st_ino == inode
     finally:
         impostor.close()
+
+
+def test_logs_after_long_lines_is_a_bounded_reply(daemon_factory: Any) -> None:
+    d = daemon_factory({"engines": [fake_engine("a", free_port(), fake_long_lines=400)]})
+    d.start()
+    d.wait_state("a", "ready")
+    d.wait_log("long line 00399", timeout_s=120)
+    reply = control.request(d.state_dir / "control.sock", {"command": "logs", "engine": "a"}, timeout_s=60)
+    assert reply["ok"], reply
+    size = len(json.dumps(reply))
+    lines = reply["result"]["lines"]
+    # 400 lines of 100 KiB were forwarded (64 KiB at most each): 20.7 MB before the fix.
+    assert size <= BYTES_KEPT + 200 * len(lines), size
+    assert any("bytes cut; the journal has the whole line" in line["text"] for line in lines)
+    shown = cli(d, "logs", "a")
+    assert shown.returncode == 0, shown.stderr
+    assert d.stop() == 0
