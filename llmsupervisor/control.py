@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, protocol_factory
+from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, RequestReader, protocol_factory
 from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor.control")
@@ -216,6 +216,7 @@ class ControlServer:
         assert task is not None
         try:
             if not self._crowd.join(task, reader):
+                self._crowd.refused()
                 await self._reply(writer, {"ok": False, "busy": True, "error": BUSY_ERROR})
                 self._crowd.answered(task)
                 await _linger(reader)  # until the client, which has its answer, closes
@@ -236,6 +237,8 @@ class ControlServer:
         except asyncio.CancelledError:
             # Pushed out for a newer client (answered "busy", written as the close ends), or the
             # server is closing.
+            if self._crowd.pushed_out(task) and isinstance(reader, RequestReader):
+                reader.drop_unread()  # what it sent: the close is then no reset that loses an answer
             if self._crowd.owes_answer(task) and not writer.is_closing():
                 writer.write(json.dumps({"ok": False, "busy": True, "error": BUSY_ERROR}).encode() + b"\n")
         except (OSError, asyncio.IncompleteReadError):

@@ -640,6 +640,11 @@ def main(argv: list[str] | None = None) -> int:
     print("INFO:     Application startup complete.", flush=True)
     for n in range(args.fake_long_lines):
         print(f"INFO long line {n:05d} " + "x" * 100 * 1024, flush=True)
+    if args.fake_long_lines:
+        # Alone in the pipe (the daemon forwards an over-long line in pieces of what it has
+        # read, which may cut a line after it): a marker the tests can wait for.
+        time.sleep(0.5)
+        print("INFO long lines done", flush=True)
     if args.fake_crash_after_s is not None:
         engine.exit_later(
             args.fake_crash_after_s, args.fake_exit_code, "fake crash after --fake-crash-after-s"

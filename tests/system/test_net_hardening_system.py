@@ -1,7 +1,8 @@
 """Issue 38, points 1, 5, 8, 10 against the real daemon over fake engines (point 9's system test
 is in test_system_fake.py, beside the foreign holder it changed).
 
-Each test failed before its fix: a listener on ``[::1]`` only kept an engine on 127.0.0.1 from
+Each test failed before its fix: a rotating slowloris of 64 or 256 connections took an engine
+out of a balancer's rotation (1); a listener on ``[::1]`` only kept an engine on 127.0.0.1 from
 ever starting (10); a removed control socket never came back, the CLI said "not running"
 meanwhile, and the daemon's exit removed an impostor's socket (8); `logs NAME` after long lines
 made a reply of tens of megabytes (5: 20.7 MB here for 400 lines of 100 KiB).
@@ -13,6 +14,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,37 @@ import pytest
 from llmsupervisor import control
 from llmsupervisor.daemon.output_ring import BYTES_KEPT
 from tests.lib.daemon import cli, fake_engine, free_port, wait_for
+from tests.lib.slowloris import PARTIAL_PROBE_LINE, balancer, figures, rotating_slowloris
 
 pytestmark = pytest.mark.system
+
+
+@pytest.mark.parametrize(
+    ("count", "partial"),
+    [
+        pytest.param(64, PARTIAL_PROBE_LINE, id="64-probe-line"),
+        pytest.param(256, PARTIAL_PROBE_LINE, id="256-probe-line"),
+        pytest.param(256, b"GET /engines/a/re", id="256-half-line"),
+        pytest.param(256, b"", id="256-silent"),
+    ],
+)
+def test_a_rotating_slowloris_leaves_every_balancer_check_answered(
+    daemon_factory: Any, count: int, partial: bytes
+) -> None:
+    d = daemon_factory({"engines": [fake_engine("a", free_port())]})
+    d.start()
+    d.wait_state("a", "ready")
+    host, port = d.http_url.removeprefix("http://").rsplit(":", 1)
+    with rotating_slowloris(host, int(port), count, partial=partial):
+        time.sleep(1.0)  # the attack in full swing first: every connection rotated once
+        checks = balancer(host, int(port), ("/engines/a/ready", "/healthz"), 30)
+    for path, done in checks.items():
+        print(f"daemon, slowloris {count} ({partial[:20]!r}): {path}: {figures(done)}")
+    for path, done in checks.items():
+        assert all(c.status == 200 for c in done), f"{path}: {figures(done)}"
+    assert d.engine("a")["state"] == "ready"
+    assert d.stop() == 0
+
 
 V6ONLY_LISTENER = """
 import socket, sys, time
@@ -107,7 +138,7 @@ def test_logs_after_long_lines_is_a_bounded_reply(daemon_factory: Any) -> None:
     d = daemon_factory({"engines": [fake_engine("a", free_port(), fake_long_lines=400)]})
     d.start()
     d.wait_state("a", "ready")
-    d.wait_log("long line 00399", timeout_s=120)
+    d.wait_log("long lines done", timeout_s=120)
     reply = control.request(d.state_dir / "control.sock", {"command": "logs", "engine": "a"}, timeout_s=60)
     assert reply["ok"], reply
     size = len(json.dumps(reply))
