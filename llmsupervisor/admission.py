@@ -16,9 +16,10 @@ calls got "the daemon went away", 161 of 400 `GET /healthz` no status line). "Ar
 where the bytes land, in the connection's ``RequestReader`` (fed by the transport as soon as the
 loop reads the socket), not by the task that parses them. When nobody can make way, the new
 connection is answered "busy" (503) at once, and one pushed out is answered "busy" too, so no
-client that sent a request is ever closed on without an answer. One pushed out has what it sent
-and the loop has not read yet read and dropped first (``drop_unread``): a close over unread bytes
-is a reset, and a reset may lose the answer.
+client that sent a request is ever closed on without an answer. One pushed out stops counting at
+once (the newcomer has its slot) and leaves as it can: answered "busy" with the listener's
+lingering close (HTTP), or with what it sent and the loop has not read yet dropped first
+(``drop_unread``): a close over unread bytes is a reset, and a reset may lose the answer.
 
 The reserve (issue 38): an attacker that closes and opens each of its partial requests every
 0.35 s is never older than the grace, so none of its connections may make way, and every load
@@ -168,15 +169,17 @@ class Crowd:
         self._answered: dict[asyncio.Task[None], None] = {}  # lingering after an answer, oldest first
         self._pushed_out: set[asyncio.Task[None]] = set()
         self._was_answered: set[asyncio.Task[None]] = set()  # pushed out while lingering
+        # Pushed out and on their way out (answered "busy", lingering): counted nowhere else.
+        self._leaving: dict[asyncio.Task[None], None] = {}
         self.pushed_out_total = 0
         self.busy_total = 0
 
     def __len__(self) -> int:
-        return len(self._open)
+        return len(self._open) + len(self._leaving)
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
-        return list(self._open)
+        return [*self._open, *self._leaving]
 
     def join(self, task: asyncio.Task[None], reader: asyncio.StreamReader) -> bool:
         """Count a new connection; past the cap, push out one that may make way. False when none
@@ -201,6 +204,7 @@ class Crowd:
 
     def leave(self, task: asyncio.Task[None]) -> None:
         self._open.pop(task, None)
+        self._leaving.pop(task, None)
         self._reserved.pop(task, None)
         self._answered.pop(task, None)
         self._pushed_out.discard(task)
@@ -208,7 +212,8 @@ class Crowd:
 
     def answered(self, task: asyncio.Task[None]) -> None:
         """The connection has its answer and only lingers: the first to make way."""
-        self._answered[task] = None
+        if task in self._open:  # not one pushed out already
+            self._answered[task] = None
 
     def pushed_out(self, task: asyncio.Task[None]) -> bool:
         return task in self._pushed_out
@@ -237,8 +242,8 @@ class Crowd:
             self._was_answered.add(victim)
         else:
             for task, reader in self._open.items():
-                if task in self._pushed_out or task in self._reserved:
-                    continue  # cancelled already, not gone yet; or not one of the cap's
+                if task in self._reserved:
+                    continue  # not one of the cap's
                 if not reader.arrived and now - reader.accepted_at_s >= self.silent_grace_s:
                     if reader.unread():
                         continue  # not silent: what it sent waits for a loop that is behind
@@ -249,20 +254,24 @@ class Crowd:
         return self._push_out(victim)
 
     def _push_out_of_reserve(self, keep: Callable[[RequestReader], bool]) -> bool:
-        live = [task for task in self._reserved if task not in self._pushed_out]
-        victim = next((task for task in live if task in self._answered), None)
+        victim = next((task for task in self._reserved if task in self._answered), None)
         if victim is not None:
             self._was_answered.add(victim)
         else:
             victim = next(
-                (t for t in live if not self._open[t].line_arrived and not keep(self._open[t])), None
+                (t for t in self._reserved if not self._open[t].line_arrived and not keep(self._open[t])),
+                None,
             )
         return self._push_out(victim)
 
     def _push_out(self, victim: asyncio.Task[None] | None) -> bool:
+        """``victim`` makes way at once (its slot is the newcomer's) and leaves as it can."""
         if victim is None:
             return False
+        del self._open[victim]
+        self._leaving[victim] = None
         self._answered.pop(victim, None)
+        self._reserved.pop(victim, None)
         self._pushed_out.add(victim)
         victim.cancel()
         self.pushed_out_total += 1

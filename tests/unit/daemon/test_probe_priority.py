@@ -172,8 +172,11 @@ def test_a_full_reserve_pushes_out_its_oldest_silent_one_never_a_waiting_probe()
     async def scenario(port: int) -> None:
         silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
         await asyncio.sleep(0.1)  # in the reserve (of 1), its line not there
-        # A newcomer whose line is not there either takes its place: the older one is answered busy.
+        # A newcomer whose line is not there either takes its place: the older one is answered
+        # busy, and closed the lingering way, so a request it sends now meets no reset.
         newer = asyncio.create_task(exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n", pause_s=0.2))
+        await asyncio.sleep(0.1)
+        silent_w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await read_all(silent_r)).startswith(b"HTTP/1.1 503 ")
         silent_w.close()
         assert (await newer).startswith(b"HTTP/1.1 200 OK")
