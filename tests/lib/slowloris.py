@@ -24,6 +24,13 @@ from tests.lib.paths import REPO
 
 PERIOD_S = 0.35  # the issue's attacker: every connection replaced this often
 PARTIAL_PROBE_LINE = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "  # a whole line, never the end
+# The attacks the tests run: (id, connections, what each sends and never finishes).
+ATTACKS = (
+    ("64-probe-line", 64, PARTIAL_PROBE_LINE),
+    ("256-probe-line", 256, PARTIAL_PROBE_LINE),
+    ("256-half-line", 256, b"GET /engines/"),
+    ("256-silent", 256, b""),
+)
 
 
 @contextlib.contextmanager
@@ -100,6 +107,14 @@ def balancer(
             out[path].append(check(host, port, path, timeout_s=timeout_s))
         time.sleep(interval_s)
     return out
+
+
+def assert_all_answered(checks: dict[str, list[Check]], what: str) -> None:
+    """Every check answered 200; the figures printed first (`pytest -s`, docs/reliability.md)."""
+    for path, done in checks.items():
+        print(f"{what}: {path}: {figures(done)}")
+    for path, done in checks.items():
+        assert all(c.status == 200 for c in done), f"{path}: {figures(done)}"
 
 
 def figures(checks: list[Check]) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import resource
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 
 from llmsupervisor import control
 from tests.lib.daemon import Daemon, fake_engine, free_port
+from tests.lib.sockets import descriptors
 
 pytestmark = pytest.mark.system
 
@@ -25,14 +25,10 @@ BURSTS = (100, 400, 1000)
 
 
 @pytest.fixture(autouse=True)
-def descriptors() -> Iterator[None]:
+def _descriptors() -> Iterator[None]:
     """1,000 client sockets here, as many in the daemon (which raises its own soft limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 4096:
-        pytest.skip(f"needs 4096 descriptors, the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with descriptors(4096):
+        yield
 
 
 def two_engines(daemon_factory: Any) -> Daemon:

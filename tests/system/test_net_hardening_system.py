@@ -23,20 +23,13 @@ import pytest
 from llmsupervisor import control
 from llmsupervisor.daemon.output_ring import BYTES_KEPT
 from tests.lib.daemon import cli, fake_engine, free_port, wait_for
-from tests.lib.slowloris import PARTIAL_PROBE_LINE, balancer, figures, rotating_slowloris
+from tests.lib.slowloris import ATTACKS, assert_all_answered, balancer, rotating_slowloris
+from tests.lib.sockets import has_ipv6_loopback
 
 pytestmark = pytest.mark.system
 
 
-@pytest.mark.parametrize(
-    ("count", "partial"),
-    [
-        pytest.param(64, PARTIAL_PROBE_LINE, id="64-probe-line"),
-        pytest.param(256, PARTIAL_PROBE_LINE, id="256-probe-line"),
-        pytest.param(256, b"GET /engines/a/re", id="256-half-line"),
-        pytest.param(256, b"", id="256-silent"),
-    ],
-)
+@pytest.mark.parametrize(("count", "partial"), [pytest.param(c, p, id=i) for i, c, p in ATTACKS])
 def test_a_rotating_slowloris_leaves_every_balancer_check_answered(
     daemon_factory: Any, count: int, partial: bytes
 ) -> None:
@@ -47,10 +40,7 @@ def test_a_rotating_slowloris_leaves_every_balancer_check_answered(
     with rotating_slowloris(host, int(port), count, partial=partial):
         time.sleep(1.0)  # the attack in full swing first: every connection rotated once
         checks = balancer(host, int(port), ("/engines/a/ready", "/healthz"), 30)
-    for path, done in checks.items():
-        print(f"daemon, slowloris {count} ({partial[:20]!r}): {path}: {figures(done)}")
-    for path, done in checks.items():
-        assert all(c.status == 200 for c in done), f"{path}: {figures(done)}"
+    assert_all_answered(checks, f"daemon, slowloris {count} ({partial[:20]!r})")
     assert d.engine("a")["state"] == "ready"
     assert d.stop() == 0
 
@@ -66,16 +56,7 @@ time.sleep(3600)
 """
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_a_listener_on_ipv6_loopback_only_does_not_keep_an_engine_on_ipv4_loopback_down(
     daemon_factory: Any,
 ) -> None:

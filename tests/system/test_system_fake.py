@@ -185,11 +185,7 @@ def test_foreign_port_holder_holds_only_that_engine_and_it_starts_once_the_port_
         )
         d.start()
         d.wait_state("ok", "ready")
-        waiting = wait_for(
-            lambda: e if "waiting for it to be free" in (e := d.engine("blocked"))["reason"] else None,
-            timeout_s=30,
-            what="the blocked engine to say who holds its port",
-        )
+        waiting = d.wait_reason("blocked", "waiting for it to be free")
         assert waiting["state"] == "starting"
         assert f"port {held} is held by pid {holder.pid}" in waiting["reason"]
         assert "http.server" in waiting["reason"]

@@ -103,11 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def test_two_real_engines_reach_ready_and_answer(stack: dict[str, Any]) -> None:
     d: Daemon = stack["daemon"]
     ports = stack["ports"]
-    held = wait_for(
-        lambda: e if "waiting for it to be free" in (e := d.engine("held"))["reason"] else None,
-        timeout_s=60,
-        what="the held engine to say who holds its port",
-    )
+    held = d.wait_reason("held", "waiting for it to be free", timeout_s=60)
     assert held["state"] == "starting"
     assert f"port {ports['held']} is held by pid {stack['holder'].pid}" in held["reason"]
     e1 = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)

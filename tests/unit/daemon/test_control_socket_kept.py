@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,53 +76,48 @@ def test_the_daemon_notices_a_deleted_socket_by_itself(
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def test_at_exit_an_impostors_socket_is_left_where_it_is(tmp_path: Path) -> None:
-    path = tmp_path / "control.sock"
+def with_an_impostor(path: Path, while_running: Callable[[control.ControlServer], Awaitable[None]]) -> None:
+    """A server at ``path`` whose socket someone removes and replaces with their own;
+    ``while_running`` runs then, the server closes, and the impostor's socket must be there."""
     impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    bound: list[int] = []  # the inode of the impostor's socket file
 
-    async def scenario() -> None:
+    async def scenario() -> int:
         server = control.ControlServer(path, handler)
         await server.start()
-        path.unlink()
-        impostor.bind(str(path))  # someone else's socket now sits at the path
-        impostor.listen()
-        bound.append(path.stat().st_ino)
-        await server.close()
+        try:
+            os.unlink(path)
+            impostor.bind(str(path))  # someone else's socket now sits at the path
+            impostor.listen()
+            inode = os.stat(path).st_ino
+            await while_running(server)
+        finally:
+            await server.close()
+        return inode
 
     try:
-        asyncio.run(asyncio.wait_for(scenario(), 30))
-        assert path.exists() and path.stat().st_ino == bound[0]
+        inode = asyncio.run(asyncio.wait_for(scenario(), 30))
+        assert path.exists() and path.stat().st_ino == inode
     finally:
         impostor.close()
+
+
+def test_at_exit_an_impostors_socket_is_left_where_it_is(tmp_path: Path) -> None:
+    async def nothing(_: control.ControlServer) -> None:
+        pass
+
+    with_an_impostor(tmp_path / "control.sock", nothing)
 
 
 def test_someone_elses_socket_is_not_replaced_while_running(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "control.sock"
-    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    bound: list[int] = []  # the inode of the impostor's socket file
+    async def look_twice(server: control.ControlServer) -> None:
+        assert await server.keep() is False
+        assert await server.keep() is False
 
-    async def scenario() -> None:
-        server = control.ControlServer(path, handler)
-        await server.start()
-        try:
-            path.unlink()
-            impostor.bind(str(path))
-            bound.append(path.stat().st_ino)
-            assert await server.keep() is False
-            assert await server.keep() is False
-        finally:
-            await server.close()
-
-    try:
-        asyncio.run(asyncio.wait_for(scenario(), 30))
-        assert path.stat().st_ino == bound[0]
-        said = [r.getMessage() for r in caplog.records if "not this daemon's" in r.getMessage()]
-        assert len(said) == 1, said  # said once, not at every look
-    finally:
-        impostor.close()
+    with_an_impostor(tmp_path / "control.sock", look_twice)
+    said = [r.getMessage() for r in caplog.records if "not this daemon's" in r.getMessage()]
+    assert len(said) == 1, said  # said once, not at every look
 
 
 def test_the_cli_says_the_daemon_runs_but_its_socket_is_gone(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import resource
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,19 +23,16 @@ import pytest
 
 from llmsupervisor import control
 from llmsupervisor.http_api import HttpApi, text
+from tests.lib.sockets import descriptors
 
 BURSTS = (100, 400, 1000)
 
 
 @pytest.fixture(autouse=True)
-def descriptors() -> Iterator[None]:
+def _descriptors() -> Iterator[None]:
     """A burst of 1,000 holds ~2,000 descriptors here (both ends): raise the soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 4096:
-        pytest.skip(f"needs 4096 descriptors, the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with descriptors(4096):
+        yield
 
 
 def run(scenario: Any) -> Any:

@@ -12,14 +12,14 @@ latency) are printed for docs/reliability.md (`pytest -s`).
 from __future__ import annotations
 
 import asyncio
-import resource
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
 from llmsupervisor.daemon.endpoints import http_api, is_probe
 from llmsupervisor.http_api import HttpApi, Response, text
-from tests.lib.slowloris import PARTIAL_PROBE_LINE, Check, balancer, figures, rotating_slowloris
+from tests.lib.slowloris import ATTACKS, Check, assert_all_answered, balancer, rotating_slowloris
+from tests.lib.sockets import descriptors
 from tests.lib.statuses import status
 
 ROUNDS = 20
@@ -27,13 +27,9 @@ PATHS = ("/engines/e1/ready", "/healthz")
 
 
 @pytest.fixture(autouse=True)
-def descriptors() -> Iterator[None]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 4096:
-        pytest.skip(f"needs 4096 descriptors, the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+def _descriptors() -> Iterator[None]:
+    with descriptors(4096):
+        yield
 
 
 class NoExporter:
@@ -43,15 +39,7 @@ class NoExporter:
         return b""
 
 
-@pytest.mark.parametrize(
-    ("count", "partial"),
-    [
-        pytest.param(64, PARTIAL_PROBE_LINE, id="64-probe-line"),
-        pytest.param(256, PARTIAL_PROBE_LINE, id="256-probe-line"),
-        pytest.param(256, b"", id="256-silent"),
-        pytest.param(256, b"GET /engines/e1/re", id="256-half-line"),
-    ],
-)
+@pytest.mark.parametrize(("count", "partial"), [pytest.param(c, p, id=i) for i, c, p in ATTACKS])
 def test_balancer_checks_are_answered_under_a_rotating_slowloris(count: int, partial: bytes) -> None:
     engines = (status("e1"),)
 
@@ -75,11 +63,7 @@ def test_balancer_checks_are_answered_under_a_rotating_slowloris(count: int, par
             await api.close()
 
     checks = asyncio.run(asyncio.wait_for(scenario(), 120))
-    for path, done in checks.items():
-        print(f"slowloris {count} ({partial[:20]!r}): {path}: {figures(done)}")
-    for path, done in checks.items():
-        answered = [c for c in done if c.status == 200]
-        assert len(answered) == len(done), f"{path}: {figures(done)}"
+    assert_all_answered(checks, f"slowloris {count} ({partial[:20]!r})")
 
 
 # ---- the rules, one at a time: the cap (1 here) held by a request in its handler ----

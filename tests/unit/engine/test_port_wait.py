@@ -24,6 +24,7 @@ from llmsupervisor.engine.commands import Stop
 from llmsupervisor.engine.launch import PORT_WAIT_MAX_S, preflight_port
 from llmsupervisor.engine.processes import HostProcesses
 from tests.lib.runner_harness import Harness, S, ready_as, run, spec
+from tests.lib.sockets import has_ipv6_loopback
 
 # ---- point 9: waiting for a held port, on virtual time ----
 
@@ -70,16 +71,7 @@ def test_a_stop_while_waiting_for_the_port_stops_at_once(tmp_path: Path) -> None
 # ---- point 10: which listeners hold an engine's port, on real loopback sockets ----
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+needs_ipv6 = pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 
 
 @contextlib.contextmanager
