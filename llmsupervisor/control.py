@@ -28,6 +28,14 @@ pushed out connections whose requests had arrived but were not read yet ("the da
 without answering" for 32 of 100 `status` calls).
 Whatever arrives gets a JSON answer: malformed or deeply nested JSON is a "bad request", never
 an "internal error".
+
+The socket is the daemon's own while it runs: every ``SOCKET_CHECK_S`` (and on SIGHUP) it
+looks at its path, and a socket removed from there (a tmp cleaner, an operator's ``rm``) is made
+again (``keep``); one that someone else put there is left alone and said once in the log. At
+exit only its own is removed, told by device and inode. Before issue 38 a removed socket stayed
+gone (every CLI command said "the daemon is not running" while it ran), and the exit removed an
+impostor's socket too. The client tells "no socket" from other failures (``SocketGone``), so
+that the CLI can say the daemon runs (its state-dir lock is held) but its socket is gone.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, protocol_factory
+from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, RequestReader, protocol_factory
 from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor.control")
@@ -60,11 +68,16 @@ BUSY_ERROR: Final = "busy: too many connections; try again"
 # reads our answer instead of a reset (as http_api's lingering close).
 LINGER_S: Final = 1.0
 LINGER_BYTES: Final = 4 * 1024 * 1024
+SOCKET_CHECK_S: Final = 5.0  # how often the daemon looks that its socket is still at its path
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 class ControlError(Exception):
     """A request the daemon refuses; its message goes back to the client."""
+
+
+class SocketGone(ControlError):
+    """Nobody listens at the socket's path: no socket there, or a dead one (the client's side)."""
 
 
 def default_socket_path(state_dir: Path) -> Path:
@@ -94,6 +107,9 @@ class ControlServer:
         self.read_limit_bytes = read_limit_bytes
         self._server: asyncio.AbstractServer | None = None
         self._crowd = Crowd(max_connections=max_connections, silent_grace_s=silent_grace_s)
+        self._own: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
+        self._foreign: tuple[int, int] | None = None  # someone else's at the path, said once
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def open_connections(self) -> int:
@@ -107,7 +123,51 @@ class ControlServer:
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(self.path.lstat().st_mode):
-                self.path.unlink()  # a stale socket of an earlier run
+                self.path.unlink()  # a stale socket of an earlier run (the state-dir lock is ours)
+        await self._listen()
+        self._watch = asyncio.create_task(self._keep_watching(), name="control-socket")
+
+    async def keep(self) -> bool:
+        """Make the socket again if its path has lost it; True when it did. Someone else's
+        socket (or anything else) at the path is left alone and said once in the log."""
+        if self._server is None:
+            return False
+        try:
+            st = self.path.lstat()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot look at the control socket %s: %s", self.path, exc.strerror or exc)
+            return False
+        else:
+            found = (st.st_dev, st.st_ino)
+            if found != self._own and found != self._foreign:
+                self._foreign = found
+                log.error(
+                    "the control socket %s is not this daemon's (someone replaced it): the CLI reaches "
+                    "whatever listens there; remove it and the daemon makes its own again",
+                    self.path,
+                )
+            return False
+        old = self._server
+        try:
+            await self._listen()
+        except OSError as exc:
+            log.error("the control socket %s is gone and cannot be made again: %s", self.path, exc)
+            return False
+        old.close()  # its path is gone: stop listening there (its connections go on)
+        log.warning("the control socket %s was removed; made again", self.path)
+        return True
+
+    async def _keep_watching(self) -> None:
+        while True:
+            await asyncio.sleep(SOCKET_CHECK_S)
+            try:
+                await self.keep()
+            except Exception:  # a bug here must not end the watch, let alone the daemon
+                log.exception("checking the control socket failed")
+
+    async def _listen(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # The umask is process-wide: bind with no await in between, or other tasks create their
         # files and directories under 0117 meanwhile (start_unix_server yields after binding; the
@@ -127,8 +187,15 @@ class ControlServer:
             factory, sock=sock, backlog=LISTEN_BACKLOG
         )
         os.chmod(self.path, 0o660)
+        st = self.path.lstat()
+        self._own, self._foreign = (st.st_dev, st.st_ino), None
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
         if self._server is not None:
             self._server.close()
             # Clients still connected are ended, not waited for (3.12's wait_closed would wait).
@@ -138,14 +205,18 @@ class ControlServer:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
+        # Only our own: an impostor's socket (or a newer daemon's) at the path is not ours to remove.
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            st = self.path.lstat()
+            if (st.st_dev, st.st_ino) == self._own:
+                self.path.unlink()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
             if not self._crowd.join(task, reader):
+                self._crowd.refused()
                 await self._reply(writer, {"ok": False, "busy": True, "error": BUSY_ERROR})
                 self._crowd.answered(task)
                 await _linger(reader)  # until the client, which has its answer, closes
@@ -166,6 +237,8 @@ class ControlServer:
         except asyncio.CancelledError:
             # Pushed out for a newer client (answered "busy", written as the close ends), or the
             # server is closing.
+            if self._crowd.pushed_out(task) and isinstance(reader, RequestReader):
+                reader.drop_unread()  # what it sent: the close is then no reset that loses an answer
             if self._crowd.owes_answer(task) and not writer.is_closing():
                 writer.write(json.dumps({"ok": False, "busy": True, "error": BUSY_ERROR}).encode() + b"\n")
         except (OSError, asyncio.IncompleteReadError):
@@ -208,7 +281,9 @@ class ControlServer:
 
     async def _reply(self, writer: asyncio.StreamWriter, reply: dict[str, Any]) -> None:
         try:
-            data = json.dumps(redact_json(reply)).encode() + b"\n"  # a reason may quote a secret
+            # A reply of many lines or events (`logs`, `events`: up to a megabyte or so) is
+            # redacted and encoded in a thread, so the loop keeps turning meanwhile (issue 38).
+            data = await asyncio.to_thread(_encode, reply) if _bulky(reply) else _encode(reply)
         except (TypeError, ValueError) as exc:  # a handler's result JSON cannot say
             log.error("control reply not serializable: %s", exc)
             data = json.dumps({"ok": False, "error": f"internal error: {exc}"}).encode() + b"\n"
@@ -216,6 +291,21 @@ class ControlServer:
             async with asyncio.timeout(self.idle_timeout_s):
                 writer.write(data)
                 await writer.drain()
+
+
+BULKY_ITEMS: Final = 64  # a reply listing more lines or events than this is encoded in a thread
+
+
+def _encode(reply: dict[str, Any]) -> bytes:
+    return json.dumps(redact_json(reply)).encode() + b"\n"  # a reason may quote a secret
+
+
+def _bulky(reply: dict[str, Any]) -> bool:
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return False
+    items = result.get("lines", result.get("events"))
+    return isinstance(items, list) and len(items) > BULKY_ITEMS
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
@@ -296,9 +386,9 @@ def _exchange(path: Path, payload: dict[str, Any], timeout_s: float, deadline: f
         # A daemon that answered "busy" without reading may have closed already: read its answer.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(json.dumps(payload).encode() + b"\n")
-        data = b""
+        data = bytearray()  # grown in place: `bytes +=` copied the whole reply at every chunk
         while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
+            chunk = sock.recv(1 << 20)
             if not chunk:
                 break
             data += chunk
@@ -334,10 +424,10 @@ def _connect(path: Path, timeout_s: float, deadline: float) -> socket.socket:
             sock.close()
         except FileNotFoundError:
             sock.close()
-            raise ControlError(f"the daemon is not running (no control socket at {path})") from None
+            raise SocketGone(f"the daemon is not running (no control socket at {path})") from None
         except ConnectionRefusedError:
             sock.close()
-            raise ControlError(f"the daemon is not running (stale control socket at {path})") from None
+            raise SocketGone(f"the daemon is not running (stale control socket at {path})") from None
         except PermissionError:
             sock.close()
             raise ControlError(

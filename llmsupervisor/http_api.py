@@ -19,9 +19,24 @@ exception never reaches the event loop. Past ``max_connections`` open connection
 pushes out one that lingers after an error response, else the oldest whose request head has not
 arrived within ``silent_grace_s`` (admission.py); one pushed out gets 503 before it is closed.
 A connection whose head has arrived is never pushed out, even before its task has read it: in a
-burst that lost requests already sent (issue 28). When none may make way, the new one gets 503
+burst that lost requests already sent (issue 28); nor is one whose bytes wait unread in the
+kernel (a loop that is behind has not read them yet). When none may make way, the new one gets 503
 at once without being read. Before issue 17, 64 idle sockets from any local user took every
 engine out of rotation: each check got 503 (docs/reliability.md).
+
+Probes first (issue 38): the paths ``probe`` names (the daemon's: ``/livez``, ``/healthz``,
+``/readyz``, ``/engines/NAME/ready``) are what load balancers and kubelets check, and no other
+client may starve them. A connection past the cap is looked at before it is refused, in the turn
+it is accepted: when its request line already waits in the kernel (MSG_PEEK) and names a probe
+(GET or HEAD), it is answered there and then, from that line alone, and closed, without taking
+a slot. One whose line is not there yet waits for it in a reserve of ``probe_reserve`` more
+connections (admission.py), where it is answered as soon as the line arrives: a probe's answer,
+else 503. The reserve makes way by its own rules (the oldest answered, else the oldest whose
+line has not arrived, at any age, unless a probe's line waits for it unread; one pushed out is
+answered 503 with the lingering close), so a slowloris that rotates its connections every
+0.35 s, never old enough to be pushed out of the cap, holds neither. Anything else past the cap
+gets 503 as before. Before, ``/engines/NAME/ready`` answered 200 in 0 to 2 of 30 checks under
+such an attack of 64 or 256 connections; now 30 of 30 (docs/reliability.md).
 
 Routing: an exact match in ``routes`` first; otherwise the longest key of ``prefix_routes`` that
 the path starts with, whose handler gets the rest of the path (``"/engines/"`` + ``"gpu0/ready"``
@@ -41,7 +56,7 @@ from http import HTTPStatus
 from typing import Final
 from urllib.parse import urlsplit
 
-from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, protocol_factory
+from llmsupervisor.admission import LISTEN_BACKLOG, SILENT_GRACE_S, Crowd, RequestReader, protocol_factory
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +65,9 @@ READ_TIMEOUT_S: Final = 5.0
 WRITE_TIMEOUT_S: Final = 5.0
 HANDLER_TIMEOUT_S: Final = 10.0
 MAX_CONNECTIONS: Final = 64
+PROBE_RESERVE: Final = 64  # connections past the cap that may still be answered a probe
+PROBE_LINE_TIMEOUT_S: Final = 1.0  # how long one in the reserve waits for its request line
+PROBE_PEEK_BYTES: Final = 2048  # a request line longer than this names no probe
 # After an error response: how long and how much to keep reading before closing (see _linger).
 LINGER_S: Final = 1.0
 LINGER_BYTES: Final = 64 * 1024
@@ -119,6 +137,8 @@ class HttpApi:
         max_header_bytes: int = MAX_HEADER_BYTES,
         max_connections: int = MAX_CONNECTIONS,
         silent_grace_s: float = SILENT_GRACE_S,
+        probe: Callable[[str], bool] | None = None,
+        probe_reserve: int = PROBE_RESERVE,
     ) -> None:
         self._routes = dict(routes)
         # Longest prefix first, so "/engines/gpu0/" can override "/engines/".
@@ -128,7 +148,9 @@ class HttpApi:
         self._handler_timeout_s = handler_timeout_s
         self._max_header_bytes = max_header_bytes
         self._server: asyncio.Server | None = None
-        self._crowd = Crowd(max_connections=max_connections, silent_grace_s=silent_grace_s)
+        self._probe = probe
+        reserve = probe_reserve if probe is not None else 0
+        self._crowd = Crowd(max_connections=max_connections, silent_grace_s=silent_grace_s, reserve=reserve)
 
     @property
     def evicted_total(self) -> int:
@@ -176,11 +198,10 @@ class HttpApi:
         task = asyncio.current_task()
         assert task is not None
         try:
-            if not self._crowd.join(task, reader):
-                await self._respond(writer, _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"))
-                await self._linger(reader)
-                return
-            await self._exchange(reader, writer)
+            if self._crowd.join(task, reader):
+                await self._exchange(reader, writer)
+            else:
+                await self._past_the_cap(task, reader, writer)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             # The client went away or stopped reading (HAProxy's health checks reset the
             # connection as soon as they have the status line: ENOTCONN on shutdown); nothing
@@ -191,8 +212,9 @@ class HttpApi:
             # Ending normally matters: on 3.11, StreamReaderProtocol logs a cancelled connection
             # task as an unhandled error.
             if self._crowd.owes_answer(task) and not writer.is_closing():
-                # Its request may arrive yet: an answer, not a bare close (written as close() ends).
-                writer.write(_head_and_body(_error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections")))
+                await self._busy_after_push_out(task, reader, writer)
+            elif self._crowd.pushed_out(task) and isinstance(reader, RequestReader):
+                reader.drop_unread()  # answered already: the close is then no reset that loses it
         except Exception:
             # Never let one connection's failure reach the loop's exception handler.
             log.exception("HTTP connection failed")
@@ -223,6 +245,87 @@ class HttpApi:
         await self._respond(writer, response, head_only=head_only)
         if response.status >= 400:
             await self._linger(reader)
+
+    async def _busy_after_push_out(
+        self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Pushed out for a newer connection before it was answered: 503, then the lingering
+        close of any refusal. Its request may be on its way: closed at once, the request would
+        meet a reset, and the client lose the answer (a burst of checks past the cap: 112 of
+        400 without a status line when the reserve closed the ones it pushed out)."""
+        task.uncancel()
+        try:
+            await self._respond(writer, _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"))
+            await self._linger(reader)
+        except (asyncio.CancelledError, OSError, TimeoutError):
+            pass  # the server closes, or pushed out again while it lingers, or the client left
+
+    async def _past_the_cap(
+        self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """A connection ``join`` did not admit: a probe whose request line is there already is
+        answered at once, in this turn, before any other newcomer is looked at; one whose line
+        is not there yet waits for it in the reserve; anything else is "busy" (module doc)."""
+        assert isinstance(reader, RequestReader)
+        line = self._probe_line(reader)
+        if line is not None:
+            request = _parse(line)
+            reader.drop_unread()  # the check's request, read and dropped: the close is a FIN
+            # A plain handler (the daemon's probes) is called and its answer written without a
+            # yield: no newcomer can push this one out meanwhile.
+            response = await self._dispatch(request)
+            self._crowd.answered(task)
+            await self._respond(writer, response, head_only=request.method == "HEAD")
+            return
+        if self._probe is not None and self._crowd.take_reserve(task, self._holds_probe):
+            await self._probe_exchange(reader, writer)
+            return
+        self._crowd.refused()
+        await self._respond(writer, _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"))
+        await self._linger(reader)
+
+    def _probe_line(self, reader: RequestReader) -> bytes | None:
+        """The request line waiting unread in the kernel, if it is a whole one naming a probe."""
+        if self._probe is None:
+            return None
+        head = reader.peek_unread(PROBE_PEEK_BYTES).lstrip(b"\r\n")
+        line, sep, _ = head.partition(b"\n")
+        if not sep:
+            return None
+        try:
+            request = _parse(line + sep)
+        except _BadRequest:
+            return None
+        return line + sep if self._probe(request.path) and request.method in ALLOWED_METHODS else None
+
+    def _holds_probe(self, reader: RequestReader) -> bool:
+        return self._probe_line(reader) is not None
+
+    async def _probe_exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """In the reserve: answered on the request line alone, a probe's answer when it names
+        one, else 503; then what else the client sends is read and dropped."""
+        response, head_only = _error(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections"), False
+        try:
+            async with asyncio.timeout(PROBE_LINE_TIMEOUT_S):
+                request = _parse(await self._read_request_line(reader))
+        except (TimeoutError, _BadRequest):
+            pass
+        else:
+            assert self._probe is not None  # a reserve is kept only with probes
+            if self._probe(request.path) and request.method in ALLOWED_METHODS:
+                head_only = request.method == "HEAD"
+                response = await self._dispatch(request)
+        await self._respond(writer, response, head_only=head_only)
+        await self._linger(reader)
+
+    async def _read_request_line(self, reader: asyncio.StreamReader) -> bytes:
+        while True:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError:
+                raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "headers too large") from None
+            if line not in (b"\r\n", b"\n"):  # RFC 9112 §2.2: empty lines before it are ignored
+                return line
 
     async def _linger(self, reader: asyncio.StreamReader) -> None:
         """Read and drop what the client still sends, until it closes or a small budget is spent.

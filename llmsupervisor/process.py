@@ -26,10 +26,12 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -520,8 +522,16 @@ async def wait_gone(pids: Iterable[int], *, timeout_s: float, poll_s: float = 0.
         await asyncio.sleep(poll_s)
 
 
-def port_holders(port: int) -> list[int | None]:
-    """PIDs listening on TCP ``port`` (None where the kernel hides the owner from us)."""
+def port_holders(port: int, host: str | None = None) -> list[int | None]:
+    """PIDs listening on TCP ``port`` (None where the kernel hides the owner from us): with
+    ``host``, only those whose listener a bind of ``host:port`` collides with.
+
+    A collision is the kernel's rule: the same family and the same address, or a wildcard
+    (``0.0.0.0``, ``::``) on either side; across families only an IPv6 wildcard that also
+    takes IPv4 (not IPV6_V6ONLY), which no listing says, so a listener that may collide is
+    confirmed with a bind of ``host:port`` (SO_REUSEADDR, never listening): the kernel's answer.
+    Before issue 38 a listener on ``[::1]`` only held an engine bound to 127.0.0.1 until FATAL.
+    Blocking (psutil reads every process's descriptors): call it in a thread."""
     holders: list[int | None] = []
     try:
         conns = psutil.net_connections(kind="tcp")
@@ -529,11 +539,64 @@ def port_holders(port: int) -> list[int | None]:
         if getattr(exc, "errno", None) not in (None, errno.EACCES, errno.EPERM):
             raise
         return holders
+    binds = _bind_addresses(host, port) if host is not None else None
     for conn in conns:
-        listening = conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
-        if listening and conn.pid not in holders:
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.pid in holders:
+            continue
+        ip, listen_port = conn.laddr[0], conn.laddr[1]
+        if listen_port != port:
+            continue
+        if binds is None or any(_collide(str(ip), bind) for bind in binds):
             holders.append(conn.pid)
+    if holders and binds and _bind_is_free(binds, port):
+        return []  # a wildcard that may have taken our family and has not (IPV6_V6ONLY)
     return holders
+
+
+def _bind_addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address] | None:
+    """The addresses a bind of ``host`` takes (a name may resolve to several); None where it
+    does not resolve (every listener on the port counts then, as before)."""
+    try:
+        return [_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    return list(dict.fromkeys(_address(str(info[4][0])) for info in infos)) or None
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``text`` as an address; an IPv4-mapped IPv6 one (``::ffff:127.0.0.1``) as the IPv4 it is."""
+    address = ipaddress.ip_address(text.split("%", 1)[0])  # a zone ("fe80::1%eth0") binds the same
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _collide(listener: str, bind: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    try:
+        held = _address(listener)
+    except ValueError:
+        return True  # an address we cannot read: counted, as before
+    if held.version == bind.version:
+        return held == bind or held.is_unspecified or bind.is_unspecified
+    v6 = held if held.version == 6 else bind
+    return v6.is_unspecified  # "::" may take IPv4 too (confirmed by a bind: _bind_is_free)
+
+
+def _bind_is_free(binds: Sequence[ipaddress.IPv4Address | ipaddress.IPv6Address], port: int) -> bool:
+    """Whether every one of ``binds`` on ``port`` binds now (the sockets closed at once)."""
+    for bind in binds:
+        family = socket.AF_INET6 if bind.version == 6 else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((str(bind), port))
+        except OSError:
+            return False  # EADDRINUSE, or an address not ours: the listing stands
+    return True
 
 
 async def sweep_leftovers(state_dir: Path, *, timeout_s: float) -> None:

@@ -245,10 +245,10 @@ def _client(args: argparse.Namespace) -> Client:
     state_dir = (state_dir or SupervisorSettings().state_dir).resolve()
     status_file = state_dir / "status.json"
     if args.socket:
-        return Client(args.socket, status_file=status_file)
+        return Client(args.socket, status_file=status_file, state_dir=state_dir)
     candidates = [SYSTEMD_SOCKET, control.default_socket_path(state_dir)]
     path = next((p for p in candidates if p.exists()), candidates[-1])
-    return Client(path, config_problem=problem, status_file=status_file)
+    return Client(path, config_problem=problem, status_file=status_file, state_dir=state_dir)
 
 
 def control_command(args: argparse.Namespace) -> int:

@@ -126,4 +126,13 @@ def http_api(
     if status is not None:
         whole_status = status
         routes["/status"] = lambda: _json(200, whole_status())
-    return HttpApi(routes, {"/engines/": engine_ready})
+    return HttpApi(routes, {"/engines/": engine_ready}, probe=is_probe)
+
+
+PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz"})
+
+
+def is_probe(path: str) -> bool:
+    """What balancers and kubelets check: answered before any other client when the listener is
+    full (http_api.py, issue 38)."""
+    return path in PROBE_PATHS or (path.startswith("/engines/") and path.endswith("/ready"))

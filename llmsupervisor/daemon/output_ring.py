@@ -6,6 +6,11 @@ holds (the supervisor's probe lines dropped, shutdown output marked), redacted a
 is. Per engine it keeps the current incarnation's last ``LINES_KEPT`` lines and the previous
 incarnation's, so after a crash `logs NAME --previous` shows what the dead process printed last.
 An incarnation is told by the engine's pid (``engine_pid`` on each record).
+
+Each incarnation's lines are bounded in bytes too (``BYTES_KEPT``, the UTF-8 of their texts), and
+a line longer than ``LINE_BYTES_KEPT`` is kept cut, saying how much was cut (the journal has the
+whole line). So one `logs` reply, which is at most one incarnation's lines, is bounded as well:
+before issue 38, 1,000 lines of 64 KiB made a 71 MB reply built on the event loop.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from llmsupervisor import aio
 from llmsupervisor.redact import RedactFilter
 
 LINES_KEPT: Final = 1000  # per incarnation, two incarnations per engine
+BYTES_KEPT: Final = 1024 * 1024  # per incarnation: the newest lines that fit
+LINE_BYTES_KEPT: Final = 16 * 1024  # of one line; what is past it is cut, and said
 WAIT_POLL_S: Final = 0.1
 WAIT_LIMIT_S: Final = 30.0
 
@@ -33,6 +40,7 @@ class OutputLine:
     level: str  # the engine's own level word (a shutdown line keeps it here)
     shutdown: bool  # printed during a stop the daemon ordered
     text: str
+    size: int = 0  # bytes of the text (UTF-8), counted against BYTES_KEPT
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -64,11 +72,36 @@ def engine_process(pid: int) -> dict[str, Any]:
     return {"pid": pid, "command": command, "rss_bytes": rss_bytes}
 
 
+def kept_text(text: str) -> tuple[str, int]:
+    """``text`` as kept (cut past ``LINE_BYTES_KEPT``, on a character boundary) and its size."""
+    data = text.encode()
+    if len(data) <= LINE_BYTES_KEPT:
+        return text, len(data)
+    head = data[:LINE_BYTES_KEPT].decode(errors="ignore")  # a character split at the cut goes
+    kept = f"{head} [... {len(data) - len(head.encode())} bytes cut; the journal has the whole line]"
+    return kept, len(kept.encode())
+
+
+class _Lines:
+    """One incarnation's lines: at most ``capacity`` of them and ``BYTES_KEPT`` of text."""
+
+    def __init__(self, capacity: int) -> None:
+        self.lines: collections.deque[OutputLine] = collections.deque()
+        self.size = 0
+        self._capacity = capacity
+
+    def append(self, line: OutputLine) -> None:
+        self.lines.append(line)
+        self.size += line.size
+        while len(self.lines) > self._capacity or (self.size > BYTES_KEPT and len(self.lines) > 1):
+            self.size -= self.lines.popleft().size
+
+
 class _Engine:
     def __init__(self, capacity: int) -> None:
         self.pid: int | None = None
-        self.current: collections.deque[OutputLine] = collections.deque(maxlen=capacity)
-        self.previous: collections.deque[OutputLine] = collections.deque(maxlen=capacity)
+        self.current = _Lines(capacity)
+        self.previous = _Lines(capacity)
 
 
 class OutputRing(logging.Handler):
@@ -85,7 +118,7 @@ class OutputRing(logging.Handler):
         if not isinstance(engine, str) or not isinstance(pid, int):
             return
         try:
-            text = record.getMessage()
+            text, size = kept_text(record.getMessage())
         except Exception:
             self.handleError(record)
             return
@@ -94,7 +127,7 @@ class OutputRing(logging.Handler):
             if kept.pid != pid:
                 if kept.pid is not None:
                     kept.previous = kept.current
-                    kept.current = collections.deque(maxlen=self._capacity)
+                    kept.current = _Lines(self._capacity)
                 kept.pid = pid
             self._seq += 1
             kept.current.append(
@@ -105,6 +138,7 @@ class OutputRing(logging.Handler):
                     level=str(getattr(record, "engine_level", None) or record.levelname),
                     shutdown=bool(getattr(record, "engine_shutdown", False)),
                     text=text,
+                    size=size,
                 )
             )
 
@@ -119,7 +153,7 @@ class OutputRing(logging.Handler):
         those after ``after_seq``."""
         with self._guard:
             kept = self._engines.get(engine)
-            lines = list((kept.previous if previous else kept.current) if kept is not None else ())
+            lines = list((kept.previous if previous else kept.current).lines if kept is not None else ())
         lines = [line for line in lines if line.seq > after_seq]
         return lines[-last:] if last is not None and last >= 0 else lines
 
@@ -135,4 +169,12 @@ class OutputRing(logging.Handler):
             await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - aio.now())))
 
 
-__all__ = ["LINES_KEPT", "OutputLine", "OutputRing", "engine_process"]
+__all__ = [
+    "BYTES_KEPT",
+    "LINES_KEPT",
+    "LINE_BYTES_KEPT",
+    "OutputLine",
+    "OutputRing",
+    "engine_process",
+    "kept_text",
+]

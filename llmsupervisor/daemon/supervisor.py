@@ -110,6 +110,7 @@ class Supervisor:
         self.notifier = notifier or Notifier()
         self.minute_of_day = minute_of_day
         self.control_path = control.default_socket_path(self.state_dir)
+        self.control_server: control.ControlServer | None = None  # from the start of run()
         self._stopping = False
         self._ready_sent = False
         self._config_changed = False  # a reload took a new config: reconcile against it at once
@@ -248,7 +249,7 @@ class Supervisor:
         # (cli/main.py) guarantees that no live daemon owns them.
         await process.sweep_leftovers(self.state_dir, timeout_s=LEFTOVER_KILL_TIMEOUT_S)
         self.guard.start()
-        server = control.ControlServer(self.control_path, self.intake.on_control)
+        server = self.control_server = control.ControlServer(self.control_path, self.intake.on_control)
         await self.gpu_monitor.start()
         await self.add_engines()
         self._write_status()
@@ -431,7 +432,9 @@ class Supervisor:
         Otherwise apply the plan; the policy rolls the changed engines that run (within
         max_unavailable), from the next reconcile on, which this wakes at once. READY=1 follows
         here, without waiting for the roll (systemd would wait in "reloading" for minutes).
-        ``dry_run``: the same reply, nothing applied."""
+        ``dry_run``: the same reply, nothing applied. A removed control socket is made again first."""
+        if self.control_server is not None:
+            await self.control_server.keep()
         new, reply = await self.reloader.reload(self.config, dry_run=dry_run)
         if new is not None:
             removed = {e.name for e in self.config.engines} - {e.name for e in new.engines}

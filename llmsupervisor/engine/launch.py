@@ -4,14 +4,16 @@ The operating system is reached through the ``Processes`` seam (engine/processes
 ``launch`` turns every way a start can fail before the engine runs into a ``Launched`` failure
 with a reason: a foreign port holder, an executable that will not exec, and a full or read-only
 state dir (that last one used to crash the runner task and restart it every 5 s forever: defect
-D7).
+D7). A foreign port holder is no failure of the engine's: ``launch_when_free`` waits for the port.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 from llmsupervisor import process
 from llmsupervisor.config import EngineSpec
@@ -25,17 +27,28 @@ from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 
 log = logging.getLogger("llmsupervisor.engine")
 
+# A port someone else listens on is looked at again after 1 s, then twice as long each time, at
+# most every PORT_WAIT_MAX_S: never a failure of the engine's (issue 38: five preflight failures
+# made it FATAL in about 12 s, and it stayed FATAL once the port was free).
+PORT_WAIT_FIRST_S: Final = 1.0
+PORT_WAIT_MAX_S: Final = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class Launched:
     proc: EngineProcess | None  # None: the start failed before anything ran
     failure: str = ""
+    # Someone else listens where the engine would bind: no failure of the engine's, the runner
+    # waits for the port (issue 38; engine/runner.py).
+    held: PortHeld | None = None
 
 
 async def preflight_port(spec: EngineSpec, procs: Processes) -> None:
-    """Before binding: a leftover engine of ours on the port is killed; anyone else fails us."""
+    """Before binding: a leftover engine of ours on the port is killed; anyone else raises
+    ``PortHeld``. Only a listener the engine's bind of ``spec.host`` collides with counts (a
+    listener on ``[::1]`` only does not hold an engine on 127.0.0.1: process.port_holders)."""
     try:
-        holders = await procs.port_holders(spec.port)
+        holders = await procs.port_holders(spec.port, spec.host)
     except TimeoutError:
         # The spawn goes on: a port held after all fails vLLM's bind, which the runner sees.
         log.warning(
@@ -59,12 +72,32 @@ async def preflight_port(spec: EngineSpec, procs: Processes) -> None:
             raise PortHeld(spec.port, alive[0], "leftover engine that survived SIGKILL")
 
 
+async def launch_when_free(
+    spec: EngineSpec, step: int, procs: Processes, *, wait: Callable[[str, float], Awaitable[bool]]
+) -> Launched | None:
+    """``launch``; while someone else holds the port, ``wait(reason, seconds)`` (the runner:
+    STARTING with the reason, which names the holder, until then or a command) and try again.
+    None when ``wait`` answers False (a stop or restart ended the wait)."""
+    wait_s, said = PORT_WAIT_FIRST_S, ""
+    while (launched := await launch(spec, step, procs)).held is not None:
+        reason = f"{launched.failure}; waiting for it to be free"
+        if reason != said:  # once per holder, not at every look
+            log.warning(
+                "%s (looking again every %g s at most)", reason, PORT_WAIT_MAX_S, extra={"engine": spec.name}
+            )
+            said = reason
+        if not await wait(f"{reason} (next look in {wait_s:g} s)", wait_s):
+            return None
+        wait_s = min(wait_s * 2, PORT_WAIT_MAX_S)
+    return launched
+
+
 async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
     """Preflight, environment, spawn, record the group. Never raises for an OS problem."""
     try:
         await preflight_port(spec, procs)
     except PortHeld as exc:
-        return Launched(None, str(exc))
+        return Launched(None, str(exc), held=exc)
     cache_dir = procs.state_dir / "engines" / spec.name / "vllm-cache"
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

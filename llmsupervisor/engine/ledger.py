@@ -8,6 +8,7 @@ through the methods below:
     ─────────────────────────────────────────────────────────────────────────────────────────
     to(state, reason)      a state change: checked against core.state.EDGES (an illegal edge
                            raises: it is a bug), logged with its reason, counted
+    note(reason)           a new reason in the same state (a start waiting for a held port)
     spawned()              a new incarnation; returns its number
     reached_ready()        READY: failures before it no longer count as "in a row"
     settled(ready_since)   READY for stable_after_s: the budget is reset
@@ -188,6 +189,11 @@ class Ledger:
         self._gave_up = self._gave_up or state is S.FATAL
         self._history = replace(self._history, state_changes_total=self._history.state_changes_total + 1)
         return change
+
+    def note(self, reason: str) -> None:
+        """A new reason for the state the engine is in, no change of state (a start that waits
+        for a port someone else holds says who, at each look)."""
+        self._reason = reason
 
     def spawned(self) -> int:
         self._history = replace(self._history, incarnations=self._history.incarnations + 1)

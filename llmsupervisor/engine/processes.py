@@ -74,8 +74,9 @@ class Processes(Protocol):
 
     def forget_group(self, engine: str) -> None: ...
 
-    async def port_holders(self, port: int) -> list[int | None]:
-        """Who listens on ``port`` (raises TimeoutError when the host does not say in time)."""
+    async def port_holders(self, port: int, host: str) -> list[int | None]:
+        """Who listens on ``port`` where a bind of ``host`` collides (raises TimeoutError when
+        the host does not say in time)."""
         ...
 
     def leftover_of_ours(self, pid: int) -> str | None: ...
@@ -176,11 +177,11 @@ class HostProcesses:
             self._groups[engine] = writer
         return writer
 
-    async def port_holders(self, port: int) -> list[int | None]:
+    async def port_holders(self, port: int, host: str) -> list[int | None]:
         """In a thread: psutil finds a socket's process by reading every process's descriptors
         (10 ms with 70 processes on a quiet 2-core host; it grows with the host and its load)."""
         async with asyncio.timeout(PORT_CHECK_TIMEOUT_S):
-            return await asyncio.to_thread(process.port_holders, port)
+            return await asyncio.to_thread(process.port_holders, port, host)
 
     def leftover_of_ours(self, pid: int) -> str | None:
         """The engine name when ``pid`` is an engine process of ours, None otherwise."""

@@ -52,7 +52,7 @@ from llmsupervisor.engine.evidence import EVIDENCE_CAUSES, NO_EVIDENCE, take_evi
 from llmsupervisor.engine.heartbeat import heartbeat_path
 from llmsupervisor.engine.http import EngineHttp
 from llmsupervisor.engine.ladder import LadderStore
-from llmsupervisor.engine.launch import launch
+from llmsupervisor.engine.launch import launch_when_free
 from llmsupervisor.engine.ledger import Ledger, rotation_reason, start_reason
 from llmsupervisor.engine.observer import GpuSource, GroupSampler, NoGpus, Observer, round_unless_interrupted
 from llmsupervisor.engine.output import OutputForwarder, OutputSeen
@@ -282,7 +282,9 @@ class EngineRunner:
         self._start = StartProgress()
         ledger = self._ledger
         self._to(S.STARTING, start_reason(ledger.state, ledger.history.last_failure, step, len(spec.ladder)))
-        launched = await launch(spec, step, self._procs)
+        launched = await launch_when_free(spec, step, self._procs, wait=self._wait_for_port)
+        if launched is None:  # a stop or restart while someone else held the port
+            return self._interrupted_start()
         if launched.proc is not None:
             proc = self._proc = launched.proc
             self._inc = Incarnation(
@@ -319,6 +321,17 @@ class EngineRunner:
             if self._proc.returned:
                 self._record_exit(self._proc)
             return Outcome.FAILED, why
+        return self._interrupted_start()
+
+    async def _wait_for_port(self, reason: str, wait_s: float) -> bool:
+        """STARTING with ``reason`` (who holds the port) for ``wait_s`` or until a command; False
+        when a stop or restart ends the wait (engine/launch.py ``launch_when_free``)."""
+        self._ledger.note(reason)
+        self._publish()
+        await self._pause(wait_s)
+        return not self._desired.interrupts
+
+    def _interrupted_start(self) -> tuple[Outcome, str]:
         d = self._desired
         if not d.wants_run:
             return Outcome.STOP, "stop requested during start"

@@ -149,6 +149,15 @@ class Daemon:
             ) from None
         return result
 
+    def wait_reason(self, name: str, text: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The engine's status once its reason says ``text`` (a state may keep one reason)."""
+        found: dict[str, Any] = wait_for(
+            lambda: e if text in (e := self.engine(name)).get("reason", "") else None,
+            timeout_s=timeout_s,
+            what=f"{name}'s reason to say {text!r}",
+        )
+        return found
+
     def wait_log(self, text: str, *, timeout_s: float = 30.0) -> None:
         wait_for(lambda: text in self.log(), timeout_s=timeout_s, what=f"log line {text!r}")
 

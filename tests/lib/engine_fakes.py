@@ -193,7 +193,7 @@ class FakeProcesses:
             return None
         return [StackDump(pid, "fake", "S (sleeping)", True, f"Thread {pid}: fake stack\n") for pid in pids]
 
-    async def port_holders(self, port: int) -> list[int | None]:
+    async def port_holders(self, port: int, host: str) -> list[int | None]:
         return [self.held_ports[port]] if port in self.held_ports else []
 
     def leftover_of_ours(self, pid: int) -> str | None:

@@ -550,6 +550,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-step-heartbeat", default=None)
     parser.add_argument("--fake-step-s", type=float, default=0.02)
     parser.add_argument("--fake-cuda-gib", type=float, default=None)
+    # Long lines on stdout once serving (issue 38: a 71 MB `logs` reply): COUNT lines of 100 KiB.
+    parser.add_argument("--fake-long-lines", type=int, default=0)
     parser.add_argument("--api-key", nargs="+", default=None)
     parser.add_argument("--task", default=None)
     parser.add_argument("--runner", default=None)
@@ -636,6 +638,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"INFO:     Started server process [{os.getpid()}]", flush=True)  # uvicorn's own format
     print("INFO:     Waiting for application startup.", flush=True)
     print("INFO:     Application startup complete.", flush=True)
+    for n in range(args.fake_long_lines):
+        print(f"INFO long line {n:05d} " + "x" * 100 * 1024, flush=True)
+    if args.fake_long_lines:
+        # Alone in the pipe (the daemon forwards an over-long line in pieces of what it has
+        # read, which may cut a line after it): a marker the tests can wait for.
+        time.sleep(0.5)
+        print("INFO long lines done", flush=True)
     if args.fake_crash_after_s is not None:
         engine.exit_later(
             args.fake_crash_after_s, args.fake_exit_code, "fake crash after --fake-crash-after-s"

@@ -17,7 +17,7 @@ import pytest
 
 from llmsupervisor import control
 from tests.lib.daemon import Daemon, fake_engine, free_port
-from tests.lib.descriptors import descriptor_limit
+from tests.lib.sockets import descriptors
 
 pytestmark = pytest.mark.system
 
@@ -25,9 +25,9 @@ BURSTS = (100, 400, 1000)
 
 
 @pytest.fixture(autouse=True)
-def descriptors() -> Iterator[None]:
+def _descriptors() -> Iterator[None]:
     """1,000 client sockets here, as many in the daemon (which raises its own soft limit)."""
-    with descriptor_limit(4096):
+    with descriptors(4096):
         yield
 
 

@@ -169,7 +169,9 @@ def test_sigkill_of_api_server_leaves_no_orphan(daemon_factory):
     assert d.stop() == 0
 
 
-def test_foreign_port_holder_fails_only_that_engine(daemon_factory):
+def test_foreign_port_holder_holds_only_that_engine_and_it_starts_once_the_port_is_free(daemon_factory):
+    """Issue 38, point 9: a foreign holder is no failure of the engine's (it used to be FATAL
+    after max_failures preflights, and stay FATAL once the port was free)."""
     held, free = free_port(), free_port()
     holder = subprocess.Popen(
         [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(held)],
@@ -183,11 +185,19 @@ def test_foreign_port_holder_fails_only_that_engine(daemon_factory):
         )
         d.start()
         d.wait_state("ok", "ready")
-        fatal = d.wait_state("blocked", "fatal")
-        assert f"port {held} is held by pid {holder.pid}" in fatal["reason"]
-        assert "http.server" in fatal["reason"]
+        waiting = d.wait_reason("blocked", "waiting for it to be free")
+        assert waiting["state"] == "starting"
+        assert f"port {held} is held by pid {holder.pid}" in waiting["reason"]
+        assert "http.server" in waiting["reason"]
+        # Past the 2 failures that used to make it FATAL (a look every 1, 2, 4 s).
+        time.sleep(8)
+        blocked = d.engine("blocked")
+        assert blocked["state"] == "starting" and blocked["last_failure"] is None, blocked
         assert holder.poll() is None, "a foreign process must never be killed"
         assert d.engine("ok")["state"] == "ready"
+        holder.kill()
+        holder.wait()
+        d.wait_state("blocked", "ready", timeout_s=60)
         assert d.stop() == 0
     finally:
         holder.kill()

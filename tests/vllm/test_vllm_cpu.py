@@ -4,7 +4,7 @@ One daemon for the module (each vLLM start costs a minute or two on 2 cores), fo
 
     e1, e2     the tiny model: both must reach READY and answer completions; e1 demands an API
                key (api_key_file), which must show in none of the daemon's output
-    held       its port is held by a foreign process: fails alone, the foreign process lives
+    held       its port is held by a foreign process: waits alone, the foreign process lives
     broken     head_dim 16, which the CPU attention kernel rejects on the first request while
                /health already says 200: the canary keeps it out of READY, it goes FATAL
 
@@ -103,7 +103,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def test_two_real_engines_reach_ready_and_answer(stack: dict[str, Any]) -> None:
     d: Daemon = stack["daemon"]
     ports = stack["ports"]
-    held = d.wait_state("held", "fatal", timeout_s=60)
+    held = d.wait_reason("held", "waiting for it to be free", timeout_s=60)
+    assert held["state"] == "starting"
     assert f"port {ports['held']} is held by pid {stack['holder'].pid}" in held["reason"]
     e1 = d.wait_state("e1", "ready", timeout_s=READY_TIMEOUT_S)
     e2 = d.wait_state("e2", "ready", timeout_s=READY_TIMEOUT_S)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from llmsupervisor.http_api import Handler, HttpApi, PrefixHandler, Response, parse_listen, text
+from tests.lib.sockets import has_ipv6_loopback
 
 DEADLINE_S = 5.0
 
@@ -406,18 +407,7 @@ def test_start_twice_and_port_before_start_are_errors() -> None:
     run(scenario)
 
 
-def _has_ipv6_loopback() -> bool:
-    if not socket.has_ipv6:
-        return False
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_serves_on_ipv6_loopback_from_a_bracketed_listen_string() -> None:
     host, port = parse_listen("[::1]:0")
 

@@ -23,15 +23,15 @@ import pytest
 
 from llmsupervisor import control
 from llmsupervisor.http_api import HttpApi, text
-from tests.lib.descriptors import descriptor_limit
+from tests.lib.sockets import descriptors
 
 BURSTS = (100, 400, 1000)
 
 
 @pytest.fixture(autouse=True)
-def descriptors() -> Iterator[None]:
+def _descriptors() -> Iterator[None]:
     """A burst of 1,000 holds ~2,000 descriptors here (both ends): raise the soft limit."""
-    with descriptor_limit(4096):
+    with descriptors(4096):
         yield
 
 

@@ -242,7 +242,7 @@ class _Procs:
         self.state_dir = state_dir
         self.spawned: list[tuple[list[str], dict[str, str]]] = []
 
-    async def port_holders(self, port: int) -> list[int | None]:
+    async def port_holders(self, port: int, host: str) -> list[int | None]:
         return []
 
     def spawn(self, argv: list[str], env: dict[str, str], cpus: Sequence[int] = ()) -> Any:
@@ -297,7 +297,7 @@ def test_a_port_check_and_a_group_record_that_get_no_answer_neither_block_nor_lo
     not find the group)."""
 
     class Slow(_Procs):
-        async def port_holders(self, port: int) -> list[int | None]:
+        async def port_holders(self, port: int, host: str) -> list[int | None]:
             raise TimeoutError
 
         async def record_group(self, engine: str, pid: int) -> None:
