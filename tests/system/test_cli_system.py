@@ -138,9 +138,9 @@ def test_status_names_exit_codes_and_last_exit(daemon_factory) -> None:
     assert cli(d, "stop", "b", "--wait").returncode == 0
     out = cli(d, "status", "a")
     assert out.returncode == 0 and [line.split()[0] for line in out.stdout.splitlines()] == ["ENGINE", "a"]
-    out = cli(d, "status", "b")
-    assert out.returncode == 1 and "b is STOPPED" in out.stderr
-    assert cli(d, "status").returncode == 1  # any engine down, without names
+    out = cli(d, "status", "b")  # stopped on purpose: where the operator put it (issue 39)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert cli(d, "status").returncode == 0
     out = cli(d, "status", "nope")
     assert out.returncode == 1 and "no engine named 'nope'" in out.stderr
     only_a = json.loads(cli(d, "status", "a", "--json").stdout)
