@@ -91,7 +91,10 @@ def test_status_of_a_typo_prints_no_table_before_its_error() -> None:
 
 def test_logs_previous_says_how_that_incarnation_ended() -> None:
     t0 = 1_795_000_000.0
-    lines = [{"seq": 1, "time": t0, "pid": 48213, "text": "x"}, {"seq": 2, "time": t0 + 5, "pid": 48213}]
+    lines: list[dict[str, Any]] = [
+        {"seq": 1, "time": t0, "pid": 48213, "text": "x"},
+        {"seq": 2, "time": t0 + 5, "pid": 48213},
+    ]
     events = [
         {"time": t0 - 60, "kind": "transition", "to_state": "backoff", "message": "READY -> BACKOFF: older"},
         {"time": t0 + 1, "kind": "finding", "message": "finding hang (critical): x"},
