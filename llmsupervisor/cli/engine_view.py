@@ -55,11 +55,13 @@ def logs(
                 print(f"llm-supervisor: all of it is in the journal: {reply['journal']}", file=err)
             return EX_OK
         after = reply["last_seq"]
-        while True:  # a long poll; Ctrl-C ends it (main: exit 130)
+        while True:  # a long poll; Ctrl-C ends it, exit 0, as `events -f` and `journalctl -f`
             request = {"command": "logs", "engine": name, "after": after, "wait_s": FOLLOW_WAIT_S}
             reply = client.call(request, timeout_s=FOLLOW_WAIT_S + 10)
             _show(reply["lines"], as_json=as_json, out=out)
             after = max([after, *(line["seq"] for line in reply["lines"])])
+    except KeyboardInterrupt:  # the end of a follow, not a failure
+        return EX_OK
     except Unreachable as exc:
         return unreachable(client, exc, err)
     except Refused as exc:

@@ -25,10 +25,16 @@ class HostStatus:
 
 
 def format_fleet_status(
-    hosts: Sequence[HostStatus], names: Sequence[str] = (), *, width: int | None = None, wide: bool = False
+    hosts: Sequence[HostStatus],
+    names: Sequence[str] = (),
+    *,
+    width: int | None = None,
+    wide: bool = False,
+    now: float | None = None,
 ) -> str:
     """One table for all hosts, one row per engine with its HOST first (fitted to ``width`` as
-    `status` is: render.fitted); a host that did not answer is one row saying why, not an error."""
+    `status` is: render.fitted); a host that did not answer is one row saying why, not an error.
+    ``now``: the wall clock a hold's age is counted to (default: now)."""
     blank = ("-",) * (len(render.STATUS_HEADER) - 2)
 
     def make(short: bool) -> list[tuple[str, ...]]:
@@ -40,7 +46,9 @@ def format_fleet_status(
             engines: Mapping[str, Mapping[str, Any]] = h.status.get("engines", {})
             if names:
                 engines = {n: engines[n] for n in names if n in engines}
-            rows += [(h.host, *row) for row in render.status_rows(engines, wide=wide, short=short)[1:]]
+            rows += [
+                (h.host, *row) for row in render.status_rows(engines, wide=wide, short=short, now=now)[1:]
+            ]
         return rows
 
     return "\n".join(render.fitted(make, width=width, wide=wide))

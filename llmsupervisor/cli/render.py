@@ -18,16 +18,17 @@ _SINCE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S: Final = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def duration(seconds: float) -> str:
-    """``45s``, ``1m10s``, ``15m``, ``2h05m``: short, for progress lines and ages."""
+def duration(seconds: float, *, coarse: bool = False) -> str:
+    """``45s``, ``1m10s``, ``15m``, ``2h05m``: short, for progress lines and ages. ``coarse`` (a
+    narrow table): the larger unit only, ``1m``, ``2h``."""
     total = max(0, int(seconds))
     if total < 60:
         return f"{total}s"
     if total < 3600:
         minutes, secs = divmod(total, 60)
-        return f"{minutes}m" if secs == 0 else f"{minutes}m{secs:02d}s"
+        return f"{minutes}m" if secs == 0 or coarse else f"{minutes}m{secs:02d}s"
     hours, rest = divmod(total, 3600)
-    return f"{hours}h{rest // 60:02d}m"
+    return f"{hours}h" if coarse else f"{hours}h{rest // 60:02d}m"
 
 
 def parse_since(text: str) -> float:
@@ -68,13 +69,13 @@ def last_exit(engine: Mapping[str, Any], *, short: bool = False) -> str:
     if isinstance(restart, Mapping) and restart.get("cause") not in ("crash", "start_failed"):
         restart_age, exit_age = restart.get("age_s"), engine.get("last_exit_age_s")
         if not text or (restart_age is not None and exit_age is not None and restart_age < exit_age):
-            when = f" {duration(restart_age)} ago" if restart_age is not None else ""
+            when = f" {duration(restart_age, coarse=short)} ago" if restart_age is not None else ""
             cause = str(restart.get("cause"))
             return f"{SHORT_CAUSES.get(cause, cause)}{when}" if short else f"restarted ({cause}){when}"
     if not text:
         return "-"
     age = engine.get("last_exit_age_s")
-    when = f" {duration(age)} ago" if age is not None else ""
+    when = f" {duration(age, coarse=short)} ago" if age is not None else ""
     return f"{short_exit(text)}{when}" if short else f"crashed ({short_exit(text)}){when}"
 
 
@@ -106,17 +107,19 @@ def hold_since(hold: Mapping[str, Any]) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since is not None else "?"
 
 
-def short_hold(engine: Mapping[str, Any], *, now: float | None = None) -> str | None:
+def short_hold(engine: Mapping[str, Any], *, now: float | None = None, short: bool = False) -> str | None:
     """The table's few characters for a hold: ``held: drain (alice, 3m)``: its kind, who (the
-    user, without the uid) and for how long (``hold_text`` and `describe` say it all)."""
+    user, without the uid) and for how long (``hold_text`` and `describe` say it all); ``short``
+    (a narrow table, whose ROTATION says ``held``): ``drain (alice, 3m)``."""
     hold = engine.get("hold")
     unsaved = engine.get("hold_unsaved")
     if not hold:
         return f"hold removed, not saved yet: {unsaved}" if unsaved else None
     who = re.sub(r" \(uid \d+\)$", "", str(hold.get("by") or "operator"))
     since = hold.get("since")
-    age = f", {duration((time.time() if now is None else now) - since)}" if since is not None else ""
-    text = f"held: {hold.get('hold')} ({who}{age})"
+    held_s = (time.time() if now is None else now) - since if since is not None else None
+    age = f", {duration(held_s, coarse=short)}" if held_s is not None else ""
+    text = ("" if short else "held: ") + f"{hold.get('hold')} ({who}{age})"
     return f"{text}, not saved yet: {unsaved}" if unsaved else text
 
 
@@ -141,7 +144,7 @@ def detail(
     reason = "" if repeats else str(engine.get("reason") or "")
     if short and engine.get("phase"):  # "start", "start at ladder step 1/3": the phase says more
         reason = str(engine["phase"]) + ("" if reason.startswith("start") else f"; {reason}")
-    held = hold_text(engine) if wide else short_hold(engine, now=now)
+    held = hold_text(engine) if wide else short_hold(engine, now=now, short=short)
     return "; ".join(part for part in (held, roll_text(engine), findings or reason) if part)
 
 
@@ -198,7 +201,7 @@ def status_rows(
                 ",".join(str(g) for g in e.get("gpus", [])) or "-",
                 str(e.get("cpus") or "-"),
                 str(e.get("port", "-")),
-                duration(e.get("for_s") or 0.0),
+                duration(e.get("for_s") or 0.0, coarse=short),
                 str(e.get("restarts", 0)),
                 last_exit(e, short=short),
                 "in" if e.get("in_rotation") else "held" if e.get("hold") else "out",
@@ -268,7 +271,9 @@ def table(
     for r in rows:
         last = r[keep[-1]]
         if room is not None and len(last) > room:
-            last = last[: room - 1].rstrip() + ELLIPSIS
+            # The header says what the column is, whole: its last word where it has no room.
+            cut = last.split()[-1] if r is rows[0] else last[: room - 1].rstrip() + ELLIPSIS
+            last = cut
         lines.append(("  ".join(r[i].ljust(widths[i]) for i in keep[:-1]) + "  " + last).rstrip())
     return lines
 
@@ -451,7 +456,8 @@ def progress_line(name: str, engine: Mapping[str, Any], *, waited_s: float) -> s
     held = state == "draining" and (engine.get("hold") or {}).get("hold") == "drain"
     budget = {"starting": engine.get("start_timeout_s"), "draining": engine.get("drain_timeout_s")}.get(state)
     clock = f"{duration(for_s)} / {duration(budget)}" if budget and not held else duration(for_s)
-    detail = engine.get("phase") or roll_text(engine) or engine.get("reason") or ""
+    waiting_turn = roll_text(engine) if state == "ready" else None  # a reload's roll still to come
+    detail = engine.get("phase") or waiting_turn or engine.get("reason") or ""
     if held:
         detail = short_hold(engine) or detail
     if state == "draining" and engine.get("requests_running"):
