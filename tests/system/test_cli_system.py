@@ -234,8 +234,8 @@ def test_findings_of_an_old_incarnation_do_not_stay_on_the_new_one(daemon_factor
     for debug in ("hang: hung", "hung: ", "1 deadline misses", "="):
         assert all(debug not in line for line in found), (debug, found)
     assert re.search(r"\d\.\d{4,}", "\n".join(found)) is None, found
-    events = [json.loads(x) for x in cli(d, "events", "a", "--json").stdout.splitlines() if x.strip()]
-    assert any("rule" in (e.get("evidence") or {}) for e in events if e["kind"] == "finding"), events
+    found_json = [json.loads(x) for x in cli(d, "events", "a", "--json").stdout.splitlines() if x.strip()]
+    assert any("rule" in (e.get("evidence") or {}) for e in found_json if e["kind"] == "finding"), found_json
     out = cli(d, "restart", "a", "--wait", "--timeout", "60")
     assert out.returncode == 0, out.stdout + out.stderr
     assert d.engine("a")["findings"] == []
