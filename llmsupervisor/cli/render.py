@@ -254,17 +254,11 @@ def detail_width(rows: Sequence[tuple[str, ...]]) -> int:
     return max(len(r[-1]) for r in rows)
 
 
-def table(
-    rows: Sequence[tuple[str, ...]],
-    *,
-    width: int | None = None,
-    wide: bool = False,
-    keep: Sequence[int] | None = None,
-) -> list[str]:
+def table(rows: Sequence[tuple[str, ...]], *, width: int | None = None, wide: bool = False) -> list[str]:
     """Rows (the first is the header) as aligned lines, the last column not padded; with
     ``width`` (and not ``wide``) it is cut to what the width leaves (at least DETAIL_LEAST), with
     an ellipsis: the whole of it is in `describe` and `-o wide`."""
-    keep = list(keep) if keep is not None else fit_columns(rows, width, wide=wide)
+    keep = fit_columns(rows, width, wide=wide)
     widths = {i: max(len(r[i]) for r in rows) for i in keep[:-1]}
     room = max(DETAIL_LEAST, width - fixed_width(rows, keep)) if width is not None and not wide else None
     lines = []
@@ -272,8 +266,7 @@ def table(
         last = r[keep[-1]]
         if room is not None and len(last) > room:
             # The header says what the column is, whole: its last word where it has no room.
-            cut = last.split()[-1] if r is rows[0] else last[: room - 1].rstrip() + ELLIPSIS
-            last = cut
+            last = last.split()[-1] if r is rows[0] else last[: room - 1].rstrip() + ELLIPSIS
         lines.append(("  ".join(r[i].ljust(widths[i]) for i in keep[:-1]) + "  " + last).rstrip())
     return lines
 
