@@ -264,7 +264,7 @@ def one_fault(d: Daemon, port: int, target: str, clients: int, hangs: Path) -> d
     if load is not None:
         load.close()
     found_at = log_time(line) if line is not None else None
-    rule = re.search(r"rule=(\w+)", line) if line is not None else None
+    rule = re.search(r"\brule[= ](\w+)", line) if line is not None else None  # "rule=" before issue 39
     latency_s = round(found_at - fault_at, 3) if found_at is not None else None
     return {
         "latency_s": latency_s,

@@ -1,9 +1,11 @@
 """The CLI's client of the control socket (control.py): one request, one reply, and the exit codes.
 
-Exit codes, for scripts: 0 done (or, for `status`, every engine asked about is up); 1 failed (a
-refused command, an engine FATAL or down, a `--wait` that ended in BACKOFF or FATAL or ran past
-``--timeout``); 69 the daemon is not reachable; 78 the config is broken (and no daemon answered)
-or a reload was rejected; 130 interrupted while waiting (the command itself goes on).
+Exit codes, for scripts (``EXIT_STATUS``, which docs/cli.md's table is generated from): 0 done
+(for `status`, every engine asked about is where the operator put it); 1 failed (a refused
+command, an engine down or FATAL that nobody asked to be, a `--wait` that ended in BACKOFF or
+FATAL or ran past ``--timeout``); 2 bad arguments; 69 the daemon is not reachable; 78 the config
+is broken (and no daemon answered) or a reload was rejected; 130 interrupted while waiting (the
+command itself goes on).
 """
 
 from __future__ import annotations
@@ -17,9 +19,44 @@ from llmsupervisor.daemon import lock
 
 EX_OK: Final = 0
 EX_FAILED: Final = 1
+EX_USAGE: Final = 2  # argparse's
 EX_UNAVAILABLE: Final = 69  # the daemon is not running or not reachable
 EX_CONFIG: Final = 78
 EX_INTERRUPTED: Final = 130
+
+# What each exit code means, the same for every command that talks to the daemon: docs/cli.md's
+# table is generated from this (tests/unit/cli/test_docs_cli.py), and the system tests reach
+# each one through the real CLI.
+EXIT_STATUS: Final = (
+    (
+        EX_OK,
+        "done: the command was accepted (and, with `--wait`, the engine reached the state asked for);"
+        " for `status`, every engine asked about is where the operator put it: serving or on its"
+        " way, or stopped, drained or disabled on purpose; `--follow` and `--watch` ended with Ctrl-C",
+    ),
+    (
+        EX_FAILED,
+        "failed: the daemon refused the command (no such engine, shutting down); `wait` ran past"
+        " `--timeout`, or an engine waited for to be ready is FATAL or held by an operator; with"
+        " `--wait`, the engine went to BACKOFF or FATAL (a failed start, a start timeout), was"
+        " stopped meanwhile, or `--timeout` passed; for `status`, an engine asked about is down,"
+        " FATAL or not ready when it should be (nobody stopped or drained it), or does not exist",
+    ),
+    (EX_USAGE, "bad arguments (argparse; engine names and `--all` together), or an unreadable `--since`"),
+    (
+        EX_UNAVAILABLE,
+        "the daemon is not reachable: not running, a stale socket, permission denied, no answer"
+        " within 10 s, or it went away during `--wait`",
+    ),
+    (
+        EX_CONFIG,
+        "the config is broken (and no daemon answered at the socket it names), or `reload` was rejected",
+    ),
+    (
+        EX_INTERRUPTED,
+        "`--wait`, `wait` or a rolled restart interrupted with Ctrl-C; the command itself goes on",
+    ),
+)
 
 
 class Unreachable(Exception):

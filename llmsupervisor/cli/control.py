@@ -47,6 +47,11 @@ def status(
     except Refused as exc:
         print(f"llm-supervisor: {exc}", file=err)
         return EX_FAILED
+    unknown = render.unknown_engines(result.get("engines", {}), names)
+    if unknown:  # said alone: no table (an empty one, for a typo) before it
+        for problem in unknown:
+            print(f"llm-supervisor: {problem}", file=err)
+        return EX_FAILED
     code, problems = render.status_exit_code(result, names)
     if as_json:
         if names:
@@ -159,6 +164,15 @@ def events(
 
 
 # ---- restart, drain, stop, start, reload ----
+
+
+def names_or_all(command: str, names: Sequence[str], *, every: bool) -> str | None:
+    """What is wrong with `restart|drain|stop|start`'s engines (exit 2), or None: engine names or
+    `--all`, one of the two."""
+    if names and every:
+        named = " ".join(names)
+        return f"{command}: --all or engine names, not both: `{command} --all` or `{command} {named}`"
+    return None if names or every else f"{command}: name one or more engines, or --all"
 
 
 def engine_command(
@@ -340,7 +354,9 @@ def wait_for_state(
                 return EX_OK
             gone = [n for n in pending if n not in engines]
             fatal = [n for n in pending if target == "ready" and engines.get(n, {}).get("state") == "fatal"]
-            if gone or fatal:
+            # A hold is as final as FATAL: a drained or stopped engine is never ready by itself.
+            held = [n for n in pending if target == "ready" and n not in fatal and _held(engines.get(n, {}))]
+            if gone or fatal or held:
                 progress.end()
                 for name in gone:
                     print(f"{name}: the engine is gone (removed by a reload)", file=err)
@@ -349,6 +365,8 @@ def wait_for_state(
                         f"{name}: FATAL, it will not be ready by itself: {engines[name].get('reason')}",
                         file=err,
                     )
+                for name in held:
+                    print(f"{name}: {held_line(name, engines[name])}", file=err)
                 return EX_FAILED
             name = pending[0]
             line = render.progress_line(name, engines[name], waited_s=waited_s)
@@ -374,6 +392,24 @@ def wait_for_state(
         progress.end()
         print(f"llm-supervisor: {exc}", file=err)
         return EX_FAILED
+
+
+def _held(engine: Mapping[str, Any]) -> bool:
+    """Held out of service by an operator (a drain, a stop) or by the config (``enabled: false``,
+    not started by hand): the daemon's ``held_by_operator``."""
+    return bool(engine.get("held_by_operator", engine.get("hold") is not None))
+
+
+def held_line(name: str, engine: Mapping[str, Any]) -> str:
+    """Why a held engine will not be ready by itself, and what releases it."""
+    release = f"`llm-supervisor start {name}` to release"
+    hold = engine.get("hold")
+    if hold:
+        since, what = render.hold_since(hold), f"{hold.get('hold')} by {hold.get('by')}"
+        return f"held by the operator since {since} ({what}); {release}"
+    if not engine.get("enabled", True):
+        return f"disabled in the config (enabled: false); `llm-supervisor start {name}` starts it"
+    return f"held by the operator; {release}"
 
 
 def _there(engine: Mapping[str, Any], target: str) -> bool:

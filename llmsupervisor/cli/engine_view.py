@@ -48,20 +48,47 @@ def logs(
             if not reply["lines"]:
                 which = "previous incarnation" if previous else "engine"
                 print(f"llm-supervisor: no output kept for this {which}", file=err)
+            elif previous:
+                found = client.call({"command": "events", "engine": name})["events"]
+                print(f"llm-supervisor: {how_it_ended(reply['lines'], found)}", file=err)
             if reply.get("journal"):
                 print(f"llm-supervisor: all of it is in the journal: {reply['journal']}", file=err)
             return EX_OK
         after = reply["last_seq"]
-        while True:  # a long poll; Ctrl-C ends it (main: exit 130)
+        while True:  # a long poll; Ctrl-C ends it, exit 0, as `events -f` and `journalctl -f`
             request = {"command": "logs", "engine": name, "after": after, "wait_s": FOLLOW_WAIT_S}
             reply = client.call(request, timeout_s=FOLLOW_WAIT_S + 10)
             _show(reply["lines"], as_json=as_json, out=out)
             after = max([after, *(line["seq"] for line in reply["lines"])])
+    except KeyboardInterrupt:  # the end of a follow, not a failure
+        return EX_OK
     except Unreachable as exc:
         return unreachable(client, exc, err)
     except Refused as exc:
         print(f"llm-supervisor: {exc}", file=err)
         return EX_FAILED
+
+
+# Where an incarnation's life ends: the first of these after its first line is how it ended.
+ENDING_STATES: Final = frozenset({"stopping", "stopped", "backoff", "fatal"})
+
+
+def how_it_ended(lines: Sequence[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> str:
+    """How the incarnation whose kept ``lines`` these are ended, from the engine's events: the
+    first transition out of its life (to STOPPING, STOPPED, BACKOFF or FATAL) after its first
+    line: ``pid 48213 ended 11:20:41: READY -> BACKOFF: process killed by SIGKILL unexpectedly;
+    ...``. The event ring is bounded: when it no longer has it, say where to look."""
+    pid = lines[-1].get("pid")
+    first_s = float(lines[0].get("time") or 0.0)
+    for event in events:
+        if (
+            event.get("kind") == "transition"
+            and event.get("to_state") in ENDING_STATES
+            and float(event.get("time") or 0.0) >= first_s
+        ):
+            stamp = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0.0)))
+            return f"pid {pid} ended {stamp}: {event.get('message')}"
+    return f"pid {pid}: how it ended is no longer in the daemon's event ring"
 
 
 def _show(lines: Iterable[Mapping[str, Any]], *, as_json: bool, out: TextIO) -> None:

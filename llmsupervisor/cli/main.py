@@ -85,9 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file; exit 78 with one line per problem")
     check.add_argument("path", nargs="?", type=Path, help="config file (default: --config)")
     _common(check, top=False, socket=False)
-    status = sub.add_parser(
-        "status", help="engines, states, ports, restarts; exit 1 if an engine asked about is FATAL or down"
-    )
+    status = sub.add_parser("status", help="engines, states, restarts; exit 1 if one is down, unasked")
     status.add_argument("names", nargs="*", metavar="NAME", help="only these engines (default: all)")
     status.add_argument("--json", action="store_true", help="machine-readable")
     status.add_argument(
@@ -329,8 +327,8 @@ def control_command(args: argparse.Namespace) -> int:
         return cli_control.wait_for_state(
             client, args.engines, args.target, timeout_s=args.timeout, out=out, err=err
         )
-    if bool(args.engines) == bool(args.all):
-        print(f"llm-supervisor: {args.command}: name one or more engines, or --all", file=err)
+    if (problem := cli_control.names_or_all(args.command, args.engines, every=args.all)) is not None:
+        print(f"llm-supervisor: {problem}", file=err)
         return 2
     return cli_control.engine_commands(
         client,

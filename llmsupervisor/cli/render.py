@@ -8,26 +8,27 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-# States in which an engine has no process serving or coming up: `status` exits 1 on them.
+# States in which an engine has no process serving or coming up: `status` exits 1 on them for an
+# engine meant to serve that no operator holds (``unexpected``).
 DOWN_STATES: Final = frozenset({"stopped", "stopping", "backoff", "fatal"})
 _SINCE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S: Final = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def duration(seconds: float) -> str:
-    """``45s``, ``1m10s``, ``15m``, ``2h05m``: short, for progress lines and ages."""
+def duration(seconds: float, *, coarse: bool = False) -> str:
+    """``45s``, ``1m10s``, ``15m``, ``2h05m``: short, for progress lines and ages. ``coarse`` (a
+    narrow table): the larger unit only, ``1m``, ``2h``."""
     total = max(0, int(seconds))
     if total < 60:
         return f"{total}s"
     if total < 3600:
         minutes, secs = divmod(total, 60)
-        return f"{minutes}m" if secs == 0 else f"{minutes}m{secs:02d}s"
+        return f"{minutes}m" if secs == 0 or coarse else f"{minutes}m{secs:02d}s"
     hours, rest = divmod(total, 3600)
-    return f"{hours}h{rest // 60:02d}m"
+    return f"{hours}h" if coarse else f"{hours}h{rest // 60:02d}m"
 
 
 def parse_since(text: str) -> float:
@@ -58,27 +59,35 @@ def short_exit(text: str) -> str:
     return text
 
 
-def last_exit(engine: Mapping[str, Any]) -> str:
+def last_exit(engine: Mapping[str, Any], *, short: bool = False) -> str:
     """The last exit nobody asked for, ``crashed (SIGKILL) 2m ago``; or, where a restart came
     after it (or there was no exit: a hang kill, an operator's restart), that restart and its
-    cause, ``restarted (hang) 1m ago``; else ``-``."""
+    cause, ``restarted (hang) 1m ago``; else ``-``. ``short`` (a narrow terminal): ``SIGKILL 2m
+    ago``, ``hang 1m ago``."""
     text = engine.get("last_exit")
     restart = engine.get("last_restart")
     if isinstance(restart, Mapping) and restart.get("cause") not in ("crash", "start_failed"):
         restart_age, exit_age = restart.get("age_s"), engine.get("last_exit_age_s")
         if not text or (restart_age is not None and exit_age is not None and restart_age < exit_age):
-            when = f" {duration(restart_age)} ago" if restart_age is not None else ""
-            return f"restarted ({restart.get('cause')}){when}"
+            when = f" {duration(restart_age, coarse=short)} ago" if restart_age is not None else ""
+            cause = str(restart.get("cause"))
+            return f"{SHORT_CAUSES.get(cause, cause)}{when}" if short else f"restarted ({cause}){when}"
     if not text:
         return "-"
     age = engine.get("last_exit_age_s")
-    return f"crashed ({short_exit(text)})" + (f" {duration(age)} ago" if age is not None else "")
+    when = f" {duration(age, coarse=short)} ago" if age is not None else ""
+    return f"{short_exit(text)}{when}" if short else f"crashed ({short_exit(text)}){when}"
 
 
-def state_text(engine: Mapping[str, Any]) -> str:
+# The restart causes (core/policy.py RESTART_CAUSES) in a narrow LAST EXIT column.
+SHORT_CAUSES: Final = {"config_change": "config", "engine_dead": "dead", "runner_died": "bug"}
+
+
+def state_text(engine: Mapping[str, Any], *, short: bool = False) -> str:
+    """``STARTING (loading weights)``; ``short``: the state alone (the phase goes to the reason)."""
     state = str(engine["state"]).upper()
     phase = engine.get("phase")
-    return f"{state} ({phase})" if phase else state
+    return f"{state} ({phase})" if phase and not short else state
 
 
 def hold_text(engine: Mapping[str, Any]) -> str | None:
@@ -88,24 +97,55 @@ def hold_text(engine: Mapping[str, Any]) -> str | None:
     unsaved = engine.get("hold_unsaved")
     if not hold:
         return f"hold removed, not saved yet: {unsaved}" if unsaved else None
-    since = hold.get("since")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since is not None else "?"
-    text = f"{hold.get('hold')} hold by {hold.get('by')} since {when}"
+    text = f"{hold.get('hold')} hold by {hold.get('by')} since {hold_since(hold)}"
     return f"{text}, not saved yet: {unsaved}" if unsaved else text
 
 
-def _detail(engine: Mapping[str, Any]) -> str:
-    """The last column, never cut: an operator's hold, then the findings, else the state's
-    reason (a FATAL engine's reason says why it gave up and how to retry)."""
+def hold_since(hold: Mapping[str, Any]) -> str:
+    """When the hold was taken, local time: ``2026-11-26 08:00:12``."""
+    since = hold.get("since")
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since is not None else "?"
+
+
+def short_hold(engine: Mapping[str, Any], *, now: float | None = None, short: bool = False) -> str | None:
+    """The table's few characters for a hold: ``held: drain (alice, 3m)``: its kind, who (the
+    user, without the uid) and for how long (``hold_text`` and `describe` say it all); ``short``
+    (a narrow table, whose ROTATION says ``held``): ``drain (alice, 3m)``."""
+    hold = engine.get("hold")
+    unsaved = engine.get("hold_unsaved")
+    if not hold:
+        return f"hold removed, not saved yet: {unsaved}" if unsaved else None
+    who = re.sub(r" \(uid \d+\)$", "", str(hold.get("by") or "operator"))
+    since = hold.get("since")
+    held_s = (time.time() if now is None else now) - since if since is not None else None
+    age = f", {duration(held_s, coarse=short)}" if held_s is not None else ""
+    text = ("" if short else "held: ") + f"{hold.get('hold')} ({who}{age})"
+    return f"{text}, not saved yet: {unsaved}" if unsaved else text
+
+
+# The state an operator's hold puts an engine in: there, its reason only repeats the hold.
+HELD_STATES: Final = {"stop": "stopped", "drain": "draining"}
+
+
+def detail(
+    engine: Mapping[str, Any], *, wide: bool = False, short: bool = False, now: float | None = None
+) -> str:
+    """The last column: an operator's hold, a reload's roll, then the findings, else the state's
+    reason (a FATAL engine's reason says why it gave up and how to retry). ``wide``: the hold in
+    full; ``short``: a STARTING engine's phase leads (the STATE column has no room for it)."""
     findings = "; ".join(
         f"{f['kind']} ({f['severity']}): {f['summary']}"
         if f.get("summary")
         else f"{f['kind']} ({f['severity']})"
         for f in engine.get("findings", [])
     )
-    detail = findings or dying_reason(engine) or str(engine.get("reason") or "")
-    marks = [f"[{m}]" for m in (hold_text(engine), roll_text(engine)) if m]
-    return " ".join([*marks, detail]) if detail else " ".join(marks)
+    hold = engine.get("hold") or {}
+    repeats = HELD_STATES.get(str(hold.get("hold"))) == engine.get("state") and not wide
+    reason = "" if repeats else dying_reason(engine) or str(engine.get("reason") or "")
+    if short and engine.get("phase"):  # "start", "start at ladder step 1/3": the phase says more
+        reason = str(engine["phase"]) + ("" if reason.startswith("start") else f"; {reason}")
+    held = hold_text(engine) if wide else short_hold(engine, now=now, short=short)
+    return "; ".join(part for part in (held, roll_text(engine), findings or reason) if part)
 
 
 def dying_reason(engine: Mapping[str, Any]) -> str | None:
@@ -153,27 +193,35 @@ STATUS_HEADER: Final = (
 )
 
 
-def status_rows(engines: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...]]:
+def status_rows(
+    engines: Mapping[str, Mapping[str, Any]],
+    *,
+    wide: bool = False,
+    short: bool = False,
+    now: float | None = None,
+) -> list[tuple[str, ...]]:
+    """The table's rows, the header first. ``short``: the narrow forms of STATE, LAST EXIT and
+    the reason (a terminal too narrow for the long ones); ``wide``: an operator's hold in full."""
     rows: list[tuple[str, ...]] = [STATUS_HEADER]
     for name, e in engines.items():
         steps = e.get("batch_steps") or 0
         rows.append(
             (
                 name,
-                state_text(e),
+                state_text(e, short=short),
                 str(e.get("model") or "-"),
                 ",".join(str(g) for g in e.get("gpus", [])) or "-",
                 str(e.get("cpus") or "-"),
                 str(e.get("port", "-")),
-                duration(e.get("for_s") or 0.0),
+                duration(e.get("for_s") or 0.0, coarse=short),
                 str(e.get("restarts", 0)),
-                last_exit(e),
+                last_exit(e, short=short),
                 "in" if e.get("in_rotation") else "held" if e.get("hold") else "out",
                 f"{e.get('batch_step', 0)}/{steps}" if steps else "-",
                 gpu_memory(e.get("gpu_memory_used_bytes"), e.get("gpu_memory_total_bytes")),
                 _gpu_reading(e.get("gpu_temperature_c"), "C"),
                 _gpu_reading(e.get("gpu_power_w"), "W"),
-                _detail(e),
+                detail(e, wide=wide, short=short, now=now),
             )
         )
     return rows
@@ -181,59 +229,90 @@ def status_rows(engines: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...
 
 # Columns hidden when no engine has a value (a box without GPUs, or no NVML); `-o wide` shows them.
 GPU_COLUMNS: Final = ("GPU", "GPU MEM", "TEMP", "POWER")
-# Fitting a terminal drops columns in this order (least needed first) until the table fits;
-# ENGINE, STATE, HOST and the last column always stay, and the last is never cut (it wraps).
-FIT_DROP_ORDER: Final = (
-    "CPUS",
-    "STEP",
-    "POWER",
-    "TEMP",
-    "PORT",
-    "FOR",
-    "GPU MEM",
-    "LAST EXIT",
-    "GPU",
-    "MODEL",
-    "RESTARTS",
-    "ROTATION",
-)
-# Room kept for the last column when fitting, so one long reason does not drop every column.
-DETAIL_RESERVE: Final = 30
+# Fitting a terminal drops columns in this order (least needed first) until the table fits. What
+# says what happened is never dropped: ENGINE, STATE, FOR, RESTARTS, LAST EXIT, ROTATION (and
+# HOST), and the last column, which is cut to the width instead (with an ellipsis).
+FIT_DROP_ORDER: Final = ("CPUS", "STEP", "POWER", "TEMP", "PORT", "GPU MEM", "GPU", "MODEL")
+# Room the last column should keep when fitting: below it, the narrow forms are used.
+DETAIL_RESERVE: Final = 24
+# The least of the last column a fitted line shows, however narrow the terminal.
+DETAIL_LEAST: Final = 12
+ELLIPSIS: Final = "…"
+
+
+def fit_columns(rows: Sequence[tuple[str, ...]], width: int | None, *, wide: bool = False) -> list[int]:
+    """The columns shown: not ``wide``, GPU columns without a value on any row are left out, and
+    with ``width`` (the terminal's) columns are dropped in FIT_DROP_ORDER until the others fit
+    beside DETAIL_RESERVE (or none is left to drop)."""
+    header = rows[0]
+    keep = list(range(len(header)))
+    if wide:
+        return keep
+    keep = [i for i in keep if header[i] not in GPU_COLUMNS or any(r[i] not in ("-", "") for r in rows[1:])]
+    if width is not None:
+        for title in FIT_DROP_ORDER:
+            if fixed_width(rows, keep) + min(DETAIL_RESERVE, detail_width(rows)) <= width:
+                break
+            keep = [i for i in keep if header[i] != title]
+    return keep
+
+
+def fixed_width(rows: Sequence[tuple[str, ...]], columns: Sequence[int]) -> int:
+    """The width of every column but the last, with the two spaces after each."""
+    return sum(max(len(r[i]) for r in rows) + 2 for i in columns[:-1])
+
+
+def detail_width(rows: Sequence[tuple[str, ...]]) -> int:
+    return max(len(r[-1]) for r in rows)
 
 
 def table(rows: Sequence[tuple[str, ...]], *, width: int | None = None, wide: bool = False) -> list[str]:
-    """Rows (the first is the header) as aligned lines, the last column not padded. Not ``wide``:
-    GPU columns without a value on any row are left out, and with ``width`` (the terminal's)
-    columns are dropped in FIT_DROP_ORDER until the rest fits beside DETAIL_RESERVE."""
-    header = rows[0]
-    keep = list(range(len(header)))
-    if not wide:
-        keep = [
-            i for i in keep if header[i] not in GPU_COLUMNS or any(r[i] not in ("-", "") for r in rows[1:])
-        ]
-
-    def line_width(columns: list[int]) -> int:
-        fixed = sum(max(len(r[i]) for r in rows) + 2 for i in columns[:-1])
-        return fixed + min(DETAIL_RESERVE, max(len(r[columns[-1]]) for r in rows))
-
-    if width is not None and not wide:
-        for title in FIT_DROP_ORDER:
-            if line_width(keep) <= width:
-                break
-            keep = [i for i in keep if header[i] != title]
+    """Rows (the first is the header) as aligned lines, the last column not padded; with
+    ``width`` (and not ``wide``) it is cut to what the width leaves (at least DETAIL_LEAST), with
+    an ellipsis: the whole of it is in `describe` and `-o wide`."""
+    keep = fit_columns(rows, width, wide=wide)
     widths = {i: max(len(r[i]) for r in rows) for i in keep[:-1]}
-    return [("  ".join(r[i].ljust(widths[i]) for i in keep[:-1]) + "  " + r[keep[-1]]).rstrip() for r in rows]
+    room = max(DETAIL_LEAST, width - fixed_width(rows, keep)) if width is not None and not wide else None
+    lines = []
+    for r in rows:
+        last = r[keep[-1]]
+        if room is not None and len(last) > room:
+            # The header says what the column is, whole: its last word where it has no room.
+            last = last.split()[-1] if r is rows[0] else last[: room - 1].rstrip() + ELLIPSIS
+        lines.append(("  ".join(r[i].ljust(widths[i]) for i in keep[:-1]) + "  " + last).rstrip())
+    return lines
+
+
+def fitted(make: Callable[[bool], list[tuple[str, ...]]], *, width: int | None, wide: bool) -> list[str]:
+    """The table from ``make(short)``: the long forms where they fit the width, else the short
+    ones (STATE without its phase, a short LAST EXIT), which keep more room for the reason."""
+    rows = make(False)
+    if width is not None and not wide:
+        keep = fit_columns(rows, width)
+        if fixed_width(rows, keep) + min(DETAIL_RESERVE, detail_width(rows)) > width:
+            rows = make(True)
+    return table(rows, width=width, wide=wide)
 
 
 def format_status(
-    status: Mapping[str, Any], names: Sequence[str] = (), *, width: int | None = None, wide: bool = False
+    status: Mapping[str, Any],
+    names: Sequence[str] = (),
+    *,
+    width: int | None = None,
+    wide: bool = False,
+    now: float | None = None,
 ) -> str:
-    """One row per engine (only ``names`` when given); the last column is not padded or cut.
-    ``width``: fit a terminal that wide; ``wide``: every column (`status -o wide`)."""
+    """One row per engine (only ``names`` when given). ``width``: fit a terminal that wide (the
+    reason cut with an ellipsis); ``wide``: every column, the reason whole (`status -o wide`).
+    ``now``: the wall clock a hold's age is counted to (default: now)."""
     engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
     if names:
         engines = {n: engines[n] for n in names if n in engines}
-    lines = table(status_rows(engines), width=width, wide=wide)
+
+    def rows(short: bool) -> list[tuple[str, ...]]:
+        return status_rows(engines, wide=wide, short=short, now=now)
+
+    lines = fitted(rows, width=width, wide=wide)
     marked = status.get("gpu_faults_marked") or {}
     if marked:
         lines.append("GPUs marked for faults: " + ", ".join(f"GPU {g}: {n}" for g, n in marked.items()))
@@ -313,17 +392,30 @@ def meant_to_serve(engine: Mapping[str, Any]) -> bool:
     return bool(engine.get("meant_to_serve", engine.get("enabled", True)))
 
 
+def unexpected(engine: Mapping[str, Any]) -> str | None:
+    """Why an engine is not where the operator put it, or None where it is (issue 39: a monitoring
+    script must not alert on an intended stop). The daemon's words of intent decide
+    (engine/status.py): not meant to serve (``enabled: false``, being removed) or stopped by an
+    operator, any state without a process is where it belongs; drained (held out of rotation, yet
+    meant to run), BACKOFF and FATAL are not; otherwise every state but STARTING, READY, SHEDDING
+    and DRAINING is down."""
+    state = str(engine.get("state"))
+    if not meant_to_serve(engine) or not engine.get("wants_run", True):
+        return None
+    drained = bool(engine.get("held_by_operator", bool(engine.get("hold"))))
+    if drained:
+        return f"{state.upper()} (drained, but meant to run)" if state in ("backoff", "fatal") else None
+    return state.upper() if state in DOWN_STATES else None
+
+
 def status_exit_code(status: Mapping[str, Any], names: Sequence[str] = ()) -> tuple[int, list[str]]:
-    """0, or 1 with why: a named engine (or, without names, any meant to serve) is FATAL or down,
-    or a named engine does not exist."""
+    """0, or 1 with why: a named engine (or, without names, any) is not where the operator put it
+    (``unexpected``: down, FATAL, not ready when it should be), or a named engine does not exist.
+    An engine stopped or drained on purpose, or disabled, is where it belongs."""
     engines: Mapping[str, Mapping[str, Any]] = status.get("engines", {})
     problems = unknown_engines(engines, names)
-    checked = (
-        [n for n in names if n in engines] if names else [n for n, e in engines.items() if meant_to_serve(e)]
-    )
-    problems += [
-        f"{n} is {engines[n]['state'].upper()}" for n in checked if engines[n]["state"] in DOWN_STATES
-    ]
+    checked = [n for n in names if n in engines] if names else list(engines)
+    problems += [f"{n} is {why}" for n in checked if (why := unexpected(engines[n])) is not None]
     return (1 if problems else 0), problems
 
 
@@ -368,6 +460,7 @@ RELOAD_VERBS: Final = {
     "restart": "restarting",
     "stop": "stopping",
     "start": "starting",
+    "remove": "removing",
     "next start": "new spec at next start for",
 }
 
@@ -408,12 +501,17 @@ def reload_lines(reply: Mapping[str, Any], *, dry_run: bool = False) -> list[str
 def progress_line(name: str, engine: Mapping[str, Any], *, waited_s: float) -> str:
     """``gpu1 STARTING 1m10s / 15m: loading weights``: the state, how long it has been in it
     against its budget (start_timeout_s while starting, drain_timeout_s while draining), and
-    the start phase or the state's reason."""
+    the start phase or the state's reason. A drain an operator holds has no budget (it lasts
+    until `start`); an engine waiting for a reload's roll says so rather than its old reason."""
     state = str(engine.get("state", "?"))
     for_s = float(engine.get("for_s") or 0.0)
+    held = state == "draining" and (engine.get("hold") or {}).get("hold") == "drain"
     budget = {"starting": engine.get("start_timeout_s"), "draining": engine.get("drain_timeout_s")}.get(state)
-    clock = f"{duration(for_s)} / {duration(budget)}" if budget else duration(for_s)
-    detail = engine.get("phase") or engine.get("reason") or ""
+    clock = f"{duration(for_s)} / {duration(budget)}" if budget and not held else duration(for_s)
+    waiting_turn = roll_text(engine) if state == "ready" else None  # a reload's roll still to come
+    detail = engine.get("phase") or waiting_turn or engine.get("reason") or ""
+    if held:
+        detail = short_hold(engine) or detail
     if state == "draining" and engine.get("requests_running"):
         detail = f"{engine['requests_running']} requests in flight"
     line = f"{name} {state.upper()} {clock}"
@@ -433,54 +531,3 @@ def event_line(event: Mapping[str, Any]) -> str:
 
 def event_lines(events: Iterable[Mapping[str, Any]]) -> list[str]:
     return [event_line(e) for e in events]
-
-
-# ---- the fleet view: `status --host URL ...` ----
-
-FLEET_HEADER = ("HOST", *STATUS_HEADER)
-
-
-@dataclass(frozen=True)
-class HostStatus:
-    """One daemon's status as read over HTTP, or why it could not be read."""
-
-    host: str
-    status: Mapping[str, Any] | None
-    error: str | None = None
-
-
-def format_fleet_status(
-    hosts: Sequence[HostStatus], names: Sequence[str] = (), *, width: int | None = None, wide: bool = False
-) -> str:
-    """One table for all hosts, one row per engine with its HOST first; a host that did not
-    answer is one row saying why, not an error."""
-    rows: list[tuple[str, ...]] = [FLEET_HEADER]
-    blank = ("-",) * (len(STATUS_HEADER) - 2)
-    for h in hosts:
-        if h.status is None:
-            rows.append((h.host, "-", "unreachable", *blank[1:], f"unreachable: {h.error}"))
-            continue
-        engines: Mapping[str, Mapping[str, Any]] = h.status.get("engines", {})
-        if names:
-            engines = {n: engines[n] for n in names if n in engines}
-        rows += [(h.host, *row) for row in status_rows(engines)[1:]]
-    return "\n".join(table(rows, width=width, wide=wide))
-
-
-def fleet_exit_code(hosts: Sequence[HostStatus], names: Sequence[str] = ()) -> tuple[int, list[str]]:
-    """1 when any host is unreachable or any engine checked on any host is FATAL or down (a name
-    counts as missing only when no host has it)."""
-    problems = [f"{h.host}: unreachable: {h.error}" for h in hosts if h.status is None]
-    reached = [h for h in hosts if h.status is not None]
-    for h in reached:
-        assert h.status is not None
-        engines = h.status.get("engines", {})
-        here = [n for n in names if n in engines]
-        if names and not here:
-            continue  # none of the names asked about runs on this host
-        _, host_problems = status_exit_code(h.status, here)
-        problems += [f"{h.host}: {p}" for p in host_problems]
-    for n in names:
-        if reached and not any(n in (h.status or {}).get("engines", {}) for h in reached):
-            problems.append(f"no engine named {n!r} on any host")
-    return (1 if problems else 0), problems

@@ -62,10 +62,19 @@ def judge(
     if state == "fatal" and int(engine.get("state_changes") or 0) > base.state_changes:
         return Verdict(False, f"{name}: {base.command} failed (FATAL): {engine.get('reason')}")
     ready = f"{name}: READY ({base.command} done)"
-    # A reloaded engine restarted with its new spec, or started when added.
-    if base.command == "reload" and any(
+    if base.command == "reload" and "config_roll" in engine:
+        # Done once it serves its new spec: the daemon marks an engine whose roll is still to
+        # come (``config_roll``), so a start of the old spec that ends after the reload (a READY
+        # transition, or a READY status) is not taken for its restart (issue 39).
+        if engine.get("config_roll"):
+            return None
+        if state == "ready":
+            return Verdict(True, ready)
+        if state == "draining" and _drain_held(engine):
+            return Verdict(True, f"{name}: READY and held out of rotation by a drain (reload done)")
+    elif base.command == "reload" and any(
         e.get("kind") == "transition" and e.get("to_state") == "ready" for e in new_events
-    ):
+    ):  # a daemon from before config_roll: a reloaded engine restarted, or started when added
         return Verdict(True, ready)
     if base.command in ("restart", "reload"):
         if (engine.get("incarnation") or 0) > (base.incarnation or 0):

@@ -11,11 +11,12 @@ What happens to an engine (``EngineChange.action``):
 ======================  =======================================================================
 ``restart``             changed and meant to run: the policy restarts it onto the new spec, within
                         ``max_unavailable`` (also one a halted roll never reached)
-``stop``                removed from the config, or ``enabled: false`` now
+``stop``                removed from the config, or ``enabled: false`` now, and running
+``remove``              removed from the config, and not running (stopped, FATAL): nothing to stop
 ``start``               added, or ``enabled: true`` now
 ``next start``          changed, but not running (stopped by an operator, or FATAL): it gets the
                         new spec, which applies when it is next started
-``nothing``             unchanged (or added disabled)
+``nothing``             unchanged (or added disabled, or disabled now and not running)
 ======================  =======================================================================
 
 A restart is a *model reload* when what the engine serves changes (``MODEL_FIELDS``, or a flag in
@@ -40,6 +41,7 @@ STOP: Final = "stop"
 START: Final = "start"
 NEXT_START: Final = "next start"
 NOTHING: Final = "nothing"
+REMOVE: Final = "remove"
 
 # Fields whose change means the engine serves something else: its weights are another model's.
 MODEL_FIELDS: Final = frozenset({"model", "served_model_name"})
@@ -185,7 +187,10 @@ def engine_changes(
                 name, START if spec.enabled else NOTHING, "added" if spec.enabled else "added, disabled"
             )
         elif name in plan.disable:
-            row = EngineChange(name, STOP, "disabled", changes)
+            if name in plan.idle:  # already stopped: a dry run must not say it stops it
+                row = EngineChange(name, NOTHING, "disabled, not running", changes)
+            else:
+                row = EngineChange(name, STOP, "disabled", changes)
         elif name in plan.enable:
             row = EngineChange(name, START, "enabled", changes)
         elif name in restart:
@@ -196,7 +201,10 @@ def engine_changes(
         else:
             row = EngineChange(name, NOTHING, "unchanged")
         rows.append(row)
-    rows += [EngineChange(name, STOP, "removed") for name in plan.removed]
+    rows += [
+        EngineChange(name, *((REMOVE, "not running") if name in plan.idle else (STOP, "removed")))
+        for name in plan.removed
+    ]
     return tuple(rows)
 
 
@@ -217,6 +225,7 @@ def describe(change: EngineChange) -> str:
         START: f"start ({change.why})",
         NEXT_START: "new spec, applied at its next start (not running now)",
         NOTHING: f"nothing ({change.why})",
+        REMOVE: f"remove ({change.why})",
     }[change.action]
     if change.action == RESTART and not change.changes:
         what += f" ({change.why})"
@@ -229,6 +238,7 @@ __all__ = [
     "MODEL_FIELDS",
     "NEXT_START",
     "NOTHING",
+    "REMOVE",
     "RESTART",
     "START",
     "STOP",

@@ -29,6 +29,8 @@ class ReloadPlan:
     respec: tuple[EngineSpec, ...] = ()  # changed but not running: new spec, stays as it is
     enable: tuple[str, ...] = ()  # enabled: true now (after its respec)
     disable: tuple[str, ...] = ()  # enabled: false now: stopped
+    # Disabled or removed engines that do not run now (stopped, FATAL): nothing to stop.
+    idle: tuple[str, ...] = ()
     next_start_only: tuple[str, ...] = ()  # "supervisor.tick_interval_s", ...
 
     @property
@@ -62,12 +64,14 @@ def plan_reload(old: SupervisorConfig, new: SupervisorConfig, running: Mapping[s
         for f in fields(old.supervisor)
         if f.name not in LIVE_SETTINGS and getattr(old.supervisor, f.name) != getattr(new.supervisor, f.name)
     )
+    removed = tuple(n for n in old_specs if n not in new_specs)
     return ReloadPlan(
         added=tuple(s for n, s in new_specs.items() if n not in old_specs),
-        removed=tuple(n for n in old_specs if n not in new_specs),
+        removed=removed,
         restart=tuple(restart),
         respec=tuple(respec),
         enable=tuple(enable),
         disable=tuple(disable),
+        idle=tuple(n for n in (*disable, *removed) if not running.get(n, False)),
         next_start_only=next_start_only,
     )

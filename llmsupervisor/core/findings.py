@@ -61,6 +61,30 @@ class Finding:
         return (self.engine, self.kind, self.severity)
 
 
+def counted(n: int | float, noun: str, nouns: str | None = None) -> str:
+    """``1 deadline miss``, ``3 deadline misses``: a count with its noun in the right number."""
+    return f"{n:g} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def evidence_text(evidence: Mapping[str, float | str]) -> str:
+    """A finding's evidence for a person (the log line and `events`): units read off the key
+    (``_s`` seconds, ``_ratio`` a share), floats rounded to three digits, underscores as spaces:
+    ``rule deadlines, frozen 12.3 s, misses 3, cpu 0.4%``. The raw values stay in the event's
+    JSON (`events --json`)."""
+    parts = []
+    for key, value in evidence.items():
+        name, unit = key, ""
+        if key.endswith("_s"):
+            name, unit = key[:-2], " s"
+        elif key.endswith("_ratio") and isinstance(value, float):
+            name = key[: -len("_ratio")]
+            parts.append(f"{name.replace('_', ' ')} {value:.1%}")
+            continue
+        shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+        parts.append(f"{name.replace('_', ' ')} {shown}{unit}")
+    return ", ".join(parts)
+
+
 # The hang rules whose finding says the API server itself is the hung process (the ``front``
 # rule: its event loop held, detectors/hang/front.py). Its stack is then the evidence.
 API_SERVER_RULES: frozenset[str] = frozenset({"front"})
@@ -98,4 +122,14 @@ def blame_of(finding: Finding) -> Blame:
     )
 
 
-__all__ = ["API_SERVER_ROLE", "API_SERVER_RULES", "Blame", "Finding", "FindingKind", "Severity", "blame_of"]
+__all__ = [
+    "API_SERVER_ROLE",
+    "API_SERVER_RULES",
+    "Blame",
+    "Finding",
+    "FindingKind",
+    "Severity",
+    "blame_of",
+    "counted",
+    "evidence_text",
+]

@@ -15,7 +15,7 @@ import asyncio
 import collections
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -37,8 +37,11 @@ class Event:
     level: str
     message: str
     to_state: str | None = None  # a transition's new state ("ready", "fatal", ...)
+    # A finding's evidence as the detector measured it: the message has it rounded, for a person.
+    evidence: Mapping[str, float | str] | None = None
 
     def as_json(self) -> dict[str, Any]:
+        found = {"evidence": dict(self.evidence)} if self.evidence is not None else {}
         return {
             "seq": self.seq,
             "time": round(self.time_s, 3),
@@ -47,6 +50,7 @@ class Event:
             "level": self.level,
             "message": self.message,
             "to_state": self.to_state,
+            **found,
         }
 
 
@@ -86,6 +90,7 @@ class EventRing(logging.Handler):
                     level=record.levelname,
                     message=message,
                     to_state=getattr(record, "to_state", None),
+                    evidence=getattr(record, "evidence", None),
                 )
             )
 

@@ -82,8 +82,10 @@ def what_happens(command: str, status: EngineStatus) -> str:
             return f"out of rotation, {draining}" if state is not EngineState.DRAINING else "already draining"
         return "held: it stays out of rotation once it is ready"
     if command == "stop":
-        if state in (EngineState.STOPPED, EngineState.FATAL) and status.incarnation is None:
-            return "already stopped"
+        if state is EngineState.FATAL and status.incarnation is None:
+            return "was FATAL: now STOPPED, held until `start`"
+        if state is EngineState.STOPPED and status.incarnation is None:
+            return "already stopped; held until `start`"
         return f"{draining}, then stopping" if serving else "stopping"
     if command == "start":
         if state is EngineState.BACKOFF and status.running:

@@ -93,7 +93,7 @@ def detect_preemption_storm(window: ObservationWindow, now: float, cfg: Detector
         K.PREEMPTION_STORM,
         Severity.WARNING,
         first_obs.at_s,
-        f"preemption storm: {per_min:.1f} preemptions/min (threshold {cfg.preemptions_per_min_threshold:g})",
+        f"{per_min:.1f} preemptions a minute (threshold {cfg.preemptions_per_min_threshold:g})",
         **evidence,
     )
 

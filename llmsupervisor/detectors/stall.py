@@ -7,7 +7,7 @@ counters frozen across readings for ``stall_after_s``.
 
 from __future__ import annotations
 
-from llmsupervisor.core.findings import Finding, FindingKind, Severity
+from llmsupervisor.core.findings import Finding, FindingKind, Severity, counted
 from llmsupervisor.core.observe import ObservationWindow
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.series import counters_progressed, in_flight, new_finding, newest_first
@@ -55,7 +55,7 @@ def detect_stall(window: ObservationWindow, now: float, cfg: DetectorConfig) -> 
         K.STALL,
         Severity.WARNING,
         frozen_since,
-        f"stalled: {work} requests in flight and no step or token progress for {frozen_s:.0f} s",
+        f"{counted(work, 'request')} in flight and no step or token progress for {frozen_s:.0f} s",
         **evidence,
     )
 

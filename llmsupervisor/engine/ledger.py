@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llmsupervisor.core.findings import counted
 from llmsupervisor.core.restarts import (
     FailureHistory,
     RestartPolicy,
@@ -185,7 +186,9 @@ class Ledger:
             reason,
             extra={"engine": self.name, "event": "transition", "to_state": state.value},
         )
-        self._state, self._since_s, self._reason = state, now, reason
+        # The status says what is (READY is "ready"); why it became so ("drain cancelled") is the
+        # event's, else it would linger for as long as the engine serves (issue 39).
+        self._state, self._since_s, self._reason = state, now, "ready" if state is S.READY else reason
         self._gave_up = self._gave_up or state is S.FATAL
         self._history = replace(self._history, state_changes_total=self._history.state_changes_total + 1)
         return change
@@ -249,9 +252,9 @@ class Ledger:
         count = failures.count(now, policy)
         in_a_row = failures.unready >= policy.max_failures
         budget = (
-            f"{count} failures in a row without becoming ready"
+            f"{counted(count, 'failure')} in a row without becoming ready"
             if in_a_row
-            else f"{count} failures within {policy.window_s:g} s"
+            else f"{counted(count, 'failure')} within {policy.window_s:g} s"
         )
         # One failure of an engine that was running is not a loop: waiting only adds downtime
         # (a crash, a hang, a GPU fault alike). The backoff starts with the second failure.

@@ -24,6 +24,7 @@ from typing import Final, Protocol, TypeVar, cast
 
 from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec
+from llmsupervisor.core.findings import evidence_text
 from llmsupervisor.core.observe import Observation, check_timed_out, describe
 from llmsupervisor.detectors import (
     DetectorConfig,
@@ -543,15 +544,15 @@ class Observer:
     def _detect(self, now: float) -> None:
         update = self.tracker.update(detect_all(self.window, now, self._cfg), now)
         for finding in update.opened:
-            evidence = ", ".join(f"{k}={v}" for k, v in finding.evidence.items())
+            # Rounded, with units, for a person; the raw values go with the event (`events --json`).
             log.log(
                 FINDING_LOG_LEVEL[finding.severity],
                 "finding %s (%s): %s [%s]",
                 finding.kind.value,
                 finding.severity.value,
                 finding.summary,
-                evidence,
-                extra={"engine": self._spec.name, "event": "finding"},
+                evidence_text(finding.evidence),
+                extra={"engine": self._spec.name, "event": "finding", "evidence": dict(finding.evidence)},
             )
         for finding in update.closed:
             log.info(

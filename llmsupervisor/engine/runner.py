@@ -240,6 +240,8 @@ class EngineRunner:
                     self._acting = False
                     if self._ledger.state is S.BACKOFF:
                         self._to(S.STOPPED, "stop requested during backoff")
+                    elif self._ledger.state is S.FATAL and not d.wants_run and not d.final:  # held, as asked
+                        self._to(S.STOPPED, "stop requested: stopped (it had given up)")
                     self._apply_spec()
                     if d.restart is not None:  # a restart of a stopped engine leaves it stopped (D5)
                         self._desired = restart_taken(self._desired)

@@ -42,7 +42,9 @@ def wait_hang(d: Daemon, engine: str, seen: int, *, timeout_s: float = 60.0) -> 
 
 
 def rule_of(line: str) -> str | None:
-    m = re.search(r"rule=(\w+)", line)
+    """The rule a ``finding hang`` log line names: ``[... rule cpu_idle, ...]`` (``rule=`` before
+    issue 39)."""
+    m = re.search(r"\brule[= ](\w+)", line)
     return m.group(1) if m else None
 
 

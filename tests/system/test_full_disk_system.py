@@ -154,7 +154,7 @@ def test_stop_and_drain_on_a_full_disk_act_and_hold_across_a_restart_once_there_
     # write that lands wakes the kept ones). b's drain freed nothing.
     assert a["hold"]["hold"] == "stop" and b["hold"]["hold"] == "drain"
     assert b["hold_unsaved"] == NO_SPACE
-    table = cli(d, "status").stdout
+    table = cli(d, "status", "-o", "wide").stdout  # the hold in full
     assert "drain hold by root (uid 0) since" in table and f"not saved yet: {NO_SPACE}" in table, table
     assert not (holds / "b.json").exists()
 

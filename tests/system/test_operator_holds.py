@@ -48,7 +48,9 @@ def test_stop_and_drain_holds_survive_a_daemon_restart(daemon_factory) -> None:
         hold = status["engines"][name]["hold"]
         assert hold["hold"] == kind and (hold["by"].endswith(me) or hold["by"] == f"uid {os.getuid()}")
         assert before_s - 1 <= hold["since"] <= time.time()
-    table = cli(d, "status").stdout
+    table = cli(d, "status").stdout  # a hold in a few characters; in full with -o wide (issue 39)
+    assert "held: stop (" in table and "held: drain (" in table, table
+    table = cli(d, "status", "-o", "wide").stdout
     assert "stop hold by" in table and "drain hold by" in table, table
 
     out = cli(d, "start", "a", "--wait", "--timeout", "60")

@@ -12,7 +12,7 @@ long the engine has been hung, the deadline misses, the last reading's counters)
 
 from __future__ import annotations
 
-from llmsupervisor.core.findings import Finding, FindingKind, Severity
+from llmsupervisor.core.findings import Finding, FindingKind, Severity, counted
 from llmsupervisor.core.observe import ObservationWindow
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.hang.facts import HangFacts, hang_facts, miss_detail
@@ -59,7 +59,7 @@ def hang_finding(facts: HangFacts, hit: RuleHit, now: float) -> Finding:
         FindingKind.HANG,
         Severity.CRITICAL,
         hit.since_s,
-        f"hung: {hit.why} ({facts.misses} deadline misses, {state})",
+        f"{hit.why} ({counted(facts.misses, 'deadline miss', 'deadline misses')}, {state})",
         **evidence,
     )
 

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from llmsupervisor.core.findings import counted
 from llmsupervisor.core.observe import Observation, ObservationWindow, check_timed_out
 from llmsupervisor.detectors.config import DetectorConfig
 from llmsupervisor.detectors.hang.facts import HangFacts
@@ -113,7 +114,7 @@ def front(facts: HangFacts, window: ObservationWindow, now: float, cfg: Detector
         else f"at {hang.cpu_ratio:.0%} of a core, admitting nothing"
     )
     why = (
-        f"the API server's loop is held ({hang.how}): /health missed {hang.misses} times in "
+        f"the API server's loop is held ({hang.how}): /health missed {counted(hang.misses, 'time')} in "
         f"{now - hang.since_s:.1f} s, the API server {what}"
     )
     return RuleHit("front", cfg.hang_front_after_s, hang.since_s, why, evidence)
@@ -121,7 +122,7 @@ def front(facts: HangFacts, window: ObservationWindow, now: float, cfg: Detector
 
 def _held(stuck: Stuck) -> str:
     """What the stuck engine held: its requests, or only the canary."""
-    return "a canary waited" if stuck.idle else f"{stuck.beat.work} requests held"
+    return "a canary waited" if stuck.idle else f"{counted(stuck.beat.work, 'request')} held"
 
 
 def frozen(facts: HangFacts, window: ObservationWindow, now: float, cfg: DetectorConfig) -> RuleHit | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,23 +91,48 @@ def test_findings_show_with_their_summary() -> None:
 
 
 def test_status_exit_code() -> None:
-    snap = snapshot(
-        a=engine(),
-        b=engine(state="fatal"),
-        c=engine(state="starting"),
-        off=engine(state="stopped", enabled=False),
-    )
+    off = engine(state="stopped", enabled=False, meant_to_serve=False, wants_run=False, held_by_operator=True)
+    snap = snapshot(a=engine(), b=engine(state="fatal"), c=engine(state="starting"), off=off)
     assert cli_render.status_exit_code(snap, ["a"]) == (0, [])
     assert cli_render.status_exit_code(snap, ["c"]) == (0, [])
     assert cli_render.status_exit_code(snap, ["a", "b"]) == (1, ["b is FATAL"])
     nope = "no engine named 'nope'; engines: a, b, c, off"
     assert cli_render.status_exit_code(snap, ["nope"]) == (1, [nope])
     assert cli_render.status_exit_code(snap) == (1, ["b is FATAL"])  # a disabled engine is not down
-    assert cli_render.status_exit_code(snapshot(a=engine(), off=engine(state="stopped", enabled=False))) == (
-        0,
-        [],
+    assert cli_render.status_exit_code(snapshot(a=engine(), off=off)) == (0, [])
+    assert cli_render.status_exit_code(snap, ["off"]) == (0, [])  # by name too: the config put it there
+
+
+def test_status_exits_0_where_the_operator_put_every_engine() -> None:
+    """Issue 39 (3): a monitoring script must not alert on an intended stop or drain; only what
+    nobody asked for is: down, FATAL, or a drained engine that should still run and does not."""
+    stopped = {"state": "stopped", "wants_run": False, "held_by_operator": True, "pid": None}
+    drained = {"state": "draining", "held_by_operator": True, "in_rotation": False}
+    on_purpose = snapshot(
+        a=engine(),
+        s=engine(**stopped, hold={"hold": "stop", "by": "alice (uid 1000)", "since": 0.0}),
+        stopping=engine(**{**stopped, "state": "stopping"}),
+        d=engine(**drained, hold={"hold": "drain", "by": "alice (uid 1000)", "since": 0.0}),
+        up=engine(state="starting", phase="loading weights"),
     )
-    assert cli_render.status_exit_code(snap, ["off"]) == (1, ["off is STOPPED"])  # asked for by name
+    assert cli_render.status_exit_code(on_purpose) == (0, [])
+    assert cli_render.status_exit_code(on_purpose, ["s", "d"]) == (0, [])
+    unasked = snapshot(
+        crashed=engine(state="backoff", pid=None),
+        gave_up=engine(state="fatal", pid=None),
+        down=engine(state="stopped", pid=None),  # meant to serve, nobody stopped it: not ready
+        drained_crashed=engine(**{**drained, "state": "backoff"}),
+        ok=engine(**drained),
+    )
+    assert cli_render.status_exit_code(unasked) == (
+        1,
+        [
+            "crashed is BACKOFF",
+            "gave_up is FATAL",
+            "down is STOPPED",
+            "drained_crashed is BACKOFF (drained, but meant to run)",
+        ],
+    )
 
 
 def test_progress_and_answer_lines() -> None:
@@ -400,7 +426,9 @@ def test_what_an_accepted_command_does_and_the_summary_phase() -> None:
     assert what_happens("start", ready) == "already ready"
     stopped = engine_status("gpu1", S.STOPPED, incarnation=None, wants_run=False)
     assert what_happens("restart", stopped) == "starting"
-    assert what_happens("stop", stopped) == "already stopped"
+    assert what_happens("stop", stopped) == "already stopped; held until `start`"
+    fatal = engine_status("gpu1", S.FATAL, incarnation=None)
+    assert what_happens("stop", fatal) == "was FATAL: now STOPPED, held until `start`"
     assert what_happens("drain", stopped) == "held: it stays out of rotation once it is ready"
     starting = engine_status("gpu1", S.STARTING, start_phase="compiling")
     assert what_happens("restart", starting) == "abandoning this start, starting again"
@@ -483,11 +511,11 @@ def test_events_follow_prints_new_ones_and_ends_on_ctrl_c() -> None:
 
 def test_fleet_table_has_a_host_column_and_unreachable_hosts_are_rows() -> None:
     hosts = [
-        cli_render.HostStatus("http://h1:9400", snapshot(gpu0=engine(), bad=engine(state="fatal"))),
-        cli_render.HostStatus("http://h2:9400", snapshot(gpu0=engine())),
-        cli_render.HostStatus("http://h3:9400", None, "no answer within 3 s"),
+        fleet.HostStatus("http://h1:9400", snapshot(gpu0=engine(), bad=engine(state="fatal"))),
+        fleet.HostStatus("http://h2:9400", snapshot(gpu0=engine())),
+        fleet.HostStatus("http://h3:9400", None, "no answer within 3 s"),
     ]
-    lines = cli_render.format_fleet_status(hosts).splitlines()
+    lines = fleet.format_fleet_status(hosts).splitlines()
     assert lines[0].split()[:3] == ["HOST", "ENGINE", "STATE"]
     assert [line.split()[:3] for line in lines[1:]] == [
         ["http://h1:9400", "gpu0", "READY"],
@@ -498,13 +526,13 @@ def test_fleet_table_has_a_host_column_and_unreachable_hosts_are_rows() -> None:
     assert lines[-1].endswith("unreachable: no answer within 3 s")
     # Columns line up across hosts: STATE starts at the same offset on every row.
     assert len({line.index(line.split()[2]) for line in lines}) == 1
-    code, problems = cli_render.fleet_exit_code(hosts)
+    code, problems = fleet.fleet_exit_code(hosts)
     assert code == 1
     assert problems == ["http://h3:9400: unreachable: no answer within 3 s", "http://h1:9400: bad is FATAL"]
     # Only gpu0 asked about, everywhere reachable: up.
-    assert cli_render.fleet_exit_code(hosts[:2], ["gpu0"]) == (0, [])
-    assert "bad" not in cli_render.format_fleet_status(hosts[:2], ["gpu0"])
-    assert cli_render.fleet_exit_code(hosts[:2], ["nope"]) == (1, ["no engine named 'nope' on any host"])
+    assert fleet.fleet_exit_code(hosts[:2], ["gpu0"]) == (0, [])
+    assert "bad" not in fleet.format_fleet_status(hosts[:2], ["gpu0"])
+    assert fleet.fleet_exit_code(hosts[:2], ["nope"]) == (1, ["no engine named 'nope' on any host"])
 
 
 def test_hosts_file_skips_blanks_and_comments(tmp_path: Path) -> None:
@@ -547,9 +575,13 @@ def test_a_held_engine_is_visibly_held_in_the_table() -> None:
     held = engine(
         state="stopped", in_rotation=False, hold={"hold": "stop", "by": "alice (uid 1000)", "since": 0.0}
     )
-    rows = cli_render.status_rows({"gpu1": held})
+    rows = cli_render.status_rows({"gpu1": held}, now=180.0)
     assert rows[1][cli_render.STATUS_HEADER.index("ROTATION")] == "held"
-    assert rows[1][-1].startswith("[stop hold by alice (uid 1000) since ")
+    # A few characters in the table (issue 39: the prefix took 54); in full with -o wide.
+    assert rows[1][-1] == "held: stop (alice, 3m)"
+    wide = cli_render.status_rows({"gpu1": held}, wide=True)
+    assert wide[1][-1].startswith("stop hold by alice (uid 1000) since ")
+    assert wide[1][-1].endswith("; ready")
 
 
 # ---- issue 26 (8): the table fits the terminal, empty GPU columns go ----
@@ -584,11 +616,12 @@ def test_the_table_fits_the_terminal_dropping_the_least_needed_columns_first() -
     for width in (80, 100, 120):
         lines = cli_render.format_status(snap, width=width).splitlines()
         header = lines[0]
-        # Everything but the free-text last column fits; the reason is still whole (it wraps).
-        detail_at = header.index("FINDINGS / REASON")
-        assert detail_at + min(cli_render.DETAIL_RESERVE, len(FATAL_REASON)) <= width
-        assert lines[2].endswith(FATAL_REASON)
-        assert header.startswith("ENGINE") and "STATE" in header
+        # Every line fits; what says what happened stays (issue 39); the reason is cut, not wrapped.
+        assert all(len(line) <= width for line in lines), lines
+        for title in ("ENGINE", "STATE", "FOR", "RESTARTS", "LAST EXIT", "ROTATION", "FINDINGS / REASON"):
+            assert title in header, (width, header)
+        assert lines[2].endswith("…") and FATAL_REASON.startswith(lines[2].split("  ")[-1].strip()[:-1])
+        assert "SIGKILL" in lines[1] and re.search(r"\b2m(05s)? ago", lines[1])
     narrow = cli_render.format_status(snap, width=80).splitlines()[0]
     assert "CPUS" not in narrow and "STEP" not in narrow  # the first to go
     assert "CPUS" in cli_render.format_status(snap, width=80, wide=True).splitlines()[0]
@@ -632,9 +665,9 @@ def test_the_table_marks_a_pending_config_roll_and_a_halted_one() -> None:
             "d": engine(),
         }
     )
-    assert rows[1][-1] == "[new config pending: rolls within max_unavailable] ready"
-    assert rows[2][-1].startswith("[new config pending: the roll is halted]")
-    assert rows[3][-1] == "[failed on the new config: the roll is halted] start failed"
+    assert rows[1][-1] == "new config pending: rolls within max_unavailable; ready"
+    assert rows[2][-1].startswith("new config pending: the roll is halted; ")
+    assert rows[3][-1] == "failed on the new config: the roll is halted; start failed"
     assert rows[4][-1] == "ready"
 
 

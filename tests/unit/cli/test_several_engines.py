@@ -127,10 +127,22 @@ def test_restart_all_leaves_an_engine_an_operator_stopped() -> None:
     assert "not restarting b: stopped by an operator" in err
 
 
-@pytest.mark.parametrize("argv", [["restart"], ["stop", "a", "--all"]])
-def test_names_or_all_not_neither_nor_both(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["restart"], "restart: name one or more engines, or --all"),
+        # Issue 39: both is its own mistake, not "name one or more".
+        (
+            ["restart", "--all", "gpu0"],
+            "restart: --all or engine names, not both: `restart --all` or `restart gpu0`",
+        ),
+    ],
+)
+def test_names_or_all_not_neither_nor_both(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main([*argv, "--socket", "/nonexistent.sock"]) == 2
-    assert "name one or more engines, or --all" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"llm-supervisor: {said}\n"
 
 
 class Clock:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from llmsupervisor.cli import render
 from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSettings
 from llmsupervisor.config.reload_diff import (
     NEXT_START,
     NOTHING,
+    REMOVE,
     RESTART,
     START,
     STOP,
@@ -148,3 +150,22 @@ def test_nested_detector_fields_are_named_by_path() -> None:
     old = spec("e1")
     new = dataclasses.replace(old, detectors=dataclasses.replace(old.detectors, stale_after_s=60.0))
     assert [str(c) for c in field_changes(old, new)] == ["detectors.stale_after_s: 30 -> 60"]
+
+
+def test_a_dry_run_does_not_stop_an_engine_that_is_already_stopped() -> None:
+    """Issue 39 (3): a dry run said it would stop an engine an operator had stopped already."""
+    old = config(spec("e1"), spec("e2"), spec("e3"))
+    new = config(spec("e1"), spec("e2", enabled=False))
+    running = {"e1": True, "e2": False, "e3": False}  # e2 and e3 stopped by an operator
+    rows = {c.engine: c for c in engine_changes(old, new, plan_reload(old, new, running))}
+    assert (rows["e2"].action, describe(rows["e2"])) == (
+        NOTHING,
+        "e2: nothing (disabled, not running): enabled: true -> false",
+    )
+    assert (rows["e3"].action, describe(rows["e3"])) == (REMOVE, "e3: remove (not running)")
+    reply = {"engines": [c.as_json() for c in rows.values()], "lines": [describe(c) for c in rows.values()]}
+    lines = render.reload_lines(reply, dry_run=True)
+    assert lines[0] == "dry run, nothing applied; a reload would be: removing e3"
+    running = {"e1": True, "e2": True, "e3": True}
+    rows = {c.engine: c for c in engine_changes(old, new, plan_reload(old, new, running))}
+    assert rows["e2"].action == STOP and rows["e3"].action == STOP

@@ -566,6 +566,9 @@ def test_stall(name: str, observations: list[Observation], now: float, fires: bo
     assert (finding is not None) is fires
     if finding is not None:
         assert finding.kind is K.STALL and num(finding, "frozen_s") >= CFG.stall_after_s
+        # Said once (the kind is printed before it: not "stall: stalled: ..."), in whole seconds.
+        assert "in flight and no step or token progress for " in finding.summary
+        assert not finding.summary.startswith("stall") and finding.summary.endswith("0 s")
 
 
 # --- KV_PRESSURE and PREEMPTION_STORM ------------------------------------------------------------
@@ -617,6 +620,9 @@ def test_preemption_storm(name: str, series: list[tuple[float, int | None]], fir
     assert (finding is not None) is fires
     if finding is not None:
         assert num(finding, "preemptions_per_min") >= CFG.preemptions_per_min_threshold
+        threshold = CFG.preemptions_per_min_threshold
+        assert finding.summary.endswith(f" preemptions a minute (threshold {threshold:g})")
+        assert "storm" not in finding.summary  # the kind says it
 
 
 # --- DEGRADATION_* -------------------------------------------------------------------------------

@@ -694,3 +694,45 @@ def test_requests_running_counts_users_not_the_daemons_canary(tmp_path: Path) ->
         await h.close()
 
     run(scenario)
+
+
+def test_a_stop_of_a_fatal_engine_is_recorded_and_start_still_retries(tmp_path: Path) -> None:
+    """Issue 39 (3): `stop` on a FATAL engine answered "already stopped" and left it FATAL, so
+    `status` kept alerting on an engine the operator had put away. It is STOPPED now, and
+    `start` still gets its failure budget back."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(max_failures=1))
+        await h.until(ready_as(1))
+        h.procs.live[-1].exit(code=1)
+        await h.state(S.FATAL)
+        h.send(Stop())
+        status = await h.state(S.STOPPED)
+        assert not status.running and status.held_by_operator and status.incarnation is None
+        assert status.state_reason == "stop requested: stopped (it had given up)"
+        h.send(Start())
+        await h.until(lambda s: s.state is S.READY and s.failures == 0)
+        await h.close()
+
+    run(scenario)
+
+
+def test_back_in_rotation_the_reason_says_ready_and_the_event_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 39 (4): "drain cancelled: back in rotation" stayed the READY engine's reason for as
+    long as it served. The reason describes the present; the transition's log line, why."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec())
+        await h.state(S.READY)
+        h.send(Hold(True))
+        await h.state(S.DRAINING)
+        h.send(Start())
+        status = await h.state(S.READY)
+        assert status.state_reason == "ready"
+        await h.close()
+
+    with caplog.at_level(logging.INFO, logger="llmsupervisor"):
+        run(scenario)
+    assert "DRAINING -> READY: drain cancelled: back in rotation" in caplog.text

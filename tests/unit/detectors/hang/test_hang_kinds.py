@@ -274,3 +274,27 @@ def new_window_of(observations: Iterable[Observation]) -> ObservationWindow:
     for o in observations:
         w.append(o)
     return w
+
+
+def test_a_hang_finding_reads_for_a_person() -> None:
+    """Issue 39 (5): "hang: hung: ...", "1 deadline misses" and raw floats
+    (``cpu_span_s=1.1096497670000645``) in `events` and `describe` read like debug output. The
+    summary says it once, in the right number; the evidence, as the log line and `events` show
+    it, is rounded with units; the values as measured stay in the finding (and `events --json`)."""
+    import re
+
+    from llmsupervisor.core.findings import evidence_text
+
+    w = new_window(CFG)
+    finding = None
+    for obs in rounds(hang_s=10.0, until_s=30.0, after=FROZEN):
+        w.append(obs)
+        finding = finding or detect_hang(w, obs.at_s, CFG)
+    assert finding is not None
+    assert not finding.summary.startswith(("hang", "hung")), finding.summary
+    assert re.search(r"\b1 deadline misses\b|\b1 requests\b", finding.summary) is None, finding.summary
+    assert re.search(r"\d\.\d{4,}", finding.summary) is None, finding.summary
+    shown = evidence_text(finding.evidence)
+    assert re.search(r"\d\.\d{4,}", shown) is None and "=" not in shown, shown
+    assert "rule frozen" in shown and " s," in shown, shown
+    assert finding.evidence["rule"] == "frozen" and "cpu_span_s" in finding.evidence  # kept as measured
