@@ -1,5 +1,5 @@
 """Issue 39, point 7: `scripts/demo --fake --once`, the newcomer's first minute without vLLM (the
-README's first command), runs to its end: a drain, a hang found and restarted, a crash loop that
+README's third command), runs to its end: a drain, a hang found and restarted, a crash loop that
 says what Python printed, and the status table last."""
 
 from __future__ import annotations
