@@ -22,7 +22,7 @@ from llmsupervisor.engine.access_log import probe_access_flags
 from llmsupervisor.engine.heartbeat import heartbeat_launch, heartbeat_path
 from llmsupervisor.engine.processes import EngineProcess, Processes
 from llmsupervisor.errors import PortHeld
-from llmsupervisor.files import remove_file
+from llmsupervisor.files import open_directory, remove_file
 from llmsupervisor.probes.cpus import format_cpu_list, host_cpus
 
 log = logging.getLogger("llmsupervisor.engine")
@@ -100,7 +100,9 @@ async def launch(spec: EngineSpec, step: int, procs: Processes) -> Launched:
         return Launched(None, str(exc), held=exc)
     cache_dir = procs.state_dir / "engines" / spec.name / "vllm-cache"
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        # Component by component under the state dir, no link followed: a link planted at
+        # engines/NAME must not have the daemon (root, often) make directories where it points.
+        os.close(open_directory(cache_dir, root=procs.state_dir, create=True))
     except OSError as exc:
         return Launched(None, f"cannot create {cache_dir}: {exc.strerror or exc}")
     extra_env = dict(spec.env)

@@ -101,12 +101,14 @@ def test_an_incident_is_not_written_through_a_planted_engine_directory(planted: 
 
 
 def test_an_engine_whose_directory_is_a_planted_link_does_not_start(planted: tuple[Path, Path]) -> None:
-    """Its heartbeat, and vLLM its compile cache, would be made wherever the link points."""
-    state, _ = planted
+    """Its heartbeat, and vLLM its compile cache, would be made wherever the link points; the
+    daemon makes nothing there either (not even the cache's empty directory)."""
+    state, elsewhere = planted
     procs = FakeProcesses(state_dir=state)
     launched = asyncio.run(launch(spec(name="b"), 0, procs))
     assert launched.proc is None and procs.spawned == []
     assert "symbolic link" in launched.failure
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_directory_of_another_user_in_the_state_dir_is_not_used(tmp_path: Path) -> None:
