@@ -23,7 +23,7 @@ Shared helpers go to tests/lib/, never into a test module another one imports.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{tier:<8} {int(seconds // 60):3d} min {seconds % 60:4.1f} s")
     total = sum(TIER_SECONDS.values())
     terminalreporter.write_line(f"{'all':<8} {int(total // 60):3d} min {total % 60:4.1f} s")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    """A failing test's report ends with the tail of the log of every daemon running or cleaned
+    up during it: CI keeps only
+    the report, and the daemon's view (findings, transitions, the engine's own lines) is most of
+    what explains a failure of a real engine."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed:
+        for d in Daemon.started:
+            if d.cleaned_at is not None and d.cleaned_at < report.start:
+                continue  # an earlier test's
+            report.sections.append((f"daemon log {d.log_path} (last 80 lines)", d.tail()))
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import psutil
@@ -66,6 +66,10 @@ def stop_helpers(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 class Daemon:
     """The real daemon (``python -m llmsupervisor``) in its own session, logging to a file."""
 
+    # Every daemon started: a failing test's report carries the logs' tails of those running or
+    # cleaned up during it (tests/conftest.py), so that a CI failure says what the daemon saw.
+    started: ClassVar[list[Daemon]] = []
+
     def __init__(
         self, tmp_path: Path, config: dict[str, Any], *, name: str = "daemon", run_args: tuple[str, ...] = ()
     ) -> None:
@@ -80,6 +84,7 @@ class Daemon:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.log_path = tmp_path / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cleaned_at: float | None = None  # when cleanup() ran (None: not yet)
         self.cwd: Path | None = None  # the directory the daemon is started in (None: this process's)
 
     def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
@@ -92,6 +97,8 @@ class Daemon:
         if cwd is not None:
             env["PYTHONPATH"] = _with_repo(env.get("PYTHONPATH"))
         env.update(extra_env or {})
+        if self not in Daemon.started:
+            Daemon.started.append(self)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -158,8 +165,10 @@ class Daemon:
         )
         return found
 
-    def wait_log(self, text: str, *, timeout_s: float = 30.0) -> None:
-        wait_for(lambda: text in self.log(), timeout_s=timeout_s, what=f"log line {text!r}")
+    def wait_log(self, text: str, *, timeout_s: float = 30.0, after: int = 0) -> None:
+        """Wait for ``text`` in the log, past its first ``after`` characters (``len(d.log())``
+        taken before the cause: a daemon shared by a module's tests logged earlier ones)."""
+        wait_for(lambda: text in self.log()[after:], timeout_s=timeout_s, what=f"log line {text!r}")
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
@@ -203,7 +212,15 @@ class Daemon:
                     found.add(pid)
         return sorted(p for p in found if alive(p))
 
+    def tail(self, lines: int = 80) -> str:
+        """The last ``lines`` lines of the daemon's log, for a failing test's report."""
+        try:
+            return "\n".join(self.log().splitlines()[-lines:])
+        except OSError as e:
+            return f"(no log: {e})"
+
     def cleanup(self) -> None:
+        self.cleaned_at = time.time()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -272,12 +272,13 @@ def test_sigstopped_worker_is_found_hung_while_health_is_200_and_restarted(stack
         for p in process.group_members(e1["pid"])
         if alive(p) and " ".join(psutil.Process(p).cmdline()).startswith("VLLM::Worker")
     )
+    seen = len(d.log())  # this hang's finding, not an earlier test's
     os.kill(worker, signal.SIGSTOP)
     try:
         health_codes = []
 
         def found() -> bool:
-            if "[e1] finding hang (critical)" in d.log():
+            if "[e1] finding hang (critical)" in d.log()[seen:]:
                 return True
             health_codes.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
             return False
@@ -286,7 +287,7 @@ def test_sigstopped_worker_is_found_hung_while_health_is_200_and_restarted(stack
         # Every /health answer until the hang was found said the engine was fine.
         assert health_codes and set(health_codes) == {200}
         # The policy restarts it at once (no drain: nothing in a frozen engine can finish).
-        d.wait_log("[e1] action restart (hang)", timeout_s=30)
+        d.wait_log("[e1] action restart (hang)", timeout_s=30, after=seen)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGCONT)

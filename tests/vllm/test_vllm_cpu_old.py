@@ -169,12 +169,13 @@ def test_sigstopped_engine_core_is_found_hung_while_health_is_200(
     port = stack["port"]
     e = d.wait_state(NAME, "ready", timeout_s=READY_TIMEOUT_S)
     core = engine_core(e["pid"])
+    seen = len(d.log())  # this hang's finding, not an earlier test's
     os.kill(core, signal.SIGSTOP)
     try:
         health_codes = []
 
         def found() -> bool:
-            if f"[{NAME}] finding hang (critical)" in d.log():
+            if f"[{NAME}] finding hang (critical)" in d.log()[seen:]:
                 return True
             health_codes.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
             return False
@@ -182,7 +183,7 @@ def test_sigstopped_engine_core_is_found_hung_while_health_is_200(
         wait_for(found, timeout_s=120, what="the hang finding", poll_s=0.5)
         # Every /health answer until the hang was found said the engine was fine.
         assert health_codes and set(health_codes) == {200}
-        d.wait_log(f"[{NAME}] action restart (hang)", timeout_s=30)
+        d.wait_log(f"[{NAME}] action restart (hang)", timeout_s=30, after=seen)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(core, signal.SIGCONT)
