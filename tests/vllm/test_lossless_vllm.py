@@ -19,7 +19,9 @@ Each request is classed by what the client got: ``ok`` (every token asked for), 
 (no answer, or an error status: it had received no byte of an answer), ``cut`` (a stream that
 had its response and then broke: under way on the failed engine; ``cut_before_token``: it had
 the 200 and its headers, no token yet). The claims: ``failed`` is 0 and every non-streamed
-request succeeds (a request without a byte is retried elsewhere), and the cut streams are at
+request succeeds (a request without a byte is retried elsewhere: by HAProxy's ``redispatch``;
+by the router because one failure opens the worker's breaker, ``--cb-failure-threshold 1``,
+since its retries re-pick by round robin, docs/notes-router-retries.md), and the cut streams are at
 most what the balancer had in flight on the failed engine between the fault and its removal
 (HAProxy: its sessions there, from its stats socket; the router, which cannot say: every
 streaming client). The numbers go to docs/load-balancers.md; each test prints its own, with
@@ -284,6 +286,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                         "1",
                         "--worker-startup-timeout-secs",
                         "10",
+                        # A retry re-picks by round robin and may land on the worker that just
+                        # failed; one failure opening that worker's breaker sends the next try to
+                        # the other (docs/load-balancers.md, "The vLLM router").
+                        "--cb-failure-threshold",
+                        "1",
+                        "--cb-timeout-duration-secs",
+                        "1",
+                        "--retry-max-retries",
+                        "8",
+                        "--retry-initial-backoff-ms",
+                        "100",
+                        "--retry-max-backoff-ms",
+                        "500",
                         "--log-level",
                         "warning",
                     ],
