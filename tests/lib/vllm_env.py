@@ -58,6 +58,11 @@ def vllm_engine(name: str, port: int, model: Path, home: Path, **fields: Any) ->
             # torch.compile cache cuts engine init from ~30 s to ~13 s. In production the daemon's
             # default (STATE_DIR/engines/NAME/vllm-cache) does the same.
             "VLLM_CACHE_ROOT": str(MODEL_CACHE.parent / "compile-cache" / name),
+            # vLLM 0.32's AOT compile cache (on by default with torch >= 2.10) never loads with
+            # the torch 2.13 CPU build installed here ("Compiling model again due to a load
+            # failure ... 'function' object has no attribute 'finalize_loading'"), so every start
+            # compiled from scratch; the older cache path loads (docs/vllm-notes.md §10).
+            "VLLM_USE_AOT_COMPILE": "0",
         },
         "start_timeout_s": READY_TIMEOUT_S,
         "canary_timeout_s": 120,
