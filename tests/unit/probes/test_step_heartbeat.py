@@ -113,11 +113,13 @@ def _vllm(tmp_path: Path, resolver: bool) -> str:
         (True, {}, True, True),
         (False, {}, True, False),  # vLLM 0.11: async scheduling would replace the class
         (True, {FLAG: "my.Scheduler"}, True, False),  # the operator's own scheduler
+        # vLLM's own choice (0.32, 0.34: DiffusionScheduler), which ours would replace
+        (True, {"diffusion-config": {"canvas_length": 64}}, True, False),
         (True, {}, False, False),  # step_heartbeat: false
     ],
 )
 def test_the_flag_is_added_only_where_vllm_takes_it_and_nobody_chose_otherwise(
-    tmp_path: Path, resolver: bool, args: dict[str, str], enabled: bool, added: bool
+    tmp_path: Path, resolver: bool, args: dict[str, object], enabled: bool, added: bool
 ) -> None:
     python = _vllm(tmp_path, resolver)
     beat = tmp_path / "state" / "step-heartbeat"
