@@ -107,6 +107,18 @@ ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         ),
     }
 )
+# Rows a vLLM release may lack by design (tests/lib/vllm_surface.py holds every release of the
+# support matrix to the rest): V0's swapped count (V1 never swaps; absent reads as 0), and rows
+# newer than some supported releases, by the first release that has them (absent reads as unknown).
+V0_ONLY_ROWS: Final[frozenset[str]] = frozenset({"vllm:num_requests_swapped"})
+ROWS_SINCE: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
+    # vllm#24176, merged after 0.11.0 was cut (0.11.0 lacks it: docs/vllm-notes.md §10).
+    {"vllm:engine_sleep_state": (0, 12)}
+)
+# The label a row's series are grouped by (every other label is summed over).
+GROUPED_BY: Final[Mapping[str, str]] = MappingProxyType(
+    {"vllm:request_success_total": "finished_reason", "vllm:engine_sleep_state": "sleep_state"}
+)
 HISTOGRAM_ROWS: Final[frozenset[str]] = frozenset(
     {
         "vllm:time_to_first_token_seconds",
@@ -535,7 +547,7 @@ def _buckets(series: _Series) -> tuple[tuple[float, int], ...] | None:
 def _sleep_state(series: _Series | None) -> SleepState | None:
     # One 0/1 series per state and engine. If any engine sleeps, the server is not fully
     # serving, so the deepest sleep wins over "awake".
-    sums = _by_label(series, "sleep_state")
+    sums = _by_label(series, GROUPED_BY["vllm:engine_sleep_state"])
     if sums is None:
         return None
     for state in _SLEEP_STATES:
@@ -565,7 +577,8 @@ def _parse(body: str, new_keys_max: int | None) -> EngineMetrics | ProbeFailure 
     try:
         store = _collect(body, new_keys_max)
         present: set[str] = set()
-        reasons = _by_label(_first(store, "vllm:request_success_total", present), "finished_reason")
+        success = "vllm:request_success_total"
+        reasons = _by_label(_first(store, success, present), GROUPED_BY[success])
         return EngineMetrics(
             requests_running=_count_of(store, "vllm:num_requests_running", present),
             requests_waiting=_count_of(store, "vllm:num_requests_waiting", present),
@@ -658,6 +671,7 @@ __all__ = [
     "ALIASES",
     "DEFAULT_MAX_BODY_BYTES",
     "DROPPED_SERIES",
+    "GROUPED_BY",
     "HISTOGRAM_ROWS",
     "INLINE_NEW_KEYS_MAX",
     "INLINE_PARSE_MAX_BYTES",
@@ -665,6 +679,8 @@ __all__ = [
     "MAX_COUNT",
     "MAX_LABEL_VALUES",
     "MAX_SERIES",
+    "ROWS_SINCE",
+    "V0_ONLY_ROWS",
     "EngineMetrics",
     "Histogram",
     "SleepState",

@@ -56,6 +56,23 @@ LONGEST_IDLE_HALF_LIFE_S: Final = 2.0
 
 _SEQ_AT: Final = 16  # offset of seq in LAYOUT
 
+# What this module relies on in vLLM, in one place (tests/lib/vllm_surface.py checks every release
+# of the support matrix for it, reading the release's source; tests/unit/probes/test_step_heartbeat.py
+# that the code here uses nothing else): the scheduler class vLLM would have used, by whether async
+# scheduling is on (``SchedulerConfig.get_scheduler_cls``), the config field that says so, the
+# keyword (or first positional argument) the scheduler is built with,
+BASES: Final = {
+    False: ("vllm.v1.core.sched.scheduler", "Scheduler"),
+    True: ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+}
+ASYNC_FIELD: Final = "async_scheduling"
+CONFIG_ARG: Final = "vllm_config"
+# the methods wrapped with a beat (EngineCore calls each on its scheduler), the one that counts
+# the requests held, and the field of a step's ``SchedulerOutput`` with its tokens.
+WRAPPED: Final = ("add_request", "schedule", "update_from_output")
+HELD_COUNT: Final = "get_num_unfinished_requests"
+STEP_TOKENS: Final = "total_num_scheduled_tokens"
+
 
 def open_beat_file(path: str) -> int:
     """The heartbeat file, made by this process, or one it made before; never someone else's.
@@ -232,10 +249,7 @@ def _with_heartbeat(base: type) -> type:
 
 def base_scheduler(vllm_config: Any) -> type:
     """The class vLLM would have used without ``--scheduler-cls`` (SchedulerConfig, 0.32)."""
-    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
-        module, name = "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"
-    else:
-        module, name = "vllm.v1.core.sched.scheduler", "Scheduler"
+    module, name = BASES[bool(getattr(vllm_config.scheduler_config, ASYNC_FIELD, False))]
     found: type = getattr(importlib.import_module(module), name)
     return found
 
@@ -243,8 +257,23 @@ def base_scheduler(vllm_config: Any) -> type:
 def scheduler(*args: Any, **kwargs: Any) -> Any:
     """What ``--scheduler-cls llmsupervisor_step_heartbeat.scheduler`` resolves to: vLLM calls
     it as it would call the scheduler class."""
-    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    vllm_config = kwargs[CONFIG_ARG] if CONFIG_ARG in kwargs else args[0]
     return _with_heartbeat(base_scheduler(vllm_config))(*args, **kwargs)
 
 
-__all__ = ["ENV", "LAYOUT", "MAGIC", "QUALNAME", "SIZE", "VERSION", "Heartbeat", "scheduler"]
+__all__ = [
+    "ASYNC_FIELD",
+    "BASES",
+    "CONFIG_ARG",
+    "ENV",
+    "HELD_COUNT",
+    "LAYOUT",
+    "MAGIC",
+    "QUALNAME",
+    "SIZE",
+    "STEP_TOKENS",
+    "VERSION",
+    "WRAPPED",
+    "Heartbeat",
+    "scheduler",
+]

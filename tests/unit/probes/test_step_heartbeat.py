@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from llmsupervisor.engine.heartbeat import FLAG, PLUGIN_DIR, heartbeat_launch, vllm_resolves_scheduler
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.heartbeat import StepBeat, parse, read_heartbeat
+from llmsupervisor.probes.vllm_plugin import llmsupervisor_step_heartbeat as plugin
 from llmsupervisor.probes.vllm_plugin.llmsupervisor_step_heartbeat import (
     ENV,
     LAYOUT,
@@ -113,11 +115,13 @@ def _vllm(tmp_path: Path, resolver: bool) -> str:
         (True, {}, True, True),
         (False, {}, True, False),  # vLLM 0.11: async scheduling would replace the class
         (True, {FLAG: "my.Scheduler"}, True, False),  # the operator's own scheduler
+        # vLLM's own choice (0.32, 0.34: DiffusionScheduler), which ours would replace
+        (True, {"diffusion-config": {"canvas_length": 64}}, True, False),
         (True, {}, False, False),  # step_heartbeat: false
     ],
 )
 def test_the_flag_is_added_only_where_vllm_takes_it_and_nobody_chose_otherwise(
-    tmp_path: Path, resolver: bool, args: dict[str, str], enabled: bool, added: bool
+    tmp_path: Path, resolver: bool, args: dict[str, object], enabled: bool, added: bool
 ) -> None:
     python = _vllm(tmp_path, resolver)
     beat = tmp_path / "state" / "step-heartbeat"
@@ -155,3 +159,66 @@ def test_a_step_s_tokens_and_the_slowest_time_per_token_and_requests_admitted(tm
         tokens_pending=400, per_token_s=0.01,
     )  # fmt: skip
     assert big.expected_step_s == pytest.approx(4.0)
+
+
+class _Asked:
+    """Records every attribute asked of it (the plugin's view of a vLLM object) and answers
+    from ``values``."""
+
+    def __init__(self, asked: list[str], **values: object) -> None:
+        object.__setattr__(self, "_asked", asked)
+        object.__setattr__(self, "_values", values)
+
+    def __getattribute__(self, name: str) -> object:
+        if name.startswith("__"):
+            return object.__getattribute__(self, name)
+        object.__getattribute__(self, "_asked").append(name)
+        return object.__getattribute__(self, "_values")[name]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("positional", [False, True])
+def test_the_plugin_touches_nothing_in_vllm_beyond_what_it_declares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_scheduling: bool, positional: bool
+) -> None:
+    # What tests/lib/vllm_surface.py checks every release of the support matrix for (BASES,
+    # ASYNC_FIELD, CONFIG_ARG, WRAPPED, HELD_COUNT, STEP_TOKENS) is all the plugin uses of vLLM:
+    # a fake vLLM that records what is asked of its scheduler, its config and a step's output.
+    asked: list[str] = []
+
+    class Base:
+        def __init__(self, vllm_config: object, log_stats: bool = False) -> None:
+            self.init = (vllm_config, log_stats)
+
+        def __getattribute__(self, name: str) -> object:
+            if not name.startswith("_") and name != "init":
+                asked.append(name)
+            return object.__getattribute__(self, name)
+
+        def add_request(self, request: object) -> None:
+            pass
+
+        def schedule(self) -> object:
+            return _Asked(asked, total_num_scheduled_tokens=7)
+
+        def update_from_output(self, output: object, runner_output: object) -> None:
+            pass
+
+        def get_num_unfinished_requests(self) -> int:
+            return 1
+
+    module, name = plugin.BASES[async_scheduling]
+    monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(**{name: Base}))
+    monkeypatch.setenv(ENV, str(tmp_path / "beat"))
+    config = _Asked(asked, scheduler_config=_Asked(asked, async_scheduling=async_scheduling))
+    sched = plugin.scheduler(config, log_stats=True) if positional else plugin.scheduler(vllm_config=config)
+    assert isinstance(sched, Base) and sched.init[0] is config
+    assert {k for k, v in vars(type(sched)).items() if callable(v)} == {"__init__", *plugin.WRAPPED}
+    sched.add_request(object())
+    out = sched.schedule()
+    sched.update_from_output(out, None)
+    beat = read_heartbeat(tmp_path / "beat")
+    assert isinstance(beat, StepBeat) and (beat.added, beat.done, beat.work) == (1, 1, 1)
+    assert sorted(set(asked)) == sorted(
+        {"scheduler_config", plugin.ASYNC_FIELD, *plugin.WRAPPED, plugin.HELD_COUNT, plugin.STEP_TOKENS}
+    )
