@@ -129,10 +129,11 @@ class FabricWait:
 
 
 class NvmlGate:
-    """The daemon's side of NVML at start: the fleet asks it whether an engine waits (``admit``,
-    set as ``Fleet.admit``), and the loop hands it the config once per tick (``turn``), which it
-    returns placed again with NVML once NVML opened late, after starting the engines that waited,
-    or after the wait ran out."""
+    """The daemon's side of NVML at start: the fleet asks it whether an engine waits (``admit``:
+    for NVML, or for its GPUs' fabric; set as ``Fleet.admit``), and the loop hands it the config
+    once per tick (``turn``), which it returns placed again with NVML once NVML opened late, after
+    starting the engines that waited, or after the wait ran out; and starts the engines whose
+    GPUs' fabric completed."""
 
     def __init__(
         self,
