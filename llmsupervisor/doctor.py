@@ -60,6 +60,7 @@ from llmsupervisor.errors import ConfigError, NvmlUnavailable
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.gpu_readings import (
     COMPUTE_MODES,
+    FABRIC_IN_PROGRESS,
     RECOVERY_NONE,
     DriverFacts,
     GpuFacts,
@@ -713,6 +714,8 @@ def check_daemon_gpus(config: SupervisorConfig) -> list[DoctorCheck]:
         results.append(
             DoctorCheck(name, Level.WARN, f"GPU {gpu}: the daemon does not see its XID events: {why}")
         )
+    for engine, why in sorted((nvml.get("engines_waiting_fabric") or {}).items()):
+        results.append(DoctorCheck(name, Level.FAIL, f"the running daemon holds engine {engine}: {why}"))
     if not results and nvml.get("up"):
         results.append(
             DoctorCheck(name, Level.OK, f"the running daemon (pid {pid}) reads {nvml.get('gpus')} GPU(s)")
@@ -874,16 +877,61 @@ def _setting_checks(report: GpuReport, used: Mapping[int, list[str]]) -> list[Do
     return results
 
 
+def _fabric_checks(report: GpuReport) -> list[DoctorCheck]:
+    """Each GPU's NVSwitch fabric (docs/gpu.md, "The NVSwitch fabric"): registered, or no fabric
+    at all, is OK; not started (Fabric Manager not running) and a failed registration FAIL, and
+    one in progress WARNs: CUDA cannot start on the GPU until it completes (error 802)."""
+    outside, registered, results = [], [], []
+    cuda = "CUDA cannot start there (error 802, system not yet initialized)"
+    for index, sample in sorted(report.samples.items()):
+        fabric = sample.fabric
+        if fabric is None and any(u.startswith("fabric:") for u in sample.unread):
+            results.append(DoctorCheck("gpu fabric", Level.WARN, f"GPU {index}: fabric state unreadable"))
+        elif fabric is None or not fabric.on_nvswitch:
+            outside.append(index)
+        elif fabric.problem is None:
+            registered.append(index)
+        elif fabric.state == FABRIC_IN_PROGRESS:
+            results.append(
+                DoctorCheck(
+                    "gpu fabric",
+                    Level.WARN,
+                    f"GPU {index}: fabric not ready yet: {fabric.problem}; {cuda} until it completes, and the"
+                    " daemon starts its engines then",
+                )
+            )
+        else:
+            results.append(
+                DoctorCheck(
+                    "gpu fabric",
+                    Level.FAIL,
+                    f"GPU {index}: {fabric.problem}; {cuda}, and the daemon keeps its engines waiting",
+                )
+            )
+    if registered:
+        results.insert(0, DoctorCheck("gpu fabric", Level.OK, f"registered on {_gpu_list(registered)}"))
+    if outside and report.facts:  # a reader that reads the fabric (GpuInspector), not a sample double
+        results.insert(
+            0, DoctorCheck("gpu fabric", Level.OK, f"not an NVSwitch system ({_gpu_list(outside)})")
+        )
+    return results
+
+
 def check_gpu_health(report: GpuReport, config: SupervisorConfig | None) -> list[DoctorCheck]:
     """What the GPUs say beyond being present: the driver and which way faults are judged
-    (recovery action read, or NVIDIA's XID catalogue), a verdict a GPU already stands on, and
-    the settings the daemon relies on (persistence, ECC, compute mode, NVLink, PCIe replays). A
-    reading the board does not support is left out. Nothing without NVML."""
+    (recovery action read, or NVIDIA's XID catalogue), a verdict a GPU already stands on, the
+    NVSwitch fabric, and the settings the daemon relies on (persistence, ECC, compute mode, NVLink,
+    PCIe replays). A reading the board does not support is left out. Nothing without NVML."""
     if not report.samples:
         return []
     used = _engine_gpus(config)
     driver = _driver_check(report)
-    return [*([driver] if driver else []), *_verdict_checks(report, used), *_setting_checks(report, used)]
+    return [
+        *([driver] if driver else []),
+        *_verdict_checks(report, used),
+        *_fabric_checks(report),
+        *_setting_checks(report, used),
+    ]
 
 
 def check_placement(config: SupervisorConfig, gpu_cpus: dict[int, frozenset[int]]) -> list[DoctorCheck]:

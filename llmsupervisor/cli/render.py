@@ -337,7 +337,8 @@ def format_status(
 
 def nvml_lines(nvml: Mapping[str, Any]) -> list[str]:
     """What `status` says under the table about NVML (docs/gpu.md): that it cannot be opened, and
-    why; the engines waiting for it; GPUs lost to calls that hang; GPUs whose XIDs are not seen."""
+    why; the engines waiting for it; GPUs lost to calls that hang; GPUs whose XIDs are not seen;
+    NVSwitch GPUs whose fabric is not registered, and the engines waiting for it."""
     out = []
     if nvml.get("up") is False and nvml.get("needed", True):
         line = f"NVML unavailable ({nvml.get('reason')})"
@@ -357,6 +358,12 @@ def nvml_lines(nvml: Mapping[str, Any]) -> list[str]:
         out.append(f"GPU {gpu}: NVML calls stopped answering while the other GPUs answer: taken as lost")
     for gpu, why in sorted((nvml.get("events_unwatched") or {}).items()):
         out.append(f"GPU {gpu}: XID events not seen (left out of NVML's event set: {why})")
+    unready = {g: str(s) for g, s in (nvml.get("fabric") or {}).items() if s != "completed"}
+    if unready:
+        gpus = ", ".join(f"GPU {g} {s.replace('_', ' ')}" for g, s in sorted(unready.items()))
+        out.append(f"NVSwitch fabric not registered: {gpus} (systemctl status nvidia-fabricmanager)")
+    for name, why in sorted((nvml.get("engines_waiting_fabric") or {}).items()):
+        out.append(f"Waiting for the GPU fabric before starting: {name}: {why}")
     return out
 
 

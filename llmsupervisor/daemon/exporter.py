@@ -48,6 +48,7 @@ nvml_up                                gauge      reason (1 open; 0 not: driver_
 nvml_open_attempts_total               counter
 nvml_event_wait_errors_total           counter    (an NVML error rebuilds the event set)
 engines_waiting_for_nvml               gauge      (named by GPU index, waiting at start)
+engines_waiting_for_gpu_fabric         gauge      (their GPUs' NVSwitch fabric not registered)
 engines_on_gpus                        gauge      (enabled engines configured on GPUs)
 nvml_hung_gpu                          gauge      gpu (calls stopped answering: taken as lost)
 ticks_total                            counter
@@ -187,6 +188,11 @@ GPU_METRICS: Final[Mapping[str, GpuMetric]] = {
     "power_brake_seconds_total": GpuMetric(
         "Time the GPU clocks were held back by the external power brake since the driver loaded, in seconds."
     ),
+    "fabric_ready": GpuMetric(
+        "1 while the GPU is registered with its NVSwitch fabric (NVML fabric state COMPLETED with"
+        " success), 0 while it is not (Fabric Manager not running, still at it, or failed): CUDA cannot"
+        " start there. Absent for a GPU outside an NVSwitch fabric."
+    ),
     "fan_speed_ratio": GpuMetric("GPU fan speed as a fraction of its maximum, 0 to 1."),
     "xid_errors_total": GpuMetric("XID error events seen on the GPU since the daemon started."),
     "ecc_uncorrected_errors_total": GpuMetric("Uncorrected ECC errors reported by the GPU."),
@@ -226,6 +232,8 @@ def gpu_metric_values(latest: Mapping[int, GpuSample | ProbeFailure]) -> dict[in
             if value is not None:
                 values[name] = float(value) * scale
         values["events_watched"] = 0.0 if sample.events_unwatched is not None else 1.0
+        if sample.fabric is not None and sample.fabric.on_nvswitch:
+            values["fabric_ready"] = 0.0 if sample.fabric.problem is not None else 1.0
         if sample.clock_event_reasons is not None:
             active = sample.clock_event_reason_names
             for reason in CLOCK_EVENT_REASONS.values():
@@ -598,6 +606,12 @@ class _SnapshotCollector:
             _name("engines_waiting_for_nvml"),
             "Engines named by GPU index that wait for NVML to open before they start (nvml_wait_s).",
             value=float(len(health.waiting)),
+        )
+        yield GaugeMetricFamily(
+            _name("engines_waiting_for_gpu_fabric"),
+            "Engines that wait to start because their GPUs' NVSwitch fabric is not registered (Fabric"
+            " Manager not running, or still at it; docs/gpu.md).",
+            value=float(len(health.fabric_waiting)),
         )
         yield GaugeMetricFamily(
             _name("engines_on_gpus"),

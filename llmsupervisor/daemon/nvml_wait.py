@@ -13,14 +13,24 @@ is, and the engine's NVML_LOST finding says it runs unmonitored), or it is not, 
 own start fails with CUDA's error, which is what the operator needs to see. Engines named by UUID
 never wait: CUDA takes a UUID whatever order it numbers the GPUs in.
 
-``NvmlWait`` is the bookkeeping (which engine waits until when); ``NvmlGate`` acts on it: the
-fleet asks it as it adds an engine the config starts (at start, or added by a reload), and the
-daemon's loop hands it the config on every tick.
+Once NVML is open, an engine on a GPU whose NVSwitch fabric is not ready waits too (docs/gpu.md,
+"The NVSwitch fabric"): on an HGX box CUDA cannot start on a GPU that Fabric Manager has not
+registered with the NVLink fabric (error 802, "system not yet initialized"), so the engine would
+only crash-loop to FATAL. It stays STOPPED, its reason ``fabric not ready on GPU 0: fabric manager
+not running? ...``, and starts when its GPUs' fabric reads COMPLETED with success. That wait has
+no end of its own: the fabric says when the GPU is usable, and a start before that fails (an
+operator's ``start`` still starts it at once). Which engines wait and why is in ``status`` and on
+``STATUS=``.
+
+``NvmlWait`` and ``FabricWait`` are the bookkeeping (which engine waits until when, or why);
+``NvmlGate`` acts on them: the fleet asks it as it adds an engine the config starts (at start, or
+added by a reload), and the daemon's loop hands it the config on every tick.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from llmsupervisor import aio
@@ -31,8 +41,8 @@ from llmsupervisor.daemon.fleet import Fleet
 from llmsupervisor.daemon.holds import Holds
 from llmsupervisor.daemon.placement import place_on_host
 from llmsupervisor.daemon.status import nvml_line
-from llmsupervisor.engine.commands import Hold, Respec, Start
-from llmsupervisor.probes.gpu_readings import NvmlHealth
+from llmsupervisor.engine.commands import Hold, Note, Respec, Start
+from llmsupervisor.probes.gpu_readings import GpuFabric, NvmlHealth
 from llmsupervisor.probes.gpus import GpuMonitor
 
 log = logging.getLogger("llmsupervisor")
@@ -75,11 +85,55 @@ class NvmlWait:
         return done
 
 
+def fabric_wait_reason(spec: EngineSpec, fabrics: Mapping[int, GpuFabric]) -> str | None:
+    """Why ``spec`` cannot start yet for its GPUs' NVSwitch fabric (``GpuFabric.problem``, GPUs by
+    NVML index); None: nothing in the fabric stops it, or NVML cannot say."""
+    on: dict[str, list[str]] = {}  # problem -> the engine's GPUs that have it
+    for gpu in spec.gpus:
+        problem = fabrics[gpu].problem if gpu in fabrics else None
+        if problem is not None:
+            on.setdefault(problem, []).append(str(gpu))
+    if not on:
+        return None
+    said = "; ".join(f"fabric not ready on GPU {','.join(gpus)}: {problem}" for problem, gpus in on.items())
+    return f"{said}; starts when it completes (CUDA fails with error 802 until then; docs/gpu.md)"
+
+
+@dataclass(slots=True)
+class FabricWait:
+    """Which engines wait for their GPUs' NVSwitch fabric, and why now (engine -> reason)."""
+
+    waiting: dict[str, str] = field(default_factory=dict)
+
+    def admit(self, spec: EngineSpec, fabrics: Mapping[int, GpuFabric]) -> str | None:
+        """None: the fabric stops nothing; else why the engine waits (its status reason)."""
+        why = fabric_wait_reason(spec, fabrics)
+        if why is not None:
+            self.waiting[spec.name] = why
+        return why
+
+    def due(self, specs: Mapping[str, EngineSpec], fabrics: Mapping[int, GpuFabric]) -> list[str]:
+        """The engines whose GPUs' fabric is ready now; they leave the wait. An engine the config
+        no longer has leaves it too; the others' reasons are brought up to date."""
+        done = []
+        for name in list(self.waiting):
+            spec = specs.get(name)
+            why = None if spec is None else fabric_wait_reason(spec, fabrics)
+            if why is None:
+                del self.waiting[name]
+                if spec is not None:
+                    done.append(name)
+            else:
+                self.waiting[name] = why
+        return done
+
+
 class NvmlGate:
-    """The daemon's side of NVML at start: the fleet asks it whether an engine waits (``admit``,
-    set as ``Fleet.admit``), and the loop hands it the config once per tick (``turn``), which it
-    returns placed again with NVML once NVML opened late, after starting the engines that waited,
-    or after the wait ran out."""
+    """The daemon's side of NVML at start: the fleet asks it whether an engine waits (``admit``:
+    for NVML, or for its GPUs' fabric; set as ``Fleet.admit``), and the loop hands it the config
+    once per tick (``turn``), which it returns placed again with NVML once NVML opened late, after
+    starting the engines that waited, or after the wait ran out; and starts the engines whose
+    GPUs' fabric completed."""
 
     def __init__(
         self,
@@ -96,17 +150,27 @@ class NvmlGate:
         self.marks = marks
         self.gpus_of = gpus_of  # engine -> "0,1", shared with the journal handler
         self.wait = NvmlWait(settings.nvml_wait_s, started_s=aio.now())
+        self.fabric = FabricWait()
         self.placed_with_nvml = False  # the engines were placed with NVML open
         fleet.admit = self.admit
 
     def admit(self, spec: EngineSpec) -> str | None:
-        return self.wait.admit(spec, nvml_open=self.monitor.reader.is_open, now=aio.now())
+        why = self.wait.admit(spec, nvml_open=self.monitor.reader.is_open, now=aio.now())
+        return why if why is not None else self._fabric_admit(spec)
+
+    def _fabric_admit(self, spec: EngineSpec) -> str | None:
+        why = self.fabric.admit(spec, self.monitor.fabrics())
+        if why is not None:
+            log.error("engine %s not started yet: %s", spec.name, why)
+        return why
 
     def health(self) -> NvmlHealth:
-        """The monitor's, with the engines waiting for NVML (those the fleet still runs)."""
+        """The monitor's, with the engines waiting for NVML or for their GPUs' fabric (those the
+        fleet still runs)."""
         waiting = {n: until for n, until in self.wait.waiting.items() if n in self.fleet.runners}
+        fabric = {n: why for n, why in self.fabric.waiting.items() if n in self.fleet.runners}
         needed = any(s.spec.enabled and s.spec.gpu_count for s in self.fleet.statuses())
-        return replace(self.monitor.health(), waiting=waiting, needed=needed)
+        return replace(self.monitor.health(), waiting=waiting, needed=needed, fabric_waiting=fabric)
 
     def line(self) -> str | None:
         """For STATUS= while NVML is not open (daemon/status.py ``nvml_line``)."""
@@ -136,8 +200,8 @@ class NvmlGate:
 
     async def turn(self, config: SupervisorConfig) -> SupervisorConfig:
         """Once per tick: if NVML opened since the engines were placed, place them again with what
-        it says and start those that waited; else start those whose wait ran out, loudly. The
-        config the daemon runs from now on."""
+        it says and start those that waited; else start those whose wait ran out, loudly. Then
+        start those whose GPUs' fabric is ready now. The config the daemon runs from now on."""
         if not self.placed_with_nvml and self.monitor.opened.is_set():
             self.placed_with_nvml = True
             config = self._take(config, await place_on_host(config, self.monitor))
@@ -153,7 +217,27 @@ class NvmlGate:
                 ", ".join(due),
             )
             self._start(config, due)
+        self._fabric_turn(config)
         return config
+
+    def _fabric_turn(self, config: SupervisorConfig) -> None:
+        """Start the engines whose GPUs' fabric is ready now. One the operator started meanwhile,
+        or that is gone, leaves the wait."""
+        for name in list(self.fabric.waiting):
+            runner = self.fleet.runners.get(name)
+            if runner is None or runner.desired.wants_run:
+                del self.fabric.waiting[name]
+        if not self.fabric.waiting:
+            return
+        before = dict(self.fabric.waiting)
+        due = self.fabric.due({s.name: s for s in config.engines}, self.monitor.fabrics())
+        for name, why in self.fabric.waiting.items():
+            if before.get(name) != why:
+                log.warning("engine %s still waits: %s", name, why)
+                self.fleet.send(name, Note(why))
+        for name in due:
+            log.warning("engine %s: its GPUs' fabric is ready", name)
+        self._start(config, due, fabric=False)
 
     def _take(self, current: SupervisorConfig, placed: SupervisorConfig) -> SupervisorConfig:
         """``placed`` (the config placed with NVML open), for the engines that can take it with no
@@ -187,8 +271,9 @@ class NvmlGate:
                 engines.append(old)
         return replace(placed, engines=tuple(engines))
 
-    def _start(self, config: SupervisorConfig, names: list[str]) -> None:
-        """Start the engines that waited, as the config and the operator's holds say now."""
+    def _start(self, config: SupervisorConfig, names: list[str], *, fabric: bool = True) -> None:
+        """Start the engines that waited, as the config and the operator's holds say now; with
+        ``fabric``, one whose GPUs' fabric is not ready (NVML opened late) waits for it instead."""
         specs = {s.name: s for s in config.engines}
         for name in names:
             spec, runner = specs.get(name), self.fleet.runners.get(name)
@@ -197,7 +282,10 @@ class NvmlGate:
             hold = self.holds.get(name)
             if (hold is not None and hold.kind == "stop") or engine_blocked(spec.gpus, self.marks.conditions):
                 continue
-            log.info("starting after the wait for NVML", extra={"engine": name})
+            if fabric and (why := self._fabric_admit(spec)) is not None:
+                self.fleet.send(name, Note(why))  # it waited for NVML: now for the fabric
+                continue
+            log.info("starting after the wait for NVML or the GPU fabric", extra={"engine": name})
             self.fleet.send(name, Start())
             if hold is not None and hold.kind == "drain":
                 self.fleet.send(name, Hold(True))

@@ -194,7 +194,8 @@ def nvml_json(snap: Snapshot) -> dict[str, Any] | None:
     """Whether the daemon can read its GPUs (docs/gpu.md): ``up``; while down, why (``reason``,
     ``detail``), for how long, the tries so far and when the next is; the engines waiting for it
     (seconds left of their wait); GPUs taken as lost for calls that hang; GPUs whose events are
-    not watched; failed event waits."""
+    not watched; failed event waits; each NVSwitch GPU's fabric state, and the engines waiting
+    for their GPUs' fabric (with why)."""
     health = snap.nvml
     if health is None:
         return None
@@ -218,6 +219,8 @@ def nvml_json(snap: Snapshot) -> dict[str, Any] | None:
         "hung_gpus": list(health.hung),
         "events_unwatched": {str(g): why for g, why in health.events_unwatched.items()},
         "event_wait_errors": health.event_wait_errors,
+        "fabric": {str(g): state for g, state in sorted(health.fabric.items())},
+        "engines_waiting_fabric": dict(sorted(health.fabric_waiting.items())),
     }
 
 
@@ -336,9 +339,13 @@ def _mmss(seconds: float) -> str:
 
 def nvml_line(health: NvmlHealth | None, *, now: float) -> str | None:
     """``NVML unavailable (driver_not_loaded) for 1m05s, no GPU telemetry, retrying; gpu0 wait for
-    it (3m55s left)``, or None while NVML is open or no engine needs it."""
-    if health is None or health.up or not health.needed:
+    it (3m55s left)``; with NVML open, ``GPU fabric not ready (fabric manager not running?): gpu0
+    waits for it``; None while NVML is open and no engine waits, or no engine needs it."""
+    if health is None or not health.needed:
         return None
+    if health.up:
+        return fabric_line(health)
+
     line = f"NVML unavailable ({health.reason})"
     if health.since_s is not None:
         line += f" for {_mmss(now - health.since_s)}"
@@ -347,6 +354,22 @@ def nvml_line(health: NvmlHealth | None, *, now: float) -> str | None:
         left = max(health.waiting.values()) - now
         line += f"; {', '.join(sorted(health.waiting))} wait for it ({_mmss(left)} left)"
     return line
+
+
+def fabric_line(health: NvmlHealth) -> str | None:
+    """The engines waiting for their GPUs' fabric, with its likeliest cause; None: none waits."""
+    if not health.fabric_waiting:
+        return None
+    states = set(health.fabric.values())
+    cause = (
+        "fabric manager not running?"
+        if "not_started" in states
+        else "registration in progress"
+        if "in_progress" in states
+        else "registration failed"
+    )
+    names = sorted(health.fabric_waiting)
+    return f"GPU fabric not ready ({cause}): {', '.join(names)} wait{'s' if len(names) == 1 else ''} for it"
 
 
 def summary(

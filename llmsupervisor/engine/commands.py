@@ -18,8 +18,10 @@ of its steps, so no caller ever sees or changes an engine half-way through a ste
     Shed(reason|None)    the policy's load shedding: out of rotation while reason holds
     Escalate()           a stop in progress becomes quick (second SIGINT)
 
-``StepTo`` and ``ResetPrefixCache`` change no desired state: the runner carries them out (the
-next spawn's batch step, a cache reset on the running engine) and publishes the result.
+``StepTo``, ``ResetPrefixCache`` and ``Note`` change no desired state: the runner carries them
+out (the next spawn's batch step, a cache reset on the running engine, a new reason for an
+engine the daemon keeps stopped while it waits for NVML or its GPUs' fabric) and publishes the
+result.
 """
 
 from __future__ import annotations
@@ -83,7 +85,12 @@ class Escalate:
     pass
 
 
-Command = Start | Stop | Restart | Respec | Hold | Shed | StepTo | ResetPrefixCache | Escalate
+@dataclass(frozen=True, slots=True)
+class Note:
+    reason: str  # why a stopped engine waits now; ignored once it was asked to run
+
+
+Command = Start | Stop | Restart | Respec | Hold | Shed | StepTo | ResetPrefixCache | Escalate | Note
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,7 +143,7 @@ def apply(d: Desired, cmd: Command) -> Desired:
             return replace(d, shed=reason)
         case Escalate():
             return replace(d, quick=True)
-        case StepTo() | ResetPrefixCache():
+        case StepTo() | ResetPrefixCache() | Note():
             return d
     raise AssertionError(f"unknown command {cmd!r}")  # pragma: no cover
 

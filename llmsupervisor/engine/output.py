@@ -132,6 +132,18 @@ _RUNTIME_ERROR_RE: Final = re.compile(
 )
 # The process a vLLM line comes from, before it: "(EngineCore_DP0 pid=12) ", maybe coloured.
 _PROCESS_PREFIX_RE: Final = re.compile(r"^(?:\x1b\[[\d;]*m)?\([^()]*pid=\d+\)(?:\x1b\[[\d;]*m)?\s")
+# CUDA's cudaErrorSystemNotReady (802, CUDA_ERROR_SYSTEM_NOT_READY in the driver API), whose
+# string is "system not yet initialized": "the system is not yet ready to start any CUDA work ...
+# verify ... all required driver daemons are actively running" (the CUDA runtime API). On an
+# NVSwitch box that daemon is Fabric Manager (docs/gpu.md, "The NVSwitch fabric"); torch prints
+# "Error 802: system not yet initialized". A failure that printed it says so in its reason.
+SYSTEM_NOT_READY_RE: Final = re.compile(
+    r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY|\bError 802\b"
+)
+SYSTEM_NOT_READY_HINT: Final = (
+    "CUDA error 802 (system not yet initialized): on an NVSwitch (HGX) box the GPU fabric is not"
+    " ready; is Fabric Manager running? (systemctl status nvidia-fabricmanager; docs/gpu.md)"
+)
 ERROR_LINE_LIMIT: Final = 300  # characters of the last error line kept for a failure's reason
 READERS_FLUSH_S: Final = 2.0  # after the group is gone, how long its pipes may still drain
 
@@ -170,10 +182,14 @@ def runtime_error(line: str) -> str | None:
     return prog.rsplit("/", 1)[1] + line[len(prog) :]
 
 
-def with_error_line(reason: str, line: str | None) -> str:
+def with_error_line(reason: str, line: str | None, *, system_not_ready: bool = False) -> str:
     """``reason`` (a process that exited by itself) ending with the last error line it printed:
-    so a crash loop says what went wrong, not only "exited with code 1"."""
-    return f"{reason}: {line}" if line and line not in reason else reason
+    so a crash loop says what went wrong, not only "exited with code 1"; and, where it printed
+    CUDA's error 802 anywhere (``system_not_ready``), what that means on an NVSwitch box."""
+    said = f"{reason}: {line}" if line and line not in reason else reason
+    if system_not_ready and SYSTEM_NOT_READY_HINT not in said:
+        said += f"; {SYSTEM_NOT_READY_HINT}"
+    return said
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +223,9 @@ class OutputForwarder:
         # What a crash-looping engine said last: its newest ERROR line or exception line, for
         # the failure's reason ("exited with code 1: ValueError: ...").
         self.last_error_line: str | None = None
+        # Whether it printed CUDA's error 802 (``SYSTEM_NOT_READY_RE``), on any line: vLLM's last
+        # words after a worker died of it are its own ("Engine core initialization failed").
+        self.system_not_ready = False
         self.dropped_probe_lines = 0
         stdout_fd, stderr_fd = fds
         self._tasks = [
@@ -227,10 +246,11 @@ class OutputForwarder:
 
     async def explained(self, reason: str, *, settle_s: float) -> tuple[str, str | None]:
         """``reason`` (a process that exited by itself) ending with the last error line it printed
-        (``with_error_line``), and that line; once its pipes are read (at most ``settle_s``): its
-        last words may still be in them."""
+        (``with_error_line``, with what CUDA's error 802 means where it printed one), and that line;
+        once its pipes are read (at most ``settle_s``): its last words may still be in them."""
         await self.settle(settle_s)
-        return with_error_line(reason, self.last_error_line), self.last_error_line
+        said = with_error_line(reason, self.last_error_line, system_not_ready=self.system_not_ready)
+        return said, self.last_error_line
 
     async def close(self) -> None:
         """Let the pipes drain (bounded), then stop reading."""
@@ -282,6 +302,8 @@ class OutputForwarder:
                     error, in_traceback = _error_line(line, level, in_traceback)
                     if error is not None:
                         self.last_error_line = error[:ERROR_LINE_LIMIT]
+                    if SYSTEM_NOT_READY_RE.search(line):
+                        self.system_not_ready = True
                 if self._planned_stop:
                     shutdown = {**extra, "engine_shutdown": True, "engine_level": logging.getLevelName(level)}
                     engine_output_log.log(min(level, logging.INFO), "%s", line, extra=shutdown)

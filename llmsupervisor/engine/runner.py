@@ -41,6 +41,7 @@ from llmsupervisor.core.state import SERVING, EngineState, rotation_target
 from llmsupervisor.engine.commands import (
     Command,
     Desired,
+    Note,
     ResetPrefixCache,
     Start,
     StepTo,
@@ -210,6 +211,8 @@ class EngineRunner:
                 self._start = replace(self._start, failed_oom=False)
             elif isinstance(cmd, ResetPrefixCache):
                 self._repair.start(self._http, cmd.reason, verify_s=self._spec.repair_verify_s)
+            elif isinstance(cmd, Note) and self._ledger.state is S.STOPPED and not self._desired.wants_run:
+                self._ledger.note(cmd.reason)
             self._desired = apply(self._desired, cmd)
         self._publish()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from llmsupervisor.probes.cpus import parse_cpu_list
-from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, EVENT_KINDS
+from llmsupervisor.probes.gpu_readings import CLOCK_EVENT_REASONS, EVENT_KINDS, FABRIC_STATES
 
 GIB = 1024**3
 _T = TypeVar("_T")
@@ -70,6 +70,11 @@ class FakeDevice:
     # nvmlDeviceGetNvLinkState per link (1 active); None: no NVLink (a PCIe board). An SXM H100
     # has 18 links.
     nvlink_states: tuple[int, ...] | None = None
+    # nvmlDeviceGetGpuFabricInfoV: (state, status) of the GPU's registration with the NVSwitch
+    # fabric (NVML_GPU_FABRIC_STATE_*, and the nvmlReturn_t it ended with); None: the call answers
+    # NOT_SUPPORTED, as on a board outside an NVSwitch fabric. An HGX H100 whose Fabric Manager
+    # runs reads (3, 0): COMPLETED, NVML_SUCCESS.
+    fabric: tuple[int, int] | None = None
     supported_events: int = 0x1 | 0x2 | 0x8 | 0x200 | 0x400 | 0x800 | 0x1000 | 0x2000 | 0x4000 | 0x8000
     # Function name -> NVML return code it fails with (pynvml.NVML_ERROR_*), e.g.
     # {"nvmlDeviceGetComputeRunningProcesses": NVML_ERROR_NO_PERMISSION}.
@@ -115,6 +120,14 @@ class FakeNvml:
     - ``hang(index)``: every call on that GPU blocks until ``release(index)`` (a GPU on its way off
       the bus, docs/host-notes.md §1.8; NVML documents no such state, the daemon must survive it).
     - process lists carry host PIDs (NVIDIA/nvidia-docker#1483), whatever the caller's namespace.
+    - ``nvmlDeviceGetGpuFabricInfoV(h, byref(info))`` fills the caller's struct, as the C call does
+      through the binding (which passes the argument on untouched): a struct passed by value is a
+      ``TypeError`` here (in C the call would write elsewhere). Its ``version`` must be
+      ``nvmlGpuFabricInfo_v2`` or later (``ARGUMENT_VERSION_MISMATCH`` otherwise); the unversioned,
+      deprecated ``nvmlDeviceGetGpuFabricInfo`` fills ``c_nvmlGpuFabricInfo_t``. A device whose
+      ``fabric`` is None answers NOT_SUPPORTED ("If device doesn't support gpu fabric", nvml.h);
+      ``status`` is set as given whatever the state (nvml.h: it "must be checked only if state
+      returns complete").
     - a function name in ``missing`` raises ``NVML_ERROR_FUNCTION_NOT_FOUND`` (an older driver).
     """
 
@@ -147,7 +160,9 @@ class FakeNvml:
 
     def __getattr__(self, name: str) -> Any:
         # Constants, structs and error classes: the real module's.
-        if name.startswith(("NVML", "nvmlMemory", "nvmlEventType", "c_nvml", "SystemDriverBranchInfo")):
+        if name.startswith(
+            ("NVML", "nvmlMemory", "nvmlEventType", "nvmlGpuFabricInfo", "c_nvml", "SystemDriverBranchInfo")
+        ):
             return getattr(self._pynvml, name)
         raise AttributeError(name)
 
@@ -391,6 +406,30 @@ class FakeNvml:
             raise self._error(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return states[link]
 
+    def nvmlDeviceGetGpuFabricInfoV(self, h: Any, info: Any) -> int:
+        dev = self._dev("nvmlDeviceGetGpuFabricInfoV", h)
+        target = self._filled(info)
+        versions = {self._pynvml.nvmlGpuFabricInfo_v2, getattr(self._pynvml, "nvmlGpuFabricInfo_v3", None)}
+        if int(getattr(target, "version", 0)) not in versions:
+            raise self._error(self._pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self._fabric_into(dev, target)
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: Any, info: Any) -> int:
+        return self._fabric_into(self._dev("nvmlDeviceGetGpuFabricInfo", h), self._filled(info))
+
+    def _filled(self, ref: Any) -> Any:
+        """The struct behind ``ctypes.byref(struct)`` (or a pointer to it), which the C call fills."""
+        if isinstance(ref, ctypes.Structure):
+            raise TypeError("pass the fabric struct by reference (ctypes.byref): the C call fills it")
+        target = getattr(ref, "_obj", None)
+        return target if target is not None else ref.contents
+
+    def _fabric_into(self, dev: FakeDevice, info: Any) -> int:
+        state, status = self._optional(dev.fabric)
+        info.state = state
+        info.status = status
+        return int(self._pynvml.NVML_SUCCESS)
+
     def _optional(self, value: _T | None) -> _T:
         if value is None:
             raise self._error(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -468,7 +507,7 @@ class FileNvml(FakeNvml):
                    "processes": [[4242, 75161927680]], "recovery_action": 1,
                    "fields": {"270": 5000000000}, "errors": {"nvmlDeviceGetComputeRunningProcesses":
                    "NoPermission"}, "mig": true, "remap_failure": true, "lost": false,
-                   "cpus": "0-3"}],
+                   "cpus": "0-3", "fabric": "not_started"}],
          "events": [{"id": 1, "gpu": 0, "xid": 48}, {"id": 2, "gpu": 0, "kind": "double_bit_ecc"}]}
 
     A GPU's place in NVML's order is its ``index`` (indices the file leaves out are unreadable
@@ -478,7 +517,10 @@ class FileNvml(FakeNvml):
     loads after the daemon). Each event is delivered once (by id), and only if its type was
     registered, as NVML does. Only an XID event carries data (nvml.h): a
     ``{"kind": "gpu_recovery_action"}`` event says the action changed, and the GPU's
-    ``recovery_action`` (field 230) says to what.
+    ``recovery_action`` (field 230) says to what. A GPU's ``fabric`` is its NVSwitch fabric state by
+    name (``not_started``, ``in_progress``, ``completed``, ``not_supported``), or ``{"state":
+    "completed", "status": "Unknown"}`` for a registration that failed; left out, the call answers
+    NOT_SUPPORTED (no NVSwitch fabric).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -596,8 +638,24 @@ def _device_from(index: int, raw: Mapping[str, Any]) -> FakeDevice:
         dev.remapped_rows = (0, 1, 0, 1)
     if isinstance(raw.get("cpus"), str):
         dev.cpus = tuple(sorted(parse_cpu_list(raw["cpus"])))
+    if raw.get("fabric") is not None:
+        dev.fabric = _fabric_from(raw["fabric"])
     dev.lost = bool(raw.get("lost"))
     return dev
+
+
+def _fabric_from(raw: Any) -> tuple[int, int]:
+    """(state, status) from a ``--fake-gpu`` file's ``fabric``: a state's name, or ``{"state": NAME,
+    "status": ERROR}`` (an NVML error's name, ``Unknown``, or its code)."""
+    import pynvml
+
+    by_name = {name: state for state, name in FABRIC_STATES.items()}
+    spec = raw if isinstance(raw, dict) else {"state": raw}
+    state = spec.get("state", "completed")
+    status = spec.get("status", 0)
+    if isinstance(status, str):
+        status = getattr(pynvml, f"NVML_ERROR_{_snake(status)}", pynvml.NVML_ERROR_UNKNOWN)
+    return (by_name[state] if isinstance(state, str) else int(state)), int(status)
 
 
 def _snake(name: str) -> str:

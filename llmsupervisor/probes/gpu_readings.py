@@ -1,7 +1,8 @@
 """What a GPU reading is, for everyone who reads one: ``GpuSample``, ``GpuEvent``, ``GpuLost``, the
 ``GpuReader`` that gives them, and NVML's tables that name what they carry (event kinds, clock-event
-reasons, recovery actions) with their decoders; NVIDIA's XID catalogue (``XID_CATALOGUE``); and
-what ``doctor`` reads besides (``GpuFacts``, ``DriverFacts``, through a ``GpuInspector``).
+reasons, recovery actions) with their decoders; NVIDIA's XID catalogue (``XID_CATALOGUE``); a GPU's
+place in the NVSwitch fabric (``GpuFabric``); and what ``doctor`` reads besides (``GpuFacts``,
+``DriverFacts``, through a ``GpuInspector``).
 
 ::
 
@@ -145,6 +146,71 @@ def xid_resolution(xid: int) -> str | None:
     return XID_CATALOGUE.get(xid)
 
 
+# nvmlGpuFabricState_t (nvml.h, NVML_GPU_FABRIC_STATE_*): how far a GPU's registration with the
+# NVLink fabric has come. On an NVSwitch box (HGX/DGX H100, H200) NVIDIA Fabric Manager trains the
+# NVLinks and registers each GPU, Not Started -> In Progress -> Completed (NVSentinel #883); until
+# it completes, CUDA cannot start there (cudaErrorSystemNotReady, 802: "the system is not yet
+# ready to start any CUDA work ... verify ... all required driver daemons are actively running",
+# the CUDA runtime API). A GPU outside such a fabric reads NOT_SUPPORTED, or its call does.
+FABRIC_NOT_SUPPORTED: Final = 0
+FABRIC_NOT_STARTED: Final = 1
+FABRIC_IN_PROGRESS: Final = 2
+FABRIC_COMPLETED: Final = 3
+FABRIC_STATES: Final[Mapping[int, str]] = {
+    FABRIC_NOT_SUPPORTED: "not_supported",
+    FABRIC_NOT_STARTED: "not_started",
+    FABRIC_IN_PROGRESS: "in_progress",
+    FABRIC_COMPLETED: "completed",
+}
+FABRIC_MANAGER_HINT: Final = "systemctl status nvidia-fabricmanager"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuFabric:
+    """A GPU's place in the NVLink fabric of an NVSwitch box (``nvmlDeviceGetGpuFabricInfoV``,
+    "Hopper or newer", nvml.h). ``status`` is the registration's outcome, an ``nvmlReturn_t``
+    that nvml.h says "must be checked only if state returns complete"."""
+
+    state: int  # FABRIC_STATES
+    status: int = 0  # NVML_SUCCESS, or the error the registration ended with
+    status_name: str | None = None  # the binding's name for a failed status ("Timeout")
+
+    @property
+    def state_name(self) -> str:
+        return FABRIC_STATES.get(self.state, f"state_{self.state}")
+
+    @property
+    def on_nvswitch(self) -> bool:
+        """Whether the GPU belongs to an NVSwitch fabric at all."""
+        return self.state != FABRIC_NOT_SUPPORTED
+
+    @property
+    def pending(self) -> bool:
+        """Registration not done yet: Fabric Manager has not started it, or is at it."""
+        return self.state in (FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS)
+
+    @property
+    def failed(self) -> bool:
+        """Registration ended with an error (``status``)."""
+        return self.state == FABRIC_COMPLETED and self.status != 0
+
+    @property
+    def problem(self) -> str | None:
+        """What in the fabric stops CUDA on this GPU, in the operator's words; None: nothing
+        (registered, or no NVSwitch fabric). An unknown state is none: only what nvml.h names
+        holds an engine back."""
+        if self.state == FABRIC_NOT_STARTED:
+            return f"fabric manager not running? (registration not started; {FABRIC_MANAGER_HINT})"
+        if self.state == FABRIC_IN_PROGRESS:
+            return "registration in progress (Fabric Manager is setting up the NVLink fabric)"
+        if self.failed:
+            return (
+                f"registration failed ({self.status_name or f'NVML error {self.status}'}); see Fabric"
+                f" Manager's log ({FABRIC_MANAGER_HINT})"
+            )
+        return None
+
+
 class GpuLost(SupervisorError):
     """NVML says the GPU is gone from the bus (``NVML_ERROR_GPU_IS_LOST``, usually after XID 79)."""
 
@@ -208,6 +274,10 @@ class GpuSample:
     # event set after a registration failed (nvml.h: UNKNOWN leaves the set "in undefined state").
     # None: its events are watched, or it supports none.
     events_unwatched: str | None = None
+    # nvmlDeviceGetGpuFabricInfoV (else nvmlDeviceGetGpuFabricInfo): the GPU's NVSwitch fabric
+    # registration; None where the call is NotSupported (no fabric: not Hopper, or no NVSwitch) or
+    # could not be read (then named in ``unread``).
+    fabric: GpuFabric | None = None
 
     @property
     def thermal_throttle_ns(self) -> int | None:
@@ -267,6 +337,11 @@ class NvmlHealth:
     # NVML is not blind: nothing there needs it).
     waiting: Mapping[str, float] = field(default_factory=dict)
     needed: bool = True
+    # Each NVSwitch GPU's fabric state by index (FABRIC_STATES' names; GPUs outside a fabric left
+    # out); and the daemon's: the engines that wait for their GPUs' fabric, with why
+    # (docs/gpu.md, "The NVSwitch fabric").
+    fabric: Mapping[int, str] = field(default_factory=dict)
+    fabric_waiting: Mapping[str, str] = field(default_factory=dict)
 
 
 # nvmlComputeMode_t (nvml.h): who may create a CUDA context on the GPU.
@@ -364,6 +439,12 @@ __all__ = [
     "EVENT_NON_FATAL_POISON",
     "EVENT_SINGLE_BIT_ECC",
     "EVENT_XID",
+    "FABRIC_COMPLETED",
+    "FABRIC_IN_PROGRESS",
+    "FABRIC_MANAGER_HINT",
+    "FABRIC_NOT_STARTED",
+    "FABRIC_NOT_SUPPORTED",
+    "FABRIC_STATES",
     "RECOVERY_ACTIONS",
     "RECOVERY_NONE",
     "XID_CATALOGUE",
@@ -377,6 +458,7 @@ __all__ = [
     "XID_UNKNOWN",
     "DriverFacts",
     "GpuEvent",
+    "GpuFabric",
     "GpuFacts",
     "GpuInspector",
     "GpuLost",

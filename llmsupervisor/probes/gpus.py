@@ -25,7 +25,7 @@ from typing import Final
 
 from llmsupervisor import aio
 from llmsupervisor.probes import ProbeFailure
-from llmsupervisor.probes.gpu_readings import GpuEvent, GpuReader, GpuSample, NvmlHealth
+from llmsupervisor.probes.gpu_readings import GpuEvent, GpuFabric, GpuReader, GpuSample, NvmlHealth
 from llmsupervisor.probes.gpu_threads import ThreadedGpuReader
 
 log = logging.getLogger("llmsupervisor.probes.gpus")
@@ -90,7 +90,17 @@ class GpuMonitor:
                 for i, s in sorted(self.latest.items())
                 if isinstance(s, GpuSample) and s.events_unwatched is not None
             },
+            fabric={i: f.state_name for i, f in self.fabrics().items() if f.on_nvswitch},
         )
+
+    def fabrics(self) -> dict[int, GpuFabric]:
+        """Each GPU's NVSwitch fabric registration from its latest sample, by index; GPUs whose
+        fabric could not be read (NotSupported, a failed reading or sample) are left out."""
+        return {
+            i: s.fabric
+            for i, s in sorted(self.latest.items())
+            if isinstance(s, GpuSample) and s.fabric is not None
+        }
 
     def gpus_by_index(self) -> dict[int, str]:
         """The GPUs NVML opened, NVML index -> UUID (what fault marks are keyed by)."""

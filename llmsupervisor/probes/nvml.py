@@ -48,6 +48,7 @@ from llmsupervisor.probes.gpu_readings import (
     EVENT_XID,
     DriverFacts,
     GpuEvent,
+    GpuFabric,
     GpuFacts,
     GpuLost,
     GpuProcess,
@@ -144,6 +145,9 @@ class _Device:
     mig_enabled: bool | None = None
     # The board's temperature thresholds never change: read once (None: not supported).
     thresholds: tuple[int | None, int | None] | None = None
+    # False once the fabric call answered NotSupported (no NVSwitch fabric, not Hopper): a board
+    # does not grow one, so it is not asked again.
+    fabric_supported: bool = True
 
 
 # The init PID namespace's inode is fixed (PROC_PID_INIT_INO, include/linux/proc_ns.h): anywhere
@@ -557,6 +561,56 @@ class NvmlReader:
                 )
         return dev.thresholds
 
+    def _fabric(self, dev: _Device, readings: _Readings) -> GpuFabric | None:
+        """The GPU's NVSwitch fabric registration (docs/gpu.md, "The NVSwitch fabric"), every
+        sample: it moves from NOT_STARTED to COMPLETED once Fabric Manager runs, and the daemon
+        starts the engines that waited for it then. ``nvmlDeviceGetGpuFabricInfoV`` with the
+        versioned struct (``c_nvmlGpuFabricInfoV_t``, its ``version`` nvmlGpuFabricInfo_v2) first;
+        the unversioned ``nvmlDeviceGetGpuFabricInfo`` (deprecated, nvml.h) where the driver or
+        the binding lacks it. Both fill the caller's struct (the binding passes it through:
+        ``ctypes.byref``). None: NotSupported (no fabric), or the reading failed (``unread``)."""
+        if not dev.fabric_supported:
+            return None
+        lib = self._lib
+        versioned = getattr(lib, "c_nvmlGpuFabricInfoV_t", None) or getattr(
+            lib, "c_nvmlGpuFabricInfo_v2_t", None
+        )
+        v2 = getattr(lib, "nvmlGpuFabricInfo_v2", None)
+        calls = (
+            ("fabric_v", "nvmlDeviceGetGpuFabricInfoV", versioned, v2),
+            ("fabric", "nvmlDeviceGetGpuFabricInfo", getattr(lib, "c_nvmlGpuFabricInfo_t", None), None),
+        )
+        for key, name, struct, version in calls:
+            if struct is None or key in self._missing:
+                continue
+            info = struct()
+            if version is not None:
+                info.version = version
+            failed = len(readings.failed)
+            got = self._read(
+                ((key, name),), dev.uuid, dev.handle, ctypes.byref(info), readings=readings, what="fabric"
+            )
+            if key in self._missing:
+                continue  # FunctionNotFound: the older call
+            if got is None:
+                if len(readings.failed) == failed:
+                    dev.fabric_supported = False  # NotSupported: no fabric on this GPU
+                return None
+            status = int(info.status)
+            return GpuFabric(state=int(info.state), status=status, status_name=self._error_name(status))
+        return None
+
+    def _error_name(self, code: int) -> str | None:
+        """The binding's name for an NVML return code (``Timeout`` for NVML_ERROR_TIMEOUT); None
+        for success, or a code the binding does not name."""
+        if code == NVML_SUCCESS:
+            return None
+        try:
+            name = type(self._lib.NVMLError(code)).__name__
+        except Exception:
+            return None
+        return name.removeprefix("NVMLError_") if name != "NVMLError" else None
+
     def _memory(self, dev: _Device, readings: _Readings) -> tuple[int | None, int | None, int | None]:
         """(used, total, reserved). v2 first (nvmlMemory_v2: ``used`` leaves driver-reserved memory
         out, as nvidia-smi does since R510); v1 where the driver lacks the _v2 symbol."""
@@ -625,6 +679,7 @@ class NvmlReader:
         fields = self._fields(dev, r)
         remapped = self._read(("nvmlDeviceGetRemappedRows",), uuid, h, readings=r, what="remapped rows")
         slowdown_c, max_c = self._thresholds(dev, r)
+        fabric = self._fabric(dev, r)
         if not r.answered and r.failed:
             # Nothing answered at all: NVML itself is in trouble, not one reading.
             first = r.failed[0][1]
@@ -666,6 +721,7 @@ class NvmlReader:
             pids_visible=self._pids_visible,
             unread=tuple(f"{what}: {type(exc).__name__}" for what, exc in r.failed),
             events_unwatched=dev.unwatched,
+            fabric=fabric,
         )
 
     def facts(self, uuid: str) -> GpuFacts:

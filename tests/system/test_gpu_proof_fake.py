@@ -58,7 +58,20 @@ def test_the_fake_run_prints_one_line_per_check_in_order_with_cuda_parts_skipped
 
     assert facts["fake"] is True and facts["driver_version"] and facts["nvidia_ml_py"]
     assert [g["index"] for g in facts["gpus"]] == [0, 1]
-    assert set(facts["gpus"][0]) == {"index", "name", "uuid", "pci_bus_id", "mig_mode", "memory_total_bytes"}
+    assert set(facts["gpus"][0]) == {
+        "index",
+        "name",
+        "uuid",
+        "pci_bus_id",
+        "mig_mode",
+        "memory_total_bytes",
+        "fabric",
+    }
+    # The fake's GPUs sit outside an NVSwitch fabric: both calls answer NotSupported (nvml.h).
+    assert facts["gpus"][0]["fabric"] == {
+        "versioned": {"error": "NVMLError_NotSupported"},
+        "unversioned": {"error": "NVMLError_NotSupported"},
+    }
     assert isinstance(facts["host_pid_namespace"], bool)
 
     # The holder ran for real (setsid parent, spawned grandchild); the fake listed the grandchild.

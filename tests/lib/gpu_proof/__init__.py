@@ -6,8 +6,8 @@ budget records its error and the run goes on. The order and the expectations com
 issue and from ../shared/docs/gpu-review.md (Q7); docs/gpu-validation.md says how to run it and
 what each line proves:
 
-    1 facts            driver, NVML, nvidia-ml-py; per GPU name, UUID, PCI bus id, MIG mode;
-                       the PID namespace
+    1 facts            driver, NVML, nvidia-ml-py; per GPU name, UUID, PCI bus id, MIG mode,
+                       NVSwitch fabric state (both fabric calls); the PID namespace
     2 pid_attribution  a setsid parent spawns (multiprocessing, spawn) a torch grandchild holding
                        N GiB: NVML lists the grandchild's PID; how long after its exit NVML stops
                        listing it and memory falls

@@ -1,5 +1,5 @@
-"""Check 1, facts: driver, NVML, nvidia-ml-py; per GPU its name, UUID, PCI bus id and MIG mode;
-the PID namespace."""
+"""Check 1, facts: driver, NVML, nvidia-ml-py; per GPU its name, UUID, PCI bus id, MIG mode and
+NVSwitch fabric state (issue 36, M6); the PID namespace."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from llmsupervisor.probes.nvml import PROC_PID_INIT_INO, in_host_pid_namespace
-from tests.lib.gpu_proof.nvml_reads import failed, memory, plain, read
+from tests.lib.gpu_proof.nvml_reads import fabric, failed, memory, plain, read
 from tests.lib.gpu_proof.proof import Proof
 from tests.lib.gpu_proof.result import Result
 
@@ -43,6 +43,7 @@ def check_facts(proof: Proof, r: Result) -> None:
     for index, handle, uuid in proof.gpus():
         mig = read(lib, "nvmlDeviceGetMigMode", handle)
         pci = read(lib, "nvmlDeviceGetPciInfo", handle)
+        fab = fabric(lib, handle)
         gpus.append(
             {
                 "index": index,
@@ -51,8 +52,11 @@ def check_facts(proof: Proof, r: Result) -> None:
                 "pci_bus_id": pci if failed(pci) else plain(getattr(pci, "busId", None)),
                 "mig_mode": mig,
                 "memory_total_bytes": memory(lib, handle).get("v2", {}).get("total"),
+                "fabric": fab,
             }
         )
+        if (problem := fab["versioned"].get("problem") or fab["unversioned"].get("problem")) is not None:
+            r.notes.append(f"GPU {index}: NVSwitch fabric: {problem} (the daemon holds engines on it)")
         r.expect(uuid.startswith(("GPU-", "MIG-")), f"GPU {index}: UUID {uuid!r} is not GPU-...")
         if not failed(mig) and int(mig[0]) == 1:
             r.notes.append(

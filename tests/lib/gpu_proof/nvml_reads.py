@@ -65,6 +65,47 @@ def field_values(lib: Any, handle: Any, ids: Sequence[int]) -> dict[str, Any]:
     return out
 
 
+def fabric(lib: Any, handle: Any) -> dict[str, Any]:
+    """The GPU's NVSwitch fabric registration through both calls the daemon may make
+    (probes/nvml.py ``_fabric``): ``nvmlDeviceGetGpuFabricInfoV`` with the versioned struct, and
+    the unversioned, deprecated ``nvmlDeviceGetGpuFabricInfo``. Each: its state by name, its status
+    (``nvmlReturn_t``) by name, the cluster UUID and clique, or the error it answered
+    (NotSupported off an NVSwitch fabric); and what the daemon makes of it (``problem``)."""
+    import ctypes
+
+    from llmsupervisor.probes.gpu_readings import FABRIC_STATES, GpuFabric
+
+    out: dict[str, Any] = {}
+    calls = (
+        ("versioned", "nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2"),
+        ("unversioned", "nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t", None),
+    )
+    for key, name, struct_name, version in calls:
+        struct, fn = getattr(lib, struct_name, None), getattr(lib, name, None)
+        if struct is None or fn is None:
+            out[key] = {"error": f"{name} is not in this binding"}
+            continue
+        info = struct()
+        if version is not None:
+            info.version = getattr(lib, version)
+        try:
+            fn(handle, ctypes.byref(info))
+        except Exception as exc:
+            out[key] = {"error": type(exc).__name__}
+            continue
+        state, status = int(info.state), int(info.status)
+        out[key] = {
+            "state": FABRIC_STATES.get(state, state),
+            "status": return_name(status),
+            "cluster_uuid": bytes(info.clusterUuid).hex(),
+            "clique_id": int(info.cliqueId),
+            "problem": GpuFabric(state=state, status=status, status_name=return_name(status)).problem,
+        }
+        if hasattr(info, "healthMask"):
+            out[key]["health_mask"] = int(info.healthMask)
+    return out
+
+
 def memory(lib: Any, handle: Any) -> dict[str, Any]:
     """v1 (used includes driver-reserved memory) and v2 (reserved on its own), in bytes."""
     out: dict[str, Any] = {}

@@ -109,7 +109,8 @@ def test_readings_the_board_does_not_support_are_left_out(tmp_path: Path) -> Non
         "GPU-0", persistence_mode=None, ecc_mode=None, compute_mode=None, pcie_replay_count=None
     )
     named = by_name(health(FakeNvml([bare]), config(tmp_path, [0])))
-    assert set(named) == {"gpu driver", "gpu verdicts"}
+    assert set(named) == {"gpu driver", "gpu verdicts", "gpu fabric"}
+    assert [c.detail for c in named["gpu fabric"]] == ["not an NVSwitch system (GPU 0)"]
 
 
 def test_a_reader_that_cannot_inspect_gives_the_verdict_mode_only(tmp_path: Path) -> None:
@@ -119,3 +120,40 @@ def test_a_reader_that_cannot_inspect_gives_the_verdict_mode_only(tmp_path: Path
     checks = doctor.check_gpu_health(report, None)
     assert [c.name for c in checks] == ["gpu verdicts"] and "catalogue fallback" in checks[0].detail
     assert doctor.check_gpu_health(GpuReport(), None) == []  # no NVML: nothing to say
+
+
+def test_the_nvswitch_fabric_per_gpu(tmp_path: Path) -> None:
+    """Issue 36, M6: each GPU's NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV). Registered, or no
+    fabric at all, is OK; Fabric Manager not running FAILs, naming the unit; a registration in
+    progress WARNs; one that completed with an error FAILs, naming the error."""
+    completed = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    devices = [
+        FakeDevice("GPU-0"),  # NOT_SUPPORTED: a PCIe board, or no NVSwitch
+        FakeDevice("GPU-1", fabric=(completed, pynvml.NVML_SUCCESS)),
+        FakeDevice("GPU-2", fabric=(pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, pynvml.NVML_SUCCESS)),
+        FakeDevice("GPU-3", fabric=(pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS)),
+        FakeDevice("GPU-4", fabric=(completed, pynvml.NVML_ERROR_UNKNOWN)),
+    ]
+    fabric = [
+        (c.level, c.detail)
+        for c in health(FakeNvml(devices), config(tmp_path, [2]))
+        if c.name == "gpu fabric"
+    ]
+    assert fabric[:2] == [
+        (Level.OK, "not an NVSwitch system (GPU 0)"),
+        (Level.OK, "registered on GPU 1"),
+    ]
+    (l2, d2), (l3, d3), (l4, d4) = fabric[2:]
+    assert l2 is Level.FAIL and d2.startswith(
+        "GPU 2: fabric manager not running? (registration not started; systemctl status"
+        " nvidia-fabricmanager); CUDA cannot start there (error 802, system not yet initialized)"
+    )
+    assert l3 is Level.WARN and d3.startswith("GPU 3: fabric not ready yet: registration in progress")
+    assert l4 is Level.FAIL and d4.startswith(
+        "GPU 4: registration failed (Unknown); see Fabric Manager's log"
+    )
+    # A box outside any NVSwitch fabric says so once, as OK.
+    plain = health(FakeNvml([FakeDevice("GPU-0"), FakeDevice("GPU-1")]), config(tmp_path, [0]))
+    assert [(c.level, c.detail) for c in plain if c.name == "gpu fabric"] == [
+        (Level.OK, "not an NVSwitch system (GPU 0,1)")
+    ]

@@ -69,6 +69,10 @@ def test_the_running_daemon_s_view_of_its_gpus(tmp_path: Path) -> None:
     assert (
         unwatched.level is Level.WARN and "GPU 0: the daemon does not see its XID events" in unwatched.detail
     )
+    waits = "fabric not ready on GPU 0: fabric manager not running? (...)"
+    status_file(tmp_path, {"up": True, "gpus": 2, "engines_waiting_fabric": {"a": waits}}, os.getpid())
+    (held,) = doctor.check_daemon_gpus(config)
+    assert held.level is Level.FAIL and held.detail == f"the running daemon holds engine a: {waits}"
     status_file(tmp_path, {"up": True, "gpus": 2}, os.getpid())
     (fine,) = doctor.check_daemon_gpus(config)
     assert fine.level is Level.OK and "reads 2 GPU(s)" in fine.detail

@@ -1,4 +1,4 @@
-"""The daemon over NVML as a real box gets it wrong (issue 36 points 1, 4 and 5; docs/gpu.md): the
+"""The daemon over NVML as a real box gets it wrong (issue 36 points 1, 4, 5 and 7; docs/gpu.md): the
 real loop, runners and reader over the pynvml-level fake, engines on fake processes and a
 scripted server, all on virtual time (tests/lib/virtual_time.py)."""
 
@@ -16,6 +16,7 @@ from llmsupervisor import aio
 from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSettings
 from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.supervisor import Supervisor
+from llmsupervisor.engine.commands import Start
 from llmsupervisor.notify import Notifier
 from llmsupervisor.probes.fake_nvml import FakeDevice, FakeNvml, fake_uuid
 from llmsupervisor.probes.nvml import NvmlReader
@@ -249,6 +250,98 @@ def test_an_index_engine_above_a_gpu_nvml_left_out_is_not_started(tmp_path: Path
 
     idx = run_virtual(scenario())
     assert idx["enabled"] is False and idx["state"] == "stopped"
+
+
+NOT_STARTED = (pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, pynvml.NVML_SUCCESS)
+IN_PROGRESS = (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS)
+COMPLETED = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
+
+
+def test_an_engine_waits_for_its_gpus_fabric_and_starts_when_fabric_manager_is_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, M6: an HGX box whose Fabric Manager is not running. GPU 0's fabric reads
+    NOT_STARTED: its engine does not start (it would die with CUDA error 802 and spend its
+    crash-loop budget), and says why in status and on STATUS=. GPU 1 is registered: its engine
+    serves. When the fabric reads COMPLETED the engine starts, with no failure counted."""
+    inline_nvml(monkeypatch)
+    fake = VirtualNvml(
+        [FakeDevice(fake_uuid(0), fabric=NOT_STARTED), FakeDevice(fake_uuid(1), fabric=COMPLETED)]
+    )
+
+    async def scenario() -> dict[str, Any]:
+        sup, loop = await daemon(
+            tmp_path, fake, (engine("e0", 8000, gpus=(0,)), engine("e1", 8001, gpus=(1,)))
+        )
+        await until(lambda: state(sup, "e1")["state"] == "ready", within_s=60)
+        seen: dict[str, Any] = {
+            "e0": state(sup, "e0"),
+            "nvml": sup.status()["nvml"],
+            "summary": sup.summary(),
+        }
+        fake.devices[0].fabric = IN_PROGRESS  # Fabric Manager started, training the NVLinks
+        await aio.wait_any(timeout_s=10)
+        seen.update(e0_training=state(sup, "e0"), nvml_training=sup.status()["nvml"])
+        fake.devices[0].fabric = COMPLETED
+        seen["started_s"] = await until(lambda: state(sup, "e0")["state"] == "ready", within_s=60)
+        seen.update(e0_after=state(sup, "e0"), nvml_after=sup.status()["nvml"], summary_after=sup.summary())
+        await stopped(sup, loop)
+        return seen
+
+    seen = run_virtual(scenario())
+    e0, nvml = seen["e0"], seen["nvml"]
+    assert e0["state"] == "stopped" and e0["restarts"] == 0
+    assert e0["reason"].startswith("fabric not ready on GPU 0: fabric manager not running?")
+    assert nvml["fabric"] == {"0": "not_started", "1": "completed"}
+    assert set(nvml["engines_waiting_fabric"]) == {"e0"}
+    assert seen["summary"].startswith("GPU fabric not ready (fabric manager not running?): e0 waits for it")
+    assert seen["e0_training"]["state"] == "stopped"
+    assert "registration in progress" in seen["nvml_training"]["engines_waiting_fabric"]["e0"]
+    assert "registration in progress" in seen["e0_training"]["reason"]  # the reason follows the state
+    # Started within a sample and a tick of the fabric completing; no failure, no restart.
+    assert seen["started_s"] <= 10
+    after = seen["e0_after"]
+    assert after["restarts"] == 0 and after["last_failure"] is None
+    assert (
+        seen["nvml_after"]["engines_waiting_fabric"] == {}
+        and seen["nvml_after"]["fabric"]["0"] == "completed"
+    )
+    assert not seen["summary_after"].startswith("GPU fabric")
+
+
+def test_nvml_late_then_a_fabric_not_ready_keeps_the_engine_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The box as it boots: the driver loads late and Fabric Manager later still. The engine named
+    by index waits for NVML, then for the fabric, then starts; an operator's start during the
+    fabric wait starts another engine at once."""
+    inline_nvml(monkeypatch)
+    fake = two_gpus(init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    for dev in fake.devices:
+        dev.fabric = NOT_STARTED
+
+    async def scenario() -> dict[str, Any]:
+        sup, loop = await daemon(
+            tmp_path, fake, (engine("e0", 8000, gpus=(0,)), engine("e1", 8001, gpus=(1,)))
+        )
+        await aio.wait_any(timeout_s=10)
+        fake.init_error = None
+        await until(lambda: set(sup.status()["nvml"]["engines_waiting_fabric"]) == {"e0", "e1"}, within_s=60)
+        await aio.wait_any(timeout_s=1)
+        seen: dict[str, Any] = {"e0": state(sup, "e0")}
+        sup.fleet.send("e1", Start())  # the operator insists: it starts, and leaves the wait
+        await until(lambda: state(sup, "e1")["state"] == "ready", within_s=60)
+        await aio.wait_any(timeout_s=5)
+        seen["waiting"] = dict(sup.status()["nvml"]["engines_waiting_fabric"])
+        fake.devices[0].fabric = COMPLETED
+        await until(lambda: state(sup, "e0")["state"] == "ready", within_s=60)
+        await stopped(sup, loop)
+        return seen
+
+    seen = run_virtual(scenario())
+    assert seen["e0"]["state"] == "stopped"
+    assert seen["e0"]["reason"].startswith("fabric not ready on GPU 0: fabric manager not running?")
+    assert set(seen["waiting"]) == {"e0"}
 
 
 def test_status_file_is_not_rewritten_every_tick_for_the_nvml_ages(tmp_path: Path) -> None:

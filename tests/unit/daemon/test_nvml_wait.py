@@ -1,5 +1,6 @@
 """Which engines wait for NVML at start, and until when (daemon/nvml_wait.py), and what placement
-does while NVML is not open or left a GPU out (daemon/placement.py; issue 36, H1 and M5)."""
+does while NVML is not open or left a GPU out (daemon/placement.py; issue 36, H1 and M5); which
+wait for their GPUs' NVSwitch fabric (M6)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from llmsupervisor.config import EngineSpec, SupervisorConfig, SupervisorSettings
-from llmsupervisor.daemon.nvml_wait import NvmlWait, waits_for_nvml
+from llmsupervisor.daemon.nvml_wait import FabricWait, NvmlWait, fabric_wait_reason, waits_for_nvml
 from llmsupervisor.daemon.placement import index_gaps, resolve_gpus
+from llmsupervisor.probes.gpu_readings import (
+    FABRIC_COMPLETED,
+    FABRIC_IN_PROGRESS,
+    FABRIC_NOT_STARTED,
+    FABRIC_NOT_SUPPORTED,
+    GpuFabric,
+)
 
 UUID = "GPU-00000000-1111-2222-3333-444444444444"
 BY_INDEX = EngineSpec(name="idx", model="m", port=8000, gpus=(1,))
@@ -69,3 +77,35 @@ def test_a_gpu_nvml_left_out_refuses_the_engines_named_by_an_index_at_or_above_i
     # By UUID the engine gets the board itself.
     by_uuid = resolve_gpus(config(BY_UUID), {UUID: 1, "GPU-x": 3}, ()).engines[0]
     assert by_uuid.enabled and by_uuid.gpus == (1,)
+
+
+def test_an_engine_waits_for_its_gpus_fabric_and_leaves_the_wait_when_it_completes() -> None:
+    """Issue 36, M6: an engine on a GPU whose NVSwitch fabric is not registered waits, with why;
+    GPUs outside a fabric, or whose fabric was not read, hold nothing back."""
+    not_started, in_progress = GpuFabric(state=FABRIC_NOT_STARTED), GpuFabric(state=FABRIC_IN_PROGRESS)
+    done = GpuFabric(state=FABRIC_COMPLETED)
+    two = EngineSpec(name="two", model="m", port=8005, gpus=(0, 1))
+    assert fabric_wait_reason(two, {}) is None  # NVML cannot say: nothing waits
+    assert fabric_wait_reason(two, {0: done, 1: GpuFabric(state=FABRIC_NOT_SUPPORTED)}) is None
+    why = fabric_wait_reason(two, {0: not_started, 1: not_started})
+    assert why is not None and why.startswith(
+        "fabric not ready on GPU 0,1: fabric manager not running? (registration not started;"
+        " systemctl status nvidia-fabricmanager)"
+    )
+    assert "CUDA fails with error 802" in why
+    failed = fabric_wait_reason(
+        two, {0: done, 1: GpuFabric(state=FABRIC_COMPLETED, status=999, status_name="Unknown")}
+    )
+    assert failed is not None and failed.startswith(
+        "fabric not ready on GPU 1: registration failed (Unknown)"
+    )
+
+    wait = FabricWait()
+    assert wait.admit(BY_INDEX, {1: done}) is None and wait.waiting == {}
+    assert wait.admit(BY_INDEX, {1: not_started}) is not None and set(wait.waiting) == {"idx"}
+    specs = {"idx": BY_INDEX}
+    assert wait.due(specs, {1: in_progress}) == []
+    assert "registration in progress" in wait.waiting["idx"]  # the reason follows the state
+    assert wait.due(specs, {1: done}) == ["idx"] and wait.waiting == {}
+    wait.admit(BY_INDEX, {1: not_started})
+    assert wait.due({}, {1: not_started}) == [] and wait.waiting == {}  # removed from the config

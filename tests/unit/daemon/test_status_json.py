@@ -312,6 +312,8 @@ def test_nvml_that_cannot_be_opened_is_in_the_status_the_summary_the_table_and_t
         "hung_gpus": [3],
         "events_unwatched": {"2": "registering xid failed: NVMLError_Unknown: Unknown Error"},
         "event_wait_errors": 4,
+        "fabric": {},
+        "engines_waiting_fabric": {},
     }
     line = daemon_status.nvml_line(snap.nvml, now=NOW_S)
     assert line == (
@@ -358,3 +360,38 @@ def test_a_host_with_no_engine_on_a_gpu_is_not_called_blind() -> None:
     doc = daemon_status.status_json(cpu_only)
     assert doc["nvml"]["needed"] is False
     assert not any(line.startswith("NVML unavailable") for line in format_status(doc).splitlines())
+
+
+def test_engines_waiting_for_the_gpu_fabric_are_in_the_status_the_summary_the_table_and_the_metrics() -> None:
+    """Issue 36 (M6): an HGX box whose Fabric Manager is not running. NVML is open, GPU 0's fabric
+    reads not_started, and the engine on it waits: said in the JSON, on STATUS=, under the table
+    and in /metrics (docs/gpu.md, "The NVSwitch fabric")."""
+    from llmsupervisor.cli.render import format_status
+    from llmsupervisor.daemon.exporter import Exporter
+    from llmsupervisor.probes.gpu_readings import NvmlHealth
+
+    why = "fabric not ready on GPU 0: fabric manager not running? (registration not started; ...)"
+    health = NvmlHealth(
+        up=True, since_s=NOW_S - 5, attempts=1, gpus=2, fabric={0: "not_started", 1: "completed"}
+    )
+    snap = dataclasses.replace(
+        blind_snapshot(), nvml=dataclasses.replace(health, fabric_waiting={"gpu0": why})
+    )
+    doc = daemon_status.status_json(snap)
+    assert doc["nvml"]["fabric"] == {"0": "not_started", "1": "completed"}
+    assert doc["nvml"]["engines_waiting_fabric"] == {"gpu0": why}
+    line = daemon_status.nvml_line(snap.nvml, now=NOW_S)
+    assert line == "GPU fabric not ready (fabric manager not running?): gpu0 waits for it"
+    assert daemon_status.summary(snap.engines, now=NOW_S, nvml=line).startswith(line + "; ")
+    table = format_status(doc).splitlines()
+    assert (
+        table[-2]
+        == "NVSwitch fabric not registered: GPU 0 not started (systemctl status nvidia-fabricmanager)"
+    )
+    assert table[-1] == f"Waiting for the GPU fabric before starting: gpu0: {why}"
+    metrics = Exporter(lambda: snap).render().decode()
+    assert "llmsupervisor_engines_waiting_for_gpu_fabric 1.0" in metrics
+    # Registered and nothing waiting: nothing said.
+    calm = dataclasses.replace(snap, nvml=dataclasses.replace(health, fabric={0: "completed"}))
+    assert daemon_status.nvml_line(calm.nvml, now=NOW_S) is None
+    assert "fabric" not in format_status(daemon_status.status_json(calm))

@@ -12,6 +12,7 @@ from llmsupervisor.engine.commands import (
     Desired,
     Escalate,
     Hold,
+    Note,
     ResetPrefixCache,
     Respec,
     Restart,
@@ -53,6 +54,7 @@ HANG = Restart(cause="hang", reason="hung", drain=False, failure=True)
         (Desired(run=True), Escalate(), Desired(run=True, quick=True)),
         (Desired(run=True), StepTo(1, "x"), Desired(run=True)),
         (Desired(run=True), ResetPrefixCache("x"), Desired(run=True)),
+        (Desired(run=False), Note("waits for its GPUs' fabric"), Desired(run=False)),
     ],
 )
 def test_apply(before: Desired, cmd: object, after: Desired) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from llmsupervisor.cli import render
 from llmsupervisor.core.state import EngineState
-from llmsupervisor.engine.output import OutputForwarder
+from llmsupervisor.engine.output import SYSTEM_NOT_READY_RE, OutputForwarder, with_error_line
 from tests.lib.runner_harness import Harness, run, spec
 
 S = EngineState
@@ -173,3 +173,57 @@ def test_only_a_dying_engine_leads_with_the_line() -> None:
     assert render.dying_reason(ready) is None
     fatal = {"state": "fatal", "reason": "x: ValueError: y; giving up", "last_error_line": "ValueError: y"}
     assert render.dying_reason(fatal) == "ValueError: y; x; giving up"
+
+
+TORCH_802 = (
+    "(EngineCore_DP0 pid=12) RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda"
+    " functions before calling NumCudaDevices() that might have already set an error? Error 802: system"
+    " not yet initialized"
+)
+
+
+def test_cuda_error_802_at_start_is_explained_as_the_gpu_fabric(tmp_path: Path) -> None:
+    """Issue 36, M6: on an HGX box whose Fabric Manager is not running CUDA fails with 802 ("system
+    not yet initialized", cudaErrorSystemNotReady). vLLM's own last words come after the worker's
+    (``Engine core initialization failed``): the failure's reason still says what 802 means."""
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, spec(max_failures=3, backoff_initial_s=1.0))
+        h.server.ready_after_s = 1e9
+        await h.until(lambda s: s.state is S.STARTING and len(h.procs.spawned) == 1)
+        proc = h.procs.spawned[-1]
+        proc.say(TORCH_802, stderr=True)
+        proc.say("RuntimeError: Engine core initialization failed. See root cause above.", stderr=True)
+        await asyncio.sleep(0.1)
+        proc.exit(code=1)
+        status = await h.published(lambda s: s.state is S.BACKOFF)
+        assert (
+            status.last_error_line == "RuntimeError: Engine core initialization failed. See root cause above."
+        )
+        assert status.last_failure is not None
+        assert status.last_failure.endswith(
+            "CUDA error 802 (system not yet initialized): on an NVSwitch (HGX) box the GPU fabric is not"
+            " ready; is Fabric Manager running? (systemctl status nvidia-fabricmanager; docs/gpu.md)"
+        )
+        # The next failure, without 802, says nothing of the fabric.
+        await h.until(lambda s: s.state is S.STARTING and len(h.procs.spawned) == 2)
+        h.procs.spawned[-1].say("ValueError: bad model", stderr=True)
+        await asyncio.sleep(0.1)
+        h.procs.spawned[-1].exit(code=1)
+        status = await h.published(
+            lambda s: s.state is S.BACKOFF and s.last_error_line == "ValueError: bad model"
+        )
+        assert status.last_failure is not None and "fabric" not in status.last_failure
+        await h.close()
+
+    run(scenario)
+
+
+def test_the_802_hint_is_added_once() -> None:
+    once = with_error_line("exited with code 1", "RuntimeError: Error 802", system_not_ready=True)
+    assert once.count("Fabric Manager") == 1
+    assert with_error_line(once, None, system_not_ready=True) == once
+    assert SYSTEM_NOT_READY_RE.search("CUDA_ERROR_SYSTEM_NOT_READY") and SYSTEM_NOT_READY_RE.search(
+        "cudaErrorSystemNotReady"
+    )
+    assert not SYSTEM_NOT_READY_RE.search("Error 8020: something else")
