@@ -208,6 +208,9 @@ class GpuSample:
     # event set after a registration failed (nvml.h: UNKNOWN leaves the set "in undefined state").
     # None: its events are watched, or it supports none.
     events_unwatched: str | None = None
+    # nvmlDeviceGetPciInfo's busId ("00000000:19:00.0"), read once at open: what `nvidia-smi -r -i`
+    # takes to name the board unambiguously (daemon/gpu_release.py). None: not read.
+    pci_bus_id: str | None = None
 
     @property
     def thermal_throttle_ns(self) -> int | None:
