@@ -1,4 +1,4 @@
-"""The local control socket: what `llm-supervisor status|restart|drain|stop|start|reload` talk to.
+"""The local control socket: what `llm-supervisor status|restart|drain|stop|start|reload|gpu` talk to.
 
 A Unix stream socket (mode 0660, the daemon's group; nothing on the network). One request per
 connection: a JSON object on one line, ``{"command": "restart", "engine": "gpu0"}``; one JSON
@@ -8,6 +8,9 @@ line back, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``.
 answers ``{"events": [...], "last_seq": N}`` from the daemon's ring (daemon/events.py); with
 ``wait_s`` it waits (at most 30 s) for a first new event, so that `events --follow` is a long
 poll: one request after another, each with the last seq it got.
+``{"command": "gpu_release", "gpu": N, "window_s": S?}`` and ``{"command": "gpu_take_back", "gpu":
+N}``: `gpu release` and `gpu take-back` (daemon/gpu_release.py), answered once taken; what follows
+is in ``status``'s ``gpu_release``.
 ``{"command": "logs", "engine": NAME, "previous": BOOL?, "lines": N?, "after": SEQ?, "wait_s": S?}``
 answers ``{"lines": [...], "last_seq": N, "process": {...}, "journal": CMD?}`` from the engine's
 output ring (daemon/output_ring.py), the same long poll for `logs --follow`. The server only
@@ -58,8 +61,20 @@ from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor.control")
 
-COMMANDS: Final = ("status", "restart", "drain", "stop", "start", "reload", "events", "logs")
+COMMANDS: Final = (
+    "status",
+    "restart",
+    "drain",
+    "stop",
+    "start",
+    "reload",
+    "events",
+    "logs",
+    "gpu_release",
+    "gpu_take_back",
+)
 ENGINE_COMMANDS: Final = frozenset({"restart", "drain", "stop", "start"})
+GPU_COMMANDS: Final = frozenset({"gpu_release", "gpu_take_back"})
 REQUEST_LIMIT_BYTES: Final = 64 * 1024
 IDLE_TIMEOUT_S: Final = 5.0
 MAX_CONNECTIONS: Final = 64
@@ -342,6 +357,13 @@ def _validated(request: Any) -> dict[str, Any]:
             value = request.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise ControlError(f"logs: {key} must be a number")
+    if command in GPU_COMMANDS:
+        gpu = request.get("gpu")
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+            raise ControlError(f"{command}: gpu must be a GPU index (0, 1, ...)")
+        window = request.get("window_s")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int | float)):
+            raise ControlError(f"{command}: window_s must be a number")
     if command == "reload" and not isinstance(request.get("dry_run", False), bool):
         raise ControlError("reload: dry_run must be true or false")
     if command == "events":

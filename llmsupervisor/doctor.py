@@ -691,7 +691,16 @@ def check_daemon_gpus(config: SupervisorConfig) -> list[DoctorCheck]:
         return []
     name, pid = "daemon gpus", found.status.get("pid") if found is not None else None
     results = []
-    if nvml.get("up") is False:
+    if nvml.get("up") is False and nvml.get("reason") == "released":
+        # An operator's `gpu release`: closed on purpose for a GPU reset, for a bounded time.
+        results.append(
+            DoctorCheck(
+                name,
+                Level.WARN,
+                f"the running daemon (pid {pid}) has closed NVML on purpose: {nvml.get('detail')}",
+            )
+        )
+    elif nvml.get("up") is False:
         waiting = ", ".join(sorted(nvml.get("engines_waiting") or {}))
         for_s = nvml.get("for_s")
         results.append(

@@ -38,6 +38,15 @@ class Command:
     positionals: tuple[str, ...]  # their metavars or dests
     engine_names: bool  # a positional takes engine names
     choices: tuple[str, ...] = ()  # a positional with fixed choices (completion bash|zsh)
+    subcommands: tuple[Command, ...] = ()  # `gpu release|take-back|clear`
+
+    @property
+    def all_options(self) -> tuple[Option, ...]:
+        """Its own options and its subcommands' (a shell completes them after the command)."""
+        seen: dict[tuple[str, ...], Option] = {o.flags: o for o in self.options}
+        for sub in self.subcommands:
+            seen.update({o.flags: o for o in sub.options if o.flags not in seen})
+        return tuple(seen.values())
 
 
 def _options(
@@ -70,9 +79,7 @@ def _options(
     return tuple(options), tuple(positionals), engines, choices
 
 
-def commands(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple[Command, ...]]:
-    """(the top-level options, every subcommand) as the parser has them."""
-    top, _, _, _ = _options(parser)
+def _subcommands(parser: argparse.ArgumentParser) -> tuple[Command, ...]:
     found: list[Command] = []
     for action in parser._actions:
         if not isinstance(action, argparse._SubParsersAction):
@@ -80,8 +87,16 @@ def commands(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple
         helps = {c.dest: str(c.help or "") for c in action._choices_actions}
         for name, sub in action.choices.items():
             options, positionals, engines, choices = _options(sub)
-            found.append(Command(name, helps.get(name, ""), options, positionals, engines, choices))
-    return top, tuple(found)
+            nested = _subcommands(sub)
+            found.append(Command(name, helps.get(name, ""), options, positionals, engines, choices, nested))
+    return tuple(found)
+
+
+def commands(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], tuple[Command, ...]]:
+    """(the top-level options, every subcommand, each with its own subcommands) as the parser
+    has them."""
+    top, _, _, _ = _options(parser)
+    return top, _subcommands(parser)
 
 
 def _words(options: tuple[Option, ...]) -> str:
@@ -109,10 +124,10 @@ def bash(parser: argparse.ArgumentParser) -> str:
         '    case "$prev" in',
     ]
     valued = sorted(
-        {f for c in subs for o in c.options if o.metavar for f in o.flags}
+        {f for c in subs for o in c.all_options if o.metavar for f in o.flags}
         | {f for o in top if o.metavar for f in o.flags}
     )
-    with_choices = {f: o.choices for c in subs for o in c.options if o.choices for f in o.flags}
+    with_choices = {f: o.choices for c in subs for o in c.all_options if o.choices for f in o.flags}
     for flag, choices in sorted(with_choices.items()):
         lines.append(f'        {flag}) COMPREPLY=($(compgen -W "{" ".join(choices)}" -- "$cur")); return ;;')
     plain = [f for f in valued if f not in with_choices]
@@ -123,9 +138,11 @@ def bash(parser: argparse.ArgumentParser) -> str:
         f'        "") COMPREPLY=($(compgen -W "{" ".join(c.name for c in subs)} {_words(top)}" -- "$cur")) ;;'
     )
     for c in subs:
-        words = _words(c.options)
+        words = _words(c.all_options)
         extra = ""
-        if c.engine_names:
+        if c.subcommands:
+            extra = " " + " ".join(sub.name for sub in c.subcommands)
+        elif c.engine_names:
             extra = f" $(_{PROG.replace('-', '_')}_engines)"
         elif c.choices:
             extra = " " + " ".join(c.choices)
@@ -177,8 +194,11 @@ def zsh(parser: argparse.ArgumentParser) -> str:
         "            case $words[1] in",
     ]
     for c in subs:
-        specs = [_zsh_spec(o) for o in c.options]
-        if c.engine_names:
+        specs = [_zsh_spec(o) for o in c.all_options]
+        if c.subcommands:
+            names = " ".join(sub.name for sub in c.subcommands)
+            specs.append(f"'1:{c.name} command:({names})' '*::arg:_files'")
+        elif c.engine_names:
             specs.append(f"'*:engine:{fn}_engines'")
         elif c.choices:
             specs.append(f"'1:{c.positionals[0]}:({' '.join(c.choices)})'")
@@ -235,10 +255,11 @@ def man(parser: argparse.ArgumentParser, *, date: str | None = None) -> str:
         ".SH COMMANDS",
     ]
     for c in subs:
-        args = " ".join(f"[\\fI{_roff(p)}\\fR]" for p in c.positionals)
-        lines += [".SS " + f"{_roff(c.name)} {args}".strip(), _roff(c.help or "")]
-        if c.options:
-            lines += [".RS", *_option_lines(c.options), ".RE"]
+        for name, command in [(c.name, c)] + [(f"{c.name} {sub.name}", sub) for sub in c.subcommands]:
+            args = " ".join(f"[\\fI{_roff(p)}\\fR]" for p in command.positionals)
+            lines += [".SS " + f"{_roff(name)} {args}".strip(), _roff(command.help or "")]
+            if command.options:
+                lines += [".RS", *_option_lines(command.options), ".RE"]
     lines += [
         ".SH EXIT STATUS",
         ".TP",

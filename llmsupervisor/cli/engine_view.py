@@ -115,7 +115,7 @@ def describe(client: Client, name: str, *, as_json: bool, out: TextIO, err: Text
     if as_json:
         print(json.dumps({"engine": engine, "events": found, "logs": kept}, indent=2), file=out)
     else:
-        print(format_describe(name, engine, found, kept), file=out)
+        print(format_describe(name, engine, found, kept, release=status.get("gpu_release")), file=out)
     return EX_OK
 
 
@@ -134,8 +134,12 @@ def format_describe(
     engine: Mapping[str, Any],
     events: Sequence[Mapping[str, Any]],
     kept: Mapping[str, Any],
+    *,
+    release: Mapping[str, Any] | None = None,
 ) -> str:
-    """The vertical view: one ``Field:  value`` per line, then the events and the last lines."""
+    """The vertical view: one ``Field:  value`` per line, then the events and the last lines.
+    ``release``: the daemon's GPU release (`status`'s ``gpu_release``), shown when it is on one
+    of the engine's GPUs and under way."""
     process = kept.get("process") or {}
     restart = engine.get("last_restart")
     rows: list[tuple[str, str]] = [
@@ -146,6 +150,8 @@ def format_describe(
     ]
     if (hold := render.hold_text(engine)) is not None:
         rows.append(("Hold", hold))
+    if release and release.get("active") and release.get("gpu") in (engine.get("gpus") or ()):
+        rows += [("GPU release", line) for line in render.gpu_release_lines(release)]
     pid = engine.get("pid")
     rows += [
         ("PID", f"{pid} (incarnation {engine.get('incarnation')})" if pid is not None else "-"),

@@ -1,6 +1,6 @@
 """Command line: ``llm-supervisor [run]``, ``check-config``, ``doctor``, and the control commands
 (``status``, ``restart``, ``drain``, ``stop``, ``start``, ``reload``, ``events``, ``logs``,
-``describe``, ``wait``) that talk to a
+``describe``, ``wait``, ``gpu release|take-back``) that talk to a
 running daemon over its control socket (cli/control.py; what they print: cli/render.py; the
 reference with exit codes: docs/cli.md). No supervision logic here."""
 
@@ -185,8 +185,29 @@ def _parser() -> argparse.ArgumentParser:
     describe_parser.add_argument("engine", metavar="NAME")
     describe_parser.add_argument("--json", action="store_true", help="machine-readable")
     _common(describe_parser, top=False)
-    gpu = sub.add_parser("gpu", help="GPU node conditions (docs/gpu.md)")
+    gpu = sub.add_parser("gpu", help="reset a GPU: release it, take it back; node conditions (docs/gpu.md)")
     gpu_sub = gpu.add_subparsers(dest="gpu_command", required=True)
+    release = gpu_sub.add_parser(
+        "release",
+        help="stop the GPU's engines and close NVML, so that `nvidia-smi -r` can reset it while the"
+        " rest serve; prints the command (then `gpu take-back`)",
+    )
+    release.add_argument("gpu", type=int, metavar="GPU", help="the GPU's NVML index (status's GPU column)")
+    release.add_argument(
+        "--window",
+        type=float,
+        metavar="SECONDS",
+        help="how long NVML may stay closed before the daemon takes the GPU back by itself (default 600)",
+    )
+    release.add_argument("--json", action="store_true", help="the release as JSON, once NVML is closed")
+    _common(release, top=False)
+    take_back = gpu_sub.add_parser(
+        "take-back",
+        help="after the reset: open NVML again, check the GPU, clear its condition, start its engines",
+    )
+    take_back.add_argument("gpu", type=int, metavar="GPU", help="the GPU `gpu release` released")
+    take_back.add_argument("--json", action="store_true", help="the release as JSON, once judged")
+    _common(take_back, top=False)
     clear = gpu_sub.add_parser(
         "clear", help="drop a GPU's gpu_unrecoverable condition after a GPU reset (the daemon stopped)"
     )
@@ -310,6 +331,16 @@ def control_command(args: argparse.Namespace) -> int:
         )
     if args.command == "describe":
         return engine_view.describe(client, args.engine, as_json=args.json, out=out, err=err)
+    if args.command == "gpu":
+        from llmsupervisor.cli.gpu import gpu_command
+
+        window_s = getattr(args, "window", None)
+        if window_s is not None and window_s <= 0:
+            print("llm-supervisor: --window must be above 0 seconds", file=err)
+            return 2
+        return gpu_command(
+            client, args.gpu_command, args.gpu, window_s=window_s, as_json=args.json, out=out, err=err
+        )
     if args.command == "reload":
         if args.dry_run and args.wait:
             print("llm-supervisor: --dry-run applies nothing: there is nothing to --wait for", file=err)
@@ -374,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         return doctor(args.config)
     if args.command == "check-config":
         return check_config(args.path or args.config)
-    if args.command == "gpu":
+    if args.command == "gpu" and args.gpu_command == "clear":
         from llmsupervisor.cli.gpu import gpu_clear
 
         return gpu_clear(args.config, args.uuids)
@@ -405,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(completion.bash(parser) if args.shell == "bash" else completion.zsh(parser))
         return 0
-    if args.command in (*control.COMMANDS, "describe", "wait"):
+    if args.command in (*control.COMMANDS, "describe", "wait", "gpu"):
         try:
             return control_command(args)
         except KeyboardInterrupt:

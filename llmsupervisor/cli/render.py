@@ -98,6 +98,13 @@ def hold_text(engine: Mapping[str, Any]) -> str | None:
     if not hold:
         return f"hold removed, not saved yet: {unsaved}" if unsaved else None
     text = f"{hold.get('hold')} hold by {hold.get('by')} since {hold_since(hold)}"
+    reset = hold.get("gpu_reset")
+    if isinstance(reset, Mapping):
+        gpu = reset.get("gpu")
+        text += (
+            f" for the reset of GPU {gpu} ({reset.get('uuid')}):"
+            f" `llm-supervisor gpu take-back {gpu}` starts it"
+        )
     return f"{text}, not saved yet: {unsaved}" if unsaved else text
 
 
@@ -119,7 +126,13 @@ def short_hold(engine: Mapping[str, Any], *, now: float | None = None, short: bo
     since = hold.get("since")
     held_s = (time.time() if now is None else now) - since if since is not None else None
     age = f", {duration(held_s, coarse=short)}" if held_s is not None else ""
-    text = ("" if short else "held: ") + f"{hold.get('hold')} ({who}{age})"
+    reset = hold.get("gpu_reset")
+    kind = (
+        f"{hold.get('hold')} for GPU {reset.get('gpu')} reset"
+        if isinstance(reset, Mapping)
+        else hold.get("hold")
+    )
+    text = ("" if short else "held: ") + f"{kind} ({who}{age})"
     return f"{text}, not saved yet: {unsaved}" if unsaved else text
 
 
@@ -328,6 +341,9 @@ def format_status(
             f"State files not saved yet ({errors}): {', '.join(str(u.get('file')) for u in unsaved)};"
             " written as soon as the disk takes them, lost if the daemon restarts before"
         )
+    release = status.get("gpu_release")
+    if isinstance(release, Mapping):
+        lines += gpu_release_lines(release)
     nvml = status.get("nvml")
     if isinstance(nvml, Mapping):
         lines += nvml_lines(nvml)
@@ -335,12 +351,73 @@ def format_status(
     return "\n".join(lines)
 
 
+# A finished release stays in `status` this long (then `events` and the journal have it).
+RELEASE_SHOWN_S: Final = 600.0
+
+
+def gpu_release_lines(release: Mapping[str, Any]) -> list[str]:
+    """What `status` says under the table about a GPU's release for a reset (docs/gpu.md,
+    "Resetting one GPU"): where it stands, and what the operator does next."""
+    gpu, phase = release.get("gpu"), release.get("phase")
+    for_s = release.get("for_s")
+    ago = f" {duration(for_s)} ago" if isinstance(for_s, int | float) else ""
+    ends = release.get("ends_in_s")
+    if phase == "stopping":
+        return [f"GPU {gpu} release (by {release.get('by')}): {release.get('outcome')}"]
+    if phase == "released":
+        by_itself = f"; taken back by itself in {duration(ends)}" if isinstance(ends, int | float) else ""
+        return [
+            f"GPU {gpu} released for its reset{ago} by {release.get('by')}: NVML closed on purpose, no GPU"
+            f" telemetry on any GPU; reset it: {release.get('reset_command')}, then"
+            f" `{release.get('take_back_command')}`{by_itself}"
+        ]
+    if phase == "taking_back":
+        return [f"GPU {gpu} being taken back: {release.get('outcome')}"]
+    if isinstance(for_s, int | float) and for_s > RELEASE_SHOWN_S:
+        return []
+    if phase == "failed":
+        return [f"GPU {gpu} release failed{ago}: {release.get('outcome')}"]
+    outcome = str(release.get("outcome") or "")
+    return [f"GPU {gpu} taken back{ago}: {outcome.removeprefix('taken back: ')}"]
+
+
+def gpu_release_done(release: Mapping[str, Any]) -> list[str]:
+    """What `gpu release` prints once NVML is closed, and `gpu take-back` once the GPU is back."""
+    gpu = release.get("gpu")
+    if release.get("phase") != "released":
+        return [f"GPU {gpu} {release.get('outcome')}"]
+    engines = ", ".join(release.get("engines") or ()) or "no engine"
+    kept = release.get("kept_stopped") or ()
+    ends = release.get("ends_in_s")
+    window = duration(ends) if isinstance(ends, int | float) else "its window"
+    bus = release.get("pci_bus_id")
+    lines = [
+        f"GPU {gpu} released ({release.get('uuid')}{f', PCI {bus}' if bus else ''}): {engines} stopped and"
+        " held; NVML closed, so the daemon reads no GPU until you take it back"
+        f" (within {window}; then it takes it back by itself)",
+    ]
+    if kept:
+        lines.append(f"Left stopped (an operator stopped them before): {', '.join(kept)}")
+    lines += [
+        "Reset it now, as root:",
+        f"  {release.get('reset_command')}",
+        f"  (the same board: -i {bus}, or -i {gpu} where nvidia-smi numbers the GPUs as NVML does)"
+        if bus
+        else f"  (the same board: -i {gpu} where nvidia-smi numbers the GPUs as NVML does)",
+        "Then:",
+        f"  {release.get('take_back_command')}",
+    ]
+    return lines
+
+
 def nvml_lines(nvml: Mapping[str, Any]) -> list[str]:
     """What `status` says under the table about NVML (docs/gpu.md): that it cannot be opened, and
     why; the engines waiting for it; GPUs lost to calls that hang; GPUs whose XIDs are not seen;
     NVSwitch GPUs whose fabric is not registered, and the engines waiting for it."""
     out = []
-    if nvml.get("up") is False and nvml.get("needed", True):
+    if nvml.get("reason") == "released":
+        pass  # closed on purpose: the release's own line says so (gpu_release_lines)
+    elif nvml.get("up") is False and nvml.get("needed", True):
         line = f"NVML unavailable ({nvml.get('reason')})"
         if isinstance(for_s := nvml.get("for_s"), int | float):
             line += f" for {duration(for_s)}"

@@ -7,7 +7,9 @@ reason), in status and as a metric, stops the engines on that GPU rather than re
 into READY, and does not cordon or drain the node itself (docs/gpu.md, docs/fleet.md).
 
 Pure: which fault makes a GPU unrecoverable is a function of the fault, the GPU's verdict on it
-and the GPU's recent marks.
+and the GPU's recent marks; and whether a GPU taken back after an operator's reset
+(daemon/gpu_release.py) is fit to serve again, and clears its condition, is a function of the
+condition and of what the GPU answers after it (``after_reset``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.gpu_readings import RECOVERY_NONE, GpuSample, recovery_action_name
 
 GPU_UNRECOVERABLE: Final = "gpu_unrecoverable"
 
@@ -100,6 +105,57 @@ def verdict_for(verdicts: Mapping[int, str], gpu: int) -> str:
     return verdicts.get(gpu, VERDICT_UNKNOWN)
 
 
+@dataclass(frozen=True, slots=True)
+class ResetCheck:
+    """A GPU taken back after a reset: whether its engines may start on it (``fit``), whether its
+    condition is cleared (``clears``), and why, for the operator."""
+
+    fit: bool
+    clears: bool
+    why: str
+
+
+def after_reset(condition: NodeCondition | None, sample: GpuSample | ProbeFailure | None) -> ResetCheck:
+    """Judge a GPU on its first sample after an operator's reset (NVML opened again).
+
+    Fit, and its condition cleared, when it answers and nothing it says still asks for the reset
+    the condition was set for: no recovery action but NONE (field 230; where the driver has none,
+    the operator's take-back is the word that it was reset, as `gpu clear`'s is), no row remap
+    pending (nvml.h: a pending remap waits for the next reset). Never for a failed row remap
+    (nvml.h: ``failureOccurred`` is set "if a row remapping ever failed", a reset does not clear
+    it): its remedy is a field diagnostic and an RMA. Not fit, the condition kept, when NVML does
+    not list it (``sample`` None) or it does not answer."""
+    if sample is None:
+        return ResetCheck(False, False, "NVML does not list the GPU after the reset (off the bus?)")
+    if isinstance(sample, ProbeFailure):
+        return ResetCheck(False, False, f"the GPU does not answer NVML after the reset ({sample})")
+    if sample.remap_failed or (condition is not None and condition.verdict == VERDICT_FIELD_DIAG):
+        return ResetCheck(
+            False,
+            False,
+            "a row remap failed on it: permanent, no reset clears it; run NVIDIA's field diagnostic"
+            " and RMA it if that fails",
+        )
+    action = sample.recovery_action
+    if action is not None and action != RECOVERY_NONE:
+        return ResetCheck(
+            False,
+            False,
+            f"it still asks for {recovery_action_name(action)} (recovery action, field 230): the"
+            " reset did not happen or did not help",
+        )
+    if sample.remap_pending:
+        return ResetCheck(
+            False, False, "a row remap is still pending, which the next reset applies: was it reset?"
+        )
+    said = (
+        "recovery action none"
+        if action is not None
+        else "no recovery action on this driver (before R565): taken on the operator's word"
+    )
+    return ResetCheck(True, condition is not None, f"it answers NVML ({said})")
+
+
 __all__ = [
     "CONDITION_VERDICTS",
     "GPU_FAULT_REASON",
@@ -111,6 +167,8 @@ __all__ = [
     "VERDICT_RESTART",
     "VERDICT_UNKNOWN",
     "NodeCondition",
+    "ResetCheck",
+    "after_reset",
     "engine_blocked",
     "gpu_unrecoverable",
     "gpu_verdicts",

@@ -231,8 +231,16 @@ _WHY: dict[str, str] = {
 
 
 def blocked_reason(condition: NodeCondition) -> str:
-    """Why an engine on a GPU with a condition stays STOPPED at a daemon start, and what clears it."""
-    clear = f"llm-supervisor gpu clear {condition.uuid}" if condition.uuid else "a reboot"
+    """Why an engine on a GPU with a condition stays STOPPED at a daemon start, and what clears it:
+    a reset with the daemon running (`gpu release`, the reset, `gpu take-back`, which clears the
+    condition: daemon/gpu_release.py), or with it stopped and `gpu clear`."""
+    gpu = condition.gpu
+    clear = (
+        f"llm-supervisor gpu release {gpu}, the reset, llm-supervisor gpu take-back {gpu} (with the"
+        f" daemon stopped: the reset, then llm-supervisor gpu clear {condition.uuid})"
+        if condition.uuid
+        else "a reboot"
+    )
     if condition.verdict == VERDICT_FIELD_DIAG:
         # nvml.h: failureOccurred is set "if a row remapping ever failed": a reset does not clear
         # it, and the condition would be back at the next sample.
@@ -243,10 +251,9 @@ def blocked_reason(condition: NodeCondition) -> str:
     if condition.verdict == VERDICT_UNKNOWN:
         return (
             f"{condition.describe()}; not started on a GPU nobody has judged: read the XID in the"
-            " kernel log against NVIDIA's XID catalogue, reset the GPU if it says so, then"
-            f" {clear}"
+            f" kernel log against NVIDIA's XID catalogue and reset the GPU if it says so: {clear}"
         )
-    return f"{condition.describe()}; not started on a GPU that needs a reset: after the reset, {clear}"
+    return f"{condition.describe()}; not started on a GPU that needs a reset: {clear}"
 
 
 def commands_for(action: Action, spec: EngineSpec | None = None) -> list[Command]:

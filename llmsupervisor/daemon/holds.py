@@ -4,6 +4,11 @@ One small file per held engine, ``STATE_DIR/holds/NAME.json`` (written atomicall
 
     {"hold": "stop", "by": "alice (uid 1000)", "since": 1764147600.5}
 
+A stop taken for a GPU reset (`gpu release N`, daemon/gpu_release.py) names the GPU, so that
+`gpu take-back N` finds the engines it started, even after a daemon restart::
+
+    {"hold": "stop", "by": "alice (uid 1000)", "since": ..., "gpu_reset": {"gpu": 1, "uuid": "GPU-..."}}
+
     command accepted        the hold afterwards
     ──────────────────────────────────────────────────────────────────────────────────────
     stop                    stop (who and when: this command)
@@ -62,9 +67,13 @@ class OperatorHold:
     kind: str  # "stop" or "drain"
     by: str  # "alice (uid 1000)", or "operator"
     since: float  # wall clock (epoch seconds): when the command was accepted
+    gpu_reset: GpuReset | None = None  # a stop for this GPU's reset (`gpu release`)
 
     def as_json(self) -> dict[str, Any]:
-        return {"hold": self.kind, "by": self.by, "since": self.since}
+        out: dict[str, Any] = {"hold": self.kind, "by": self.by, "since": self.since}
+        if self.gpu_reset is not None:
+            out["gpu_reset"] = {"gpu": self.gpu_reset.gpu, "uuid": self.gpu_reset.uuid}
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> OperatorHold | None:
@@ -75,13 +84,38 @@ class OperatorHold:
             kind=data["hold"],
             by=str(data.get("by") or UNKNOWN_OPERATOR),
             since=float(since) if isinstance(since, int | float) else 0.0,
+            gpu_reset=GpuReset.from_json(data.get("gpu_reset")),
         )
 
 
+@dataclass(frozen=True, slots=True)
+class GpuReset:
+    """The GPU a stop hold was taken for the reset of: its NVML index then, and its UUID."""
+
+    gpu: int
+    uuid: str
+
+    @classmethod
+    def from_json(cls, data: Any) -> GpuReset | None:
+        if not isinstance(data, dict):
+            return None
+        gpu, uuid = data.get("gpu"), data.get("uuid")
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not isinstance(uuid, str):
+            return None
+        return cls(gpu, uuid)
+
+
 def after(
-    hold: OperatorHold | None, commands: Sequence[Command], *, by: str, now: float
+    hold: OperatorHold | None,
+    commands: Sequence[Command],
+    *,
+    by: str,
+    now: float,
+    gpu_reset: GpuReset | None = None,
 ) -> OperatorHold | None:
-    """The hold once ``commands`` (an operator's, daemon/requests.py) are taken. Pure."""
+    """The hold once ``commands`` (an operator's, daemon/requests.py) are taken. Pure.
+    ``gpu_reset``: the commands are `gpu release`'s, for that GPU's reset (a stop hold an
+    operator took before stays theirs, untagged)."""
     for cmd in commands:
         if isinstance(cmd, Start):
             hold = None
@@ -89,7 +123,7 @@ def after(
             hold = (
                 hold
                 if hold is not None and hold.kind == "stop"
-                else OperatorHold(kind="stop", by=by, since=now)
+                else OperatorHold(kind="stop", by=by, since=now, gpu_reset=gpu_reset)
             )
         elif isinstance(cmd, Hold):
             if not cmd.on:
@@ -177,14 +211,30 @@ class Holds:
         failed = writer.failed if writer is not None else None
         return (failed.strerror or str(failed)) if failed is not None else None
 
-    def note(self, name: str, commands: Sequence[Command], *, by: str, now: float) -> OperatorHold | None:
+    def note(
+        self,
+        name: str,
+        commands: Sequence[Command],
+        *,
+        by: str,
+        now: float,
+        gpu_reset: GpuReset | None = None,
+    ) -> OperatorHold | None:
         """Take an accepted operator command (on the loop); ``persist`` writes it."""
-        hold = after(self._holds.get(name), commands, by=by, now=now)
+        return self.put(name, after(self._holds.get(name), commands, by=by, now=now, gpu_reset=gpu_reset))
+
+    def put(self, name: str, hold: OperatorHold | None) -> OperatorHold | None:
+        """Set the engine's hold as it is (a take-back gives back the drain it found); ``persist``
+        writes it."""
         if hold is None:
             self._holds.pop(name, None)
         else:
             self._holds[name] = hold
         return hold
+
+    def for_gpu_reset(self, uuid: str) -> list[str]:
+        """The engines held stopped for the reset of the GPU ``uuid`` (`gpu release`)."""
+        return [n for n, h in self._holds.items() if h.gpu_reset is not None and h.gpu_reset.uuid == uuid]
 
     def forget(self, name: str) -> None:
         """An engine removed from the config: its hold goes with it (``persist`` removes the file)."""

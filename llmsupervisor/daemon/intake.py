@@ -7,6 +7,8 @@ reload goes one way whether it comes from SIGHUP or from `llm-supervisor reload`
 answered at once. An
 engine command becomes engine commands for the fleet and the operator's hold, and its reply says
 what was accepted and what it will do; a reload runs as a task of its own, answered when done.
+`gpu release` and `gpu take-back` go to the GPU releaser (daemon/gpu_release.py); while a GPU is
+released, its engines are not started and reloads wait.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from typing import Any, Protocol
 from llmsupervisor import aio, control
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.fleet import Fleet
+from llmsupervisor.daemon.gpu_release import GpuReleaser
 from llmsupervisor.daemon.holds import Holds, operator_name
 from llmsupervisor.daemon.output_ring import OutputRing, engine_process
 from llmsupervisor.daemon.requests import (
     AnyRequest,
     EngineRequest,
+    GpuRequest,
     ReloadRequest,
     Request,
     operator_commands,
@@ -55,8 +59,10 @@ class Intake:
         status: Callable[[], dict[str, Any]],
         stopping: Callable[[], bool],
         reload: Reload,
+        gpus: GpuReleaser,
     ) -> None:
         self._fleet = fleet
+        self._gpus = gpus
         self._holds = holds
         self._events = events
         self._output = output
@@ -102,6 +108,8 @@ class Intake:
             self.submit(ReloadRequest(reply, dry_run=bool(req.get("dry_run"))))
             result = await reply
             return {**result, "events_seq": events_seq} if isinstance(result, dict) else result
+        if command in control.GPU_COMMANDS:
+            return await self._gpu_command(req, reply)
         name = req["engine"]
         self.submit(EngineRequest(command, name, reply, by=await operator_name(req.get("peer_uid"))))
         result = await reply
@@ -111,6 +119,18 @@ class Intake:
         if isinstance(result, dict):
             result = {**result, "hold_unsaved": unsaved}
         return result
+
+    async def _gpu_command(self, req: dict[str, Any], reply: asyncio.Future[Any]) -> Any:
+        by = await operator_name(req.get("peer_uid"))
+        window = req.get("window_s")
+        events_seq = self._events.last_seq
+        self.submit(
+            GpuRequest(req["command"], req["gpu"], reply, by, None if window is None else float(window))
+        )
+        result = await reply
+        # The holds of the engines it stopped, on disk before the operator hears it (as for `stop`).
+        unsaved = {n: why for n in result.get("engines", ()) if (why := await self._holds.persist(n))}
+        return {**result, "holds_unsaved": unsaved, "events_seq": events_seq}
 
     async def _select_events(self, req: dict[str, Any]) -> dict[str, Any]:
         since_s = req.get("since_s")
@@ -163,6 +183,10 @@ class Intake:
             if self._stopping():
                 refuse(request.reply, "the daemon is shutting down")
                 return
+            if (why := self._gpus.blocks_reload()) is not None:
+                log.warning("reload refused: %s", why, extra={"event": "reload"})
+                refuse(request.reply, f"reload refused: {why}")
+                return
             task = asyncio.create_task(
                 self._answer_reload(request.reply, dry_run=request.dry_run), name="reload"
             )
@@ -171,6 +195,17 @@ class Intake:
         elif isinstance(request, EngineRequest):
             try:
                 request.reply.set_result(self.engine_command(request.command, request.engine, request.by))
+            except control.ControlError as exc:
+                request.reply.set_exception(exc)
+        elif isinstance(request, GpuRequest):
+            try:
+                if self._stopping():
+                    raise control.ControlError("the daemon is shutting down")
+                if request.command == "gpu_release":
+                    result = self._gpus.release(request.gpu, by=request.by, window_s=request.window_s)
+                else:
+                    result = self._gpus.take_back(request.gpu, by=request.by)
+                request.reply.set_result(result)
             except control.ControlError as exc:
                 request.reply.set_exception(exc)
 
@@ -199,6 +234,8 @@ class Intake:
             raise control.ControlError(self._no_engine(name))
         if self._stopping():
             raise control.ControlError("the daemon is shutting down")
+        if command in ("start", "restart") and (why := self._gpus.blocks(status.spec.gpus)) is not None:
+            raise control.ControlError(f"{name} is not started: {why}")
         log.info("operator: %s (by %s)", command, by, extra={"engine": name, "event": "operator"})
         commands = operator_commands(command, status)
         for cmd in commands:

@@ -35,12 +35,23 @@ class EngineRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """An operator's `gpu release` or `gpu take-back`, from the control socket."""
+
+    command: str  # gpu_release, gpu_take_back
+    gpu: int
+    reply: asyncio.Future[Any] = field(compare=False)
+    by: str = "operator"
+    window_s: float | None = None  # gpu_release: how long NVML may stay closed
+
+
+@dataclass(frozen=True, slots=True)
 class ReloadRequest:
     reply: asyncio.Future[Any] | None = field(default=None, compare=False)  # None: from SIGHUP
     dry_run: bool = False  # `reload --dry-run`: say what would happen, apply nothing
 
 
-AnyRequest = Request | EngineRequest | ReloadRequest
+AnyRequest = Request | EngineRequest | GpuRequest | ReloadRequest
 
 
 def operator_commands(command: str, status: EngineStatus) -> list[Command]:

@@ -24,6 +24,7 @@ from llmsupervisor.config import EngineSpec
 from llmsupervisor.core.node_condition import NodeCondition
 from llmsupervisor.core.policy_memory import PolicyMemory
 from llmsupervisor.core.state import EngineState
+from llmsupervisor.daemon.gpu_release_state import GpuRelease, release_json
 from llmsupervisor.daemon.reconcile import roll_due
 from llmsupervisor.detectors.load import ServedLoad
 from llmsupervisor.engine.status import EngineLoad, EngineStatus
@@ -31,6 +32,7 @@ from llmsupervisor.files import JsonFileWriter, UnsavedFile, flush_all, remove_s
 from llmsupervisor.probes import ProbeFailure
 from llmsupervisor.probes.cpus import format_cpu_list
 from llmsupervisor.probes.gpu_readings import GpuSample, NvmlHealth
+from llmsupervisor.probes.gpus import RELEASED
 from llmsupervisor.redact import redact_json
 
 log = logging.getLogger("llmsupervisor")
@@ -76,6 +78,7 @@ class Snapshot:
     # State files whose newest content is not on disk, tried again until it is (files.py).
     unsaved_files: tuple[UnsavedFile, ...] = ()
     nvml: NvmlHealth | None = None  # None: no GPU monitor (tests)
+    gpu_release: GpuRelease | None = None  # `gpu release` under way, or the last one
 
     def state_age_s(self, s: EngineStatus) -> float:
         """Seconds in the current state."""
@@ -153,6 +156,7 @@ def snapshot(
     holds_unsaved: Mapping[str, str] | None = None,
     unsaved_files: Sequence[UnsavedFile] = (),
     nvml: NvmlHealth | None = None,
+    gpu_release: GpuRelease | None = None,
 ) -> Snapshot:
     """The statuses with the daemon's facts beside them; the mutable ones (the policy's memory,
     the marks) copied, so a reader never sees them change under it."""
@@ -171,6 +175,7 @@ def snapshot(
         holds_unsaved=dict(holds_unsaved or {}),
         unsaved_files=tuple(unsaved_files),
         nvml=nvml,
+        gpu_release=gpu_release,
     )
 
 
@@ -187,6 +192,9 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
         "state_files_unsaved": [u.as_json() for u in snap.unsaved_files],
         "nvml": nvml_json(snap),
         "gpu_verdicts": gpu_verdict_sources(snap.gpu_samples),
+        # `gpu release N`: where the GPU's release stands (daemon/gpu_release.py); the last one
+        # stays, done or failed, until the next.
+        "gpu_release": release_json(snap.gpu_release, snap.now_s),
     }
 
 
@@ -345,7 +353,12 @@ def nvml_line(health: NvmlHealth | None, *, now: float) -> str | None:
         return None
     if health.up:
         return fabric_line(health)
-
+    if health.reason == RELEASED:
+        # Closed on purpose for a GPU reset: said as such, with when it opens by itself.
+        line = "NVML closed on purpose for a GPU reset, no GPU telemetry"
+        if health.next_try_s is not None:
+            line += f" until the take-back (by itself in {_mmss(health.next_try_s - now)})"
+        return line
     line = f"NVML unavailable ({health.reason})"
     if health.since_s is not None:
         line += f" for {_mmss(now - health.since_s)}"
@@ -418,6 +431,10 @@ def _nvml_aged(nvml: Any) -> Any:
         return nvml
     waiting = nvml.get("engines_waiting") or {}
     return {**nvml, "for_s": None, "next_try_in_s": None, "engines_waiting": sorted(waiting)}
+
+
+def _release_aged(release: Any) -> Any:
+    return {**release, "for_s": None, "ends_in_s": None} if isinstance(release, dict) else release
 
 
 def _aged(engine: Mapping[str, Any]) -> Any:
@@ -509,6 +526,7 @@ class StatusFile:
                     for n, e in status["engines"].items()
                 },
                 "nvml": _nvml_aged(status.get("nvml")),
+                "gpu_release": _release_aged(status.get("gpu_release")),
             },
             sort_keys=True,
         )

@@ -41,6 +41,7 @@ from llmsupervisor.daemon.endpoints import http_api
 from llmsupervisor.daemon.events import EventRing
 from llmsupervisor.daemon.exporter import Exporter, gpu_metric_values
 from llmsupervisor.daemon.fleet import Fleet
+from llmsupervisor.daemon.gpu_release import GpuReleaser
 from llmsupervisor.daemon.guard import GuardProcess
 from llmsupervisor.daemon.holds import Holds, desired_at_start
 from llmsupervisor.daemon.intake import Intake
@@ -49,7 +50,14 @@ from llmsupervisor.daemon.output_ring import OutputRing
 from llmsupervisor.daemon.placement import place_on_host
 from llmsupervisor.daemon.reconcile import PolicyKey, Reconciler, policy_key
 from llmsupervisor.daemon.reload import Reloader
-from llmsupervisor.daemon.requests import AnyRequest, EngineRequest, ReloadRequest, Request, refuse
+from llmsupervisor.daemon.requests import (
+    AnyRequest,
+    EngineRequest,
+    GpuRequest,
+    ReloadRequest,
+    Request,
+    refuse,
+)
 from llmsupervisor.daemon.status import (
     DaemonCounters,
     Snapshot,
@@ -158,6 +166,8 @@ class Supervisor:
         self.holds = Holds(self.state_dir / "holds")  # the operator's stop and drain, kept across restarts
         # Engines named by GPU index wait for NVML at start (daemon/nvml_wait.py).
         self.nvml = NvmlGate(self.gpu_monitor, self.fleet, self.holds, self.marks, settings, self.gpus_of)
+        # `gpu release N` / `gpu take-back N`: one GPU reset while the rest serve (daemon/gpu_release.py).
+        self.gpu_release = GpuReleaser(self.gpu_monitor, self.fleet, self.holds, self.marks)
         self.guard = GuardProcess(self.state_dir)
         self.agents = AgentServers(self.fleet.status, node_conditions=lambda: self.marks.conditions)
         # The recent transitions, findings and actions, from the log records that report them.
@@ -173,6 +183,7 @@ class Supervisor:
             status=self.status,
             stopping=lambda: self._stopping,
             reload=self.reload,
+            gpus=self.gpu_release,
         )
 
     # ---- requests: the one way in ----
@@ -197,6 +208,7 @@ class Supervisor:
             holds_unsaved={name: why for name in self.fleet.runners if (why := self.holds.unsaved(name))},
             unsaved_files=files.unsaved_files(),
             nvml=self.nvml.health(),
+            gpu_release=self.gpu_release.current,
             roll=config_roll(
                 statuses, {e.name: e for e in self.config.engines}, self.reconcile.roll_halted_by
             ),
@@ -221,9 +233,8 @@ class Supervisor:
         if problem is None and (halted_by := self.reconcile.roll_halted_by):
             problem = f"config roll halted: {', '.join(halted_by)} failed on the new config"
         statuses, unsaved = self.fleet.statuses(), files.unsaved_files()
-        return summary(
-            statuses, now=aio.now(), reload_problem=problem, unsaved=unsaved, nvml=self.nvml.line()
-        )
+        nvml = "; ".join(line for line in (self.gpu_release.line(), self.nvml.line()) if line) or None
+        return summary(statuses, now=aio.now(), reload_problem=problem, unsaved=unsaved, nvml=nvml)
 
     # ---- run ----
 
@@ -293,6 +304,7 @@ class Supervisor:
                 await api.close()
                 await self.agents.close()
             await self.fleet.aclose()
+            await self.gpu_release.close()
             await self.gpu_monitor.close()
             self.guard.stop()
         return exit_code
@@ -337,6 +349,7 @@ class Supervisor:
             tick_due = aio.now() >= next_tick_s
             if tick_due or policy_changed or handled or self._config_changed:
                 self._reconcile()
+            self.gpu_release.turn()  # a GPU release moves on: its engines stopped, NVML back, a deadline
             if tick_due:
                 if (held_s := aio.now() - next_tick_s) > LOOP_HELD_WARN_S:  # a call that blocked the loop
                     log.warning("the daemon's loop ran %.1f s late (blocked, or the host starved it)", held_s)
@@ -492,7 +505,10 @@ class Supervisor:
                     escalated = True
                     log.warning("second interrupt: stopping engines without draining")
                     self.fleet.escalate_all()
-                elif isinstance(request, EngineRequest | ReloadRequest) and request.reply is not None:
+                elif (
+                    isinstance(request, EngineRequest | GpuRequest | ReloadRequest)
+                    and request.reply is not None
+                ):
                     refuse(request.reply, "the daemon is shutting down")
             if aio.now() >= deadline and any(not t.done() for t in pending):
                 log.error(

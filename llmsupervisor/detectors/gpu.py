@@ -661,15 +661,12 @@ def detect_nvml_lost(window: ObservationWindow, now: float, cfg: DetectorConfig)
             since_s = obs.at_s
     gpus = ",".join(str(i) for i in sorted(failing))
     first = failing[min(failing)]
-    return new_finding(
-        newest,
-        K.NVML_LOST,
-        Severity.WARNING,
-        since_s,
-        f"NVML not answering for GPU {gpus}: {first}",
-        gpus=gpus,
-        failure=str(first)[:200],
-    )
+    severity, summary = Severity.WARNING, f"NVML not answering for GPU {gpus}: {first}"
+    if all(f.kind == "released" for f in failing.values()):
+        # An operator's `gpu release` closed NVML for a GPU reset: blind on purpose, for a
+        # bounded time (daemon/gpu_release.py); said, not alerted on.
+        severity, summary = Severity.INFO, f"no GPU telemetry for GPU {gpus} on purpose: {first.detail}"
+    return new_finding(newest, K.NVML_LOST, severity, since_s, summary, gpus=gpus, failure=str(first)[:200])
 
 
 def detect_foreign_gpu_memory(window: ObservationWindow, now: float, cfg: DetectorConfig) -> Finding | None:

@@ -18,9 +18,11 @@ log = logging.getLogger("llmsupervisor.probes")
 # parse     an answer that could not be read (a garbage /metrics body)
 # nvml      an NVML call failed, or NVML is unavailable on this host
 # gpu_lost  NVML says the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST, usually after XID 79)
+# released  NVML closed on purpose (an operator's `gpu release`, for a GPU reset): no reading,
+#           and no trouble either (daemon/gpu_release.py)
 # error     the probe itself could not run: the daemon is out of file descriptors, or a bug.
 #           Says nothing about the engine, so no detector acts on it (ProbeErrors counts it).
-ProbeFailureKind = Literal["timeout", "connect", "http", "parse", "nvml", "gpu_lost", "error"]
+ProbeFailureKind = Literal["timeout", "connect", "http", "parse", "nvml", "gpu_lost", "released", "error"]
 PROBE_FAILURE_KINDS: Final[frozenset[str]] = frozenset(get_args(ProbeFailureKind))
 
 

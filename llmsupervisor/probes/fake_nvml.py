@@ -9,6 +9,7 @@ reader (``probes/nvml.NvmlReader``) runs over it. ``FakeNvml`` is scripted per G
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -236,8 +237,27 @@ class FakeNvml:
         self.initialised += 1
 
     def nvmlShutdown(self) -> None:
+        # nvml.h: "Shut down NVML by releasing all GPU resources previously allocated with
+        # nvmlInit_v2()" once the last reference goes (NVML counts its initialisations);
+        # UNINITIALIZED without one.
         self.calls["nvmlShutdown"] += 1
+        if self.initialised <= 0:
+            raise self._error(self._pynvml.NVML_ERROR_UNINITIALIZED)
         self.initialised -= 1
+
+    def reset(self, index: int) -> None:
+        """``nvidia-smi -r -i INDEX`` as this process sees it: refused while NVML is initialised
+        here (nvidia-smi(1), -r: the GPU must not be in use by any application, "a monitoring
+        application like another instance of nvidia-smi" included); else the GPU comes back
+        clean: recovery action NONE, no remap pending, volatile ECC counts cleared, on the bus."""
+        if self.initialised > 0:
+            raise RuntimeError(f"GPU {index}: in use by another client (NVML initialised)")
+        dev = self.devices[index]
+        dev.fields[self._pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION] = (self._pynvml.NVML_SUCCESS, 0)
+        if dev.remapped_rows is not None:
+            dev.remapped_rows = (*dev.remapped_rows[:2], 0, dev.remapped_rows[3])
+        dev.ecc_uncorrected_volatile = None if dev.ecc_uncorrected_volatile is None else 0
+        dev.lost = False
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver_version
@@ -514,7 +534,9 @@ class FileNvml(FakeNvml):
     GPUs); ``uuid`` defaults to ``GPU-fake-0000`` style; a top-level ``"pids_visible": false`` plays
     a daemon in a container without hostPID (read once, at start); a top-level ``"init_error":
     "DriverNotLoaded"`` makes every ``nvmlInit`` fail so until the file drops it (a driver that
-    loads after the daemon). Each event is delivered once (by id), and only if its type was
+    loads after the daemon). While NVML is initialised, ``FILE.held`` holds the daemon's pid
+    (``held_path``): a test's ``nvidia-smi -r`` refuses while it is there, as the real one refuses
+    a GPU that any process holds. Each event is delivered once (by id), and only if its type was
     registered, as NVML does. Only an XID event carries data (nvml.h): a
     ``{"kind": "gpu_recovery_action"}`` event says the action changed, and the GPU's
     ``recovery_action`` (field 230) says to what. A GPU's ``fabric`` is its NVSwitch fabric state by
@@ -527,7 +549,9 @@ class FileNvml(FakeNvml):
         super().__init__()
         self.path = Path(path)
         self._delivered: set[object] = set()
-        self._closed = threading.Event()
+        # Wakes a wait when its set is freed (a close, a rebuild); cleared for the next set, so
+        # that a set made after a close (NVML opened again after `gpu release`) is waited on.
+        self._set_freed = threading.Event()
         # The file's PIDs are the test's own; "pids_visible": false plays a container without
         # hostPID, where NVML's host PIDs match nothing in the daemon's /proc.
         self.pids_visible = bool(self._load().get("pids_visible", True))
@@ -554,12 +578,27 @@ class FileNvml(FakeNvml):
             self.devices = devices  # the count is fixed after open, as NVML's is
         return data
 
+    @property
+    def held_path(self) -> Path:
+        """``FILE.held`` exists while NVML is initialised in the daemon (its pid inside): what a
+        test's stand-in for ``nvidia-smi -r`` looks at, which refuses while any process holds
+        the GPU (nvidia-smi(1), -r)."""
+        return self.path.with_name(self.path.name + ".held")
+
     def nvmlInit(self) -> None:
         # "init_error": "DriverNotLoaded" plays a driver that is not there yet; each try reads it.
         error = self._load().get("init_error")
         name = f"NVML_ERROR_{_snake(str(error))}"
         self.init_error = None if error is None else int(getattr(self._pynvml, name, error))
         super().nvmlInit()
+        with contextlib.suppress(OSError):
+            self.held_path.write_text(f"{os.getpid()}\n")
+
+    def nvmlShutdown(self) -> None:
+        super().nvmlShutdown()
+        if self.initialised == 0:
+            with contextlib.suppress(OSError):
+                self.held_path.unlink()
 
     def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int, version: int | None = None) -> int:
         self._load()  # once per sample: temperature is the first reading
@@ -568,7 +607,7 @@ class FileNvml(FakeNvml):
     def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
         deadline = time.monotonic() + timeout_ms / 1000
         by_kind = {kind: bit for bit, kind in EVENT_KINDS.items()}
-        while not self._closed.is_set():
+        while not (isinstance(event_set, _EventSet) and event_set.freed):
             for raw in self._load().get("events", []):
                 key = raw.get("id", json.dumps(raw, sort_keys=True))
                 if key in self._delivered:
@@ -583,12 +622,16 @@ class FileNvml(FakeNvml):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._closed.wait(min(0.2, left))
+            self._set_freed.wait(min(0.2, left))
         raise self._error(self._pynvml.NVML_ERROR_TIMEOUT)
 
+    def nvmlEventSetCreate(self) -> object:
+        self._set_freed.clear()
+        return super().nvmlEventSetCreate()
+
     def nvmlEventSetFree(self, event_set: object) -> None:
-        self._closed.set()
         super().nvmlEventSetFree(event_set)
+        self._set_freed.set()
 
 
 def _device_from(index: int, raw: Mapping[str, Any]) -> FakeDevice:

@@ -278,6 +278,9 @@ class GpuSample:
     # registration; None where the call is NotSupported (no fabric: not Hopper, or no NVSwitch) or
     # could not be read (then named in ``unread``).
     fabric: GpuFabric | None = None
+    # nvmlDeviceGetPciInfo's busId ("00000000:19:00.0"), read once at open: what `nvidia-smi -r -i`
+    # takes to name the board unambiguously (daemon/gpu_release.py). None: not read.
+    pci_bus_id: str | None = None
 
     @property
     def thermal_throttle_ns(self) -> int | None:

@@ -12,6 +12,13 @@ last look. Three things go wrong on a real box, and each is said, not swallowed 
 - One GPU's calls stop answering while the others answer: after ``hang_misses`` deadline
   misses in a row it is a lost GPU (``ProbeFailure("gpu_lost")``: GPU_LOST, the node condition),
   as if NVML had said GPU_IS_LOST. When every GPU misses, it is NVML itself: NVML_LOST.
+
+And one the operator asks for: ``release`` closes NVML on purpose (``nvmlShutdown``, which lets
+go of every GPU: nvml.h has no call that lets go of one), so that ``nvidia-smi -r`` can reset a
+GPU while the daemon runs (daemon/gpu_release.py). Until ``take_back`` opens it again, ``health()``
+says ``released`` and why, and the engines' GPUs read as ``ProbeFailure("released")``: blind on
+purpose, not failing. The GPUs' UUIDs stay known meanwhile, so a GPU's node condition stays with
+it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ RETRY_MAX_S: Final = 15.0
 # A failed event wait: the next one after 1 s, doubling to this while they keep failing.
 EVENT_RETRY_MAX_S: Final = 30.0
 DEFAULT_HANG_MISSES: Final = 6
+RELEASED: Final = "released"  # NvmlHealth.reason while NVML is closed on purpose (``release``)
 
 
 class GpuMonitor:
@@ -65,6 +73,11 @@ class GpuMonitor:
         self._misses: dict[str, int] = {}  # per GPU UUID: deadline misses in a row
         self._hung: set[int] = set()  # GPUs taken as lost for calls that stopped answering
         self.event_wait_errors = 0
+        self._released: str | None = None  # closed on purpose (``release``): why
+        self._bus_ids: dict[int, str] = {}  # the last PCI bus id each GPU's sample named
+        # Opens that succeeded, each with its first sample taken: a take-back judges the GPU on
+        # the sample of an open newer than the release.
+        self.opens_total = 0
 
     @property
     def unavailable(self) -> str | None:
@@ -75,10 +88,15 @@ class GpuMonitor:
         """Whether NVML is open, and if not why, since when and when it is tried next."""
         down = self.reader.unavailable
         up = self.reader.is_open
+        # Not tried yet; or, once it was open (a take-back after a release), opening again.
+        reason = down.reason if down is not None else "reopening" if self.opens_total else "not_tried"
+        detail = None if down is None else down.detail
+        if self._released is not None:
+            reason, detail = RELEASED, self._released
         return NvmlHealth(
             up=up,
-            reason=None if up else (down.reason if down is not None else "not_tried"),
-            detail=None if up or down is None else down.detail,
+            reason=None if up else reason,
+            detail=None if up else detail,
             since_s=self._since_s,
             attempts=self.reader.attempts,
             next_try_s=None if up else self._next_try_s,
@@ -103,8 +121,49 @@ class GpuMonitor:
         }
 
     def gpus_by_index(self) -> dict[int, str]:
-        """The GPUs NVML opened, NVML index -> UUID (what fault marks are keyed by)."""
+        """The GPUs NVML opened, NVML index -> UUID (what fault marks are keyed by); while
+        released, as NVML last opened them."""
         return {index: uuid for uuid, index in self._index_of.items()}
+
+    def pci_bus_id(self, index: int) -> str | None:
+        """The GPU's PCI bus id as its last sample named it (kept while released)."""
+        return self._bus_ids.get(index)
+
+    @property
+    def released(self) -> str | None:
+        """Why NVML is closed on purpose (``release``); None when it is not."""
+        return self._released
+
+    async def release(self, why: str, *, until_s: float) -> None:
+        """Close NVML on purpose (``why``: for the operator) until ``take_back``, at the latest
+        ``until_s`` (shown as the next open): sampling and the event wait stop, then
+        ``nvmlShutdown`` (each call under the reader's deadline)."""
+        self._released = why
+        self._next_try_s = until_s
+        self._since_s = aio.now()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.latest = {}
+        self._misses.clear()
+        if self.reader.is_open:
+            await self.reader.close()
+
+    def take_back(self) -> None:
+        """Open NVML again after ``release``: at once, then with the usual backoff while it
+        does not open (a GPU still resetting). Nothing to do while it is open or opening."""
+        self._released = None
+        self._next_try_s = None
+        if self.reader.is_open or any(t.get_name() == "gpu-open" and not t.done() for t in self._tasks):
+            return
+        self._tasks.append(asyncio.create_task(self._reopen(), name="gpu-open"))
+
+    async def _reopen(self) -> None:
+        if not await self._try_open():
+            await self._open_loop()
 
     def mig_enabled(self, gpus: Iterable[int]) -> list[int]:
         """Those of ``gpus`` with MIG on: CUDA numbers their MIG devices, not the GPU, so
@@ -136,6 +195,7 @@ class GpuMonitor:
                 self.reader.attempts,
                 aio.now() - was_down_s,
             )
+        self._hung.clear()  # a new NVML session: a GPU that hung before is judged again
         if self._index_of:
             # One sample before engines start: MIG mode and a standing recovery action are known
             # from the first tick.
@@ -145,6 +205,7 @@ class GpuMonitor:
                 asyncio.create_task(self._sample_loop(), name="gpu-sample"),
                 asyncio.create_task(self._event_loop(), name="gpu-events"),
             ]
+        self.opens_total += 1
         self.opened.set()
         return True
 
@@ -175,6 +236,8 @@ class GpuMonitor:
             # A sample names its GPU's index; a failure has only the UUID it was asked for.
             index = sample.index if isinstance(sample, GpuSample) else self._index_of[uuid]
             latest[index] = self._judge_hang(uuid, index, sample, others_answer=answered)
+            if isinstance(sample, GpuSample) and sample.pci_bus_id:
+                self._bus_ids[index] = sample.pci_bus_id
         self.latest = latest
 
     def _judge_hang(
@@ -249,6 +312,8 @@ class GpuMonitor:
     def samples_for(self, gpus: Iterable[int]) -> Mapping[int, GpuSample | ProbeFailure]:
         """The latest sample of each of ``gpus``. While NVML is not open, each reads as a
         ``ProbeFailure("nvml")`` with the reason: the engine's NVML_LOST finding says it is blind."""
+        if self._released is not None:
+            return dict.fromkeys(gpus, ProbeFailure("released", self._released))
         if not self.reader.is_open:
             down = ProbeFailure("nvml", str(self.reader.unavailable or "NVML not opened yet"))
             return dict.fromkeys(gpus, down)

@@ -148,6 +148,7 @@ class _Device:
     # False once the fabric call answered NotSupported (no NVSwitch fabric, not Hopper): a board
     # does not grow one, so it is not asked again.
     fabric_supported: bool = True
+    pci_bus_id: str | None = None  # nvmlDeviceGetPciInfo's busId, read once at open
 
 
 # The init PID namespace's inode is fixed (PROC_PID_INIT_INO, include/linux/proc_ns.h): anywhere
@@ -345,6 +346,7 @@ class NvmlReader:
                 continue
             dev = _Device(index=index, uuid=uuid, name=name, handle=handle)
             dev.mig_enabled = self._mig_enabled(dev)
+            dev.pci_bus_id = self._pci_bus_id(dev)
             self._devices[uuid] = dev
             self._by_handle[_handle_key(handle)] = dev
         if not self._pids_visible:
@@ -355,13 +357,21 @@ class NvmlReader:
         self._build_event_set()
         return self._indices()
 
-    def _mig_enabled(self, dev: _Device) -> bool | None:
+    def _at_open(self, dev: _Device, name: str, what: str) -> Any:
+        """A reading taken once, at open; None where it fails (said at DEBUG) or is unsupported."""
         try:
-            modes = self._read(("nvmlDeviceGetMigMode",), dev.uuid, dev.handle)
+            return self._read((name,), dev.uuid, dev.handle)
         except Exception as exc:
-            log.debug("NVML: GPU %s: MIG mode: %s", dev.uuid, exc)
+            log.debug("NVML: GPU %s: %s: %s", dev.uuid, what, exc)
             return None
+
+    def _mig_enabled(self, dev: _Device) -> bool | None:
+        modes = self._at_open(dev, "nvmlDeviceGetMigMode", "MIG mode")
         return None if modes is None else int(modes[0]) == NVML_DEVICE_MIG_ENABLE
+
+    def _pci_bus_id(self, dev: _Device) -> str | None:
+        info = self._at_open(dev, "nvmlDeviceGetPciInfo", "PCI info")
+        return None if info is None else _text(info.busId) or None
 
     def _indices(self) -> dict[str, int]:
         return {uuid: dev.index for uuid, dev in self._devices.items()}
@@ -722,6 +732,7 @@ class NvmlReader:
             unread=tuple(f"{what}: {type(exc).__name__}" for what, exc in r.failed),
             events_unwatched=dev.unwatched,
             fabric=fabric,
+            pci_bus_id=dev.pci_bus_id,
         )
 
     def facts(self, uuid: str) -> GpuFacts:

@@ -15,7 +15,23 @@ from llmsupervisor.cli import main as cli
 
 def _subcommands() -> dict[str, list[str]]:
     _, subs = completion.commands(cli._parser())
-    return {c.name: [flag for o in c.options for flag in o.flags] for c in subs}
+    return {c.name: [flag for o in c.all_options for flag in o.flags] for c in subs}
+
+
+def _nested() -> dict[str, dict[str, list[str]]]:
+    """The subcommands of a subcommand (`gpu release|take-back|clear`) and their options."""
+    _, subs = completion.commands(cli._parser())
+    return {
+        c.name: {sub.name: [flag for o in sub.options for flag in o.flags] for sub in c.subcommands}
+        for c in subs
+        if c.subcommands
+    }
+
+
+def test_a_subcommands_own_subcommands_are_read() -> None:
+    nested = _nested()
+    assert set(nested["gpu"]) == {"release", "take-back", "clear"}
+    assert "--window" in nested["gpu"]["release"] and "--json" in nested["gpu"]["take-back"]
 
 
 def test_the_parser_is_read_whole() -> None:
@@ -42,6 +58,19 @@ def test_the_man_page_has_every_subcommand_and_option() -> None:
         assert f".SS {name.replace('-', chr(92) + '-')}" in page, name
         for flag in flags:
             assert f"\\fB{flag.replace('-', chr(92) + '-')}\\fR" in page, (name, flag)
+    for name, subs in _nested().items():
+        for sub in subs:
+            assert f".SS {name} {sub.replace('-', chr(92) + '-')}" in page, (name, sub)
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_a_subcommands_own_subcommands_are_completed(shell: str) -> None:
+    script = completion.bash(cli._parser()) if shell == "bash" else completion.zsh(cli._parser())
+    gpu = next(line for line in script.splitlines() if line.strip().startswith("gpu)"))
+    for sub, flags in _nested()["gpu"].items():
+        assert sub in gpu
+        for flag in flags:
+            assert flag in gpu, (sub, flag)
 
 
 def test_the_bash_script_parses(tmp_path: Path) -> None:

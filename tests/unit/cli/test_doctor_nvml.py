@@ -73,6 +73,10 @@ def test_the_running_daemon_s_view_of_its_gpus(tmp_path: Path) -> None:
     status_file(tmp_path, {"up": True, "gpus": 2, "engines_waiting_fabric": {"a": waits}}, os.getpid())
     (held,) = doctor.check_daemon_gpus(config)
     assert held.level is Level.FAIL and held.detail == f"the running daemon holds engine a: {waits}"
+    released = {"up": False, "reason": "released", "detail": "released by alice for the reset of GPU 1"}
+    status_file(tmp_path, released, os.getpid())
+    (closed,) = doctor.check_daemon_gpus(config)  # `gpu release`: on purpose, a warning, not a FAIL
+    assert closed.level is Level.WARN and "closed NVML on purpose: released by alice" in closed.detail
     status_file(tmp_path, {"up": True, "gpus": 2}, os.getpid())
     (fine,) = doctor.check_daemon_gpus(config)
     assert fine.level is Level.OK and "reads 2 GPU(s)" in fine.detail

@@ -17,6 +17,7 @@ from llmsupervisor.core.findings import Finding, FindingKind, Severity
 from llmsupervisor.core.node_condition import (
     GPU_UNRECOVERABLE,
     NodeCondition,
+    after_reset,
     engine_blocked,
     gpu_unrecoverable,
 )
@@ -25,6 +26,9 @@ from llmsupervisor.core.state import EngineState
 from llmsupervisor.daemon.actions import GpuMarks, blocked_reason
 from llmsupervisor.daemon.agent import agent_reply
 from llmsupervisor.engine.status import EngineStatus
+from llmsupervisor.probes import ProbeFailure
+from llmsupervisor.probes.fake_gpu import nominal_sample
+from llmsupervisor.probes.gpu_readings import GpuSample
 from tests.lib.endpoints import serve_endpoints
 
 LOST = NodeCondition(GPU_UNRECOVERABLE, 1, "gpu_lost (fault 1): GPU 1 lost")
@@ -106,7 +110,8 @@ def test_a_failed_row_remap_is_permanent_and_says_field_diagnostic_not_gpu_clear
     assert "gpu clear" not in why and "after the reset" not in why
     assert condition.as_json()["verdict"] == "field_diag"
     reset = marks.mark((0,), "xid 48 on GPU 0", reason="gpu_fault", verdicts={0: "reset"})
-    assert "after the reset, llm-supervisor gpu clear GPU-aaaa" in blocked_reason(reset[0])
+    assert "gpu release 0, the reset, llm-supervisor gpu take-back 0" in blocked_reason(reset[0])
+    assert "llm-supervisor gpu clear GPU-aaaa" in blocked_reason(reset[0])
 
 
 def test_an_operator_clears_a_condition_after_a_reset_and_the_marks_stay(tmp_path: Path) -> None:
@@ -248,3 +253,46 @@ def test_the_policy_passes_the_findings_gpus_to_the_action() -> None:
     assert finding_gpus(finding("1,3")) == (1, 3)
     assert finding_gpus(finding("?")) is None
     assert finding_gpus(finding(None)) is None
+
+
+def _sample(**fields: object) -> GpuSample:
+    return nominal_sample(
+        1, "GPU-b", **{"recovery_action": 0, "remap_pending": False, "remap_failed": False, **fields}
+    )
+
+
+RESET = NodeCondition("gpu_unrecoverable", 1, "gpu_fault (needs a GPU reset): xid 48", "GPU-b", "reset")
+
+
+@pytest.mark.parametrize(
+    ("condition", "sample", "fit", "clears", "said"),
+    [
+        (RESET, _sample(), True, True, "recovery action none"),
+        (None, _sample(), True, False, "recovery action none"),
+        (RESET, _sample(recovery_action=None), True, True, "taken on the operator's word"),
+        (RESET, _sample(recovery_action=1), False, False, "still asks for gpu_reset"),
+        (RESET, _sample(remap_pending=True), False, False, "row remap is still pending"),
+        (RESET, _sample(remap_failed=True), False, False, "field diagnostic"),
+        (
+            NodeCondition("gpu_unrecoverable", 1, "row remap failed", "GPU-b", "field_diag"),
+            _sample(),
+            False,
+            False,
+            "permanent",
+        ),
+        (RESET, ProbeFailure("gpu_lost", "GPU-b is lost"), False, False, "does not answer NVML"),
+        (RESET, None, False, False, "NVML does not list the GPU"),
+    ],
+)
+def test_after_a_reset_a_gpu_is_fit_and_cleared_only_when_nothing_asks_for_the_reset_again(
+    condition: NodeCondition | None,
+    sample: GpuSample | ProbeFailure | None,
+    fit: bool,
+    clears: bool,
+    said: str,
+) -> None:
+    """`gpu take-back` (daemon/gpu_release.py) judges the GPU on its first sample: field 230 back
+    to NONE, no remap pending (nvml.h: applied at the next reset); never a failed remap (nvml.h:
+    set "if a row remapping ever failed")."""
+    check = after_reset(condition, sample)
+    assert (check.fit, check.clears) == (fit, clears) and said in check.why

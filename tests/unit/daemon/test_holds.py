@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmsupervisor import control
-from llmsupervisor.daemon.holds import Holds, OperatorHold, after, desired_for, operator_name
+from llmsupervisor.daemon.holds import GpuReset, Holds, OperatorHold, after, desired_for, operator_name
 from llmsupervisor.engine.commands import Command, Desired, Hold, Restart, Start, Stop
 from tests.lib.runner_harness import spec
 
@@ -72,6 +72,35 @@ def test_holds_are_written_and_read_back(tmp_path: Path) -> None:
         assert not (tmp_path / "holds" / "a.json").exists()
 
     asyncio.run(scenario())
+
+
+def test_a_stop_for_a_gpu_reset_names_the_gpu_and_an_operators_stop_stays_theirs(tmp_path: Path) -> None:
+    """`gpu release`'s stop names the GPU (``gpu_reset``), on disk too, so that `gpu take-back`
+    finds its engines after a daemon restart; a stop an operator took before stays untagged."""
+    reset = GpuReset(1, "GPU-b")
+
+    async def scenario() -> None:
+        holds = Holds(tmp_path / "holds")
+        holds.note("a", [Stop()], by="alice (uid 1000)", now=5.0, gpu_reset=reset)
+        holds.note("b", [Stop()], by="bob (uid 1001)", now=4.0)
+        holds.note("b", [Stop()], by="alice (uid 1000)", now=5.0, gpu_reset=reset)
+        holds.note("c", [Hold(True)], by="carol", now=3.0)
+        holds.note("c", [Stop()], by="alice (uid 1000)", now=5.0, gpu_reset=reset)
+        for name in "abc":
+            await holds.persist(name)
+        assert json.loads((tmp_path / "holds" / "a.json").read_text())["gpu_reset"] == {
+            "gpu": 1,
+            "uuid": "GPU-b",
+        }
+        again = Holds(tmp_path / "holds")
+        again.load(["a", "b", "c"])
+        assert again.get("a") == OperatorHold(kind="stop", by="alice (uid 1000)", since=5.0, gpu_reset=reset)
+        assert again.get("b") == OperatorHold(kind="stop", by="bob (uid 1001)", since=4.0)
+        assert sorted(again.for_gpu_reset("GPU-b")) == ["a", "c"] and again.for_gpu_reset("GPU-x") == []
+
+    asyncio.run(scenario())
+    assert GpuReset.from_json({"gpu": True, "uuid": "GPU-b"}) is None
+    assert GpuReset.from_json({"gpu": 1}) is None
 
 
 def test_a_corrupt_hold_file_is_no_hold(tmp_path: Path) -> None:
