@@ -579,7 +579,43 @@ def check_nvml(
         if needing
         else "; no engine has gpus configured, so engines run, without GPU telemetry"
     )
-    outcome: list[object] = []
+    result = _read_gpus(reader, timeout_s, gpu_cpus, report)
+    if result is None:
+        return [DoctorCheck("nvml", missing_level, f"NVML did not answer within {timeout_s:g} s{why}")]
+    if isinstance(result, NvmlUnavailable):
+        # What the daemon does about it (docs/gpu.md, "NVML not there yet").
+        then = (
+            "; the daemon keeps trying, and engines named by GPU index wait up to nvml_wait_s"
+            f" ({config.supervisor.nvml_wait_s:g} s) for it"
+            if needing and config is not None
+            else ""
+        )
+        # No driver at all, and no engine with gpus: a box without GPUs, as it should be (issue 39).
+        level = Level.OK if not needing and result.reason == "library_not_found" else missing_level
+        return [DoctorCheck("nvml", level, f"{result.detail}{why}{then}")]
+    if isinstance(result, Exception):
+        return [DoctorCheck("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
+    if not result:
+        return [DoctorCheck("nvml", missing_level, f"NVML works but lists no GPU{why}")]
+    gpus = "; ".join(f"{s.index}: {s.name} {s.uuid}" for s in result)
+    results = [DoctorCheck("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
+    index_of = {s.uuid: s.index for s in result}
+    if gpu_index_of is not None:
+        gpu_index_of.update(index_of)
+    for spec in config.engines if config is not None else ():
+        results.extend(_engine_gpu_checks(spec, result, index_of))
+    return results
+
+
+def _read_gpus(
+    reader: GpuReader,
+    timeout_s: float,
+    gpu_cpus: dict[int, frozenset[int]] | None,
+    report: GpuReport | None,
+) -> list[GpuSample] | Exception | None:
+    """Every GPU's sample (their CPU affinity into ``gpu_cpus``, what was read into ``report``),
+    the exception that stopped the read, or None when NVML did not answer within ``timeout_s``."""
+    outcome: list[list[GpuSample] | Exception] = []
 
     def probe() -> None:
         # A faulted GPU can stall NVML calls: run them off the main thread, under a deadline.
@@ -607,77 +643,59 @@ def check_nvml(
     thread.start()
     thread.join(timeout_s)
     if not outcome:
-        return [DoctorCheck("nvml", missing_level, f"NVML did not answer within {timeout_s:g} s{why}")]
+        return None
     with contextlib.suppress(Exception):
         reader.close()
-    result = outcome[0]
-    if isinstance(result, NvmlUnavailable):
-        # What the daemon does about it (docs/gpu.md, "NVML not there yet").
-        then = (
-            "; the daemon keeps trying, and engines named by GPU index wait up to nvml_wait_s"
-            f" ({config.supervisor.nvml_wait_s:g} s) for it"
-            if needing and config is not None
-            else ""
+    return outcome[0]
+
+
+def _engine_gpu_checks(
+    spec: EngineSpec, samples: list[GpuSample], index_of: dict[str, int]
+) -> list[DoctorCheck]:
+    """What stops ``spec`` from running on the GPUs it names: a UUID or an index NVML does not
+    list, MIG on one of them, or a board NVML cannot read at or below its indices."""
+    name = f"engine {spec.name} gpus"
+    resolved = spec.with_gpus(index_of)
+    if isinstance(resolved, list):
+        return [
+            DoctorCheck(
+                name,
+                Level.FAIL,
+                f"GPU(s) {', '.join(resolved)} not present (NVML lists {', '.join(sorted(index_of))});"
+                " the daemon will not start the engine",
+            )
+        ]
+    spec = resolved
+    present = {s.index for s in samples}
+    mig = {s.index for s in samples if s.mig_enabled}
+    results = []
+    with_mig = [g for g in spec.gpus if g in mig]
+    if with_mig and spec.enabled:
+        results.append(
+            DoctorCheck(
+                name,
+                Level.FAIL,
+                f"GPU(s) {with_mig} have MIG enabled: CUDA numbers their MIG devices, not the GPU, so"
+                " the engine would run elsewhere than monitored; the daemon will not start it"
+                " (disable MIG, or use a GPU without it; docs/gpu.md)",
+            )
         )
-        # No driver at all, and no engine with gpus: a box without GPUs, as it should be (issue 39).
-        level = Level.OK if not needing and result.reason == "library_not_found" else missing_level
-        return [DoctorCheck("nvml", level, f"{result.detail}{why}{then}")]
-    if isinstance(result, Exception):
-        return [DoctorCheck("nvml", Level.FAIL, f"{type(result).__name__}: {result}")]
-    assert isinstance(result, list)
-    if not result:
-        return [DoctorCheck("nvml", missing_level, f"NVML works but lists no GPU{why}")]
-    gpus = "; ".join(f"{s.index}: {s.name} {s.uuid}" for s in result)
-    results = [DoctorCheck("nvml", Level.OK, f"{len(result)} GPU(s): {gpus}")]
-    present = {s.index for s in result}
-    mig = {s.index for s in result if s.mig_enabled}
-    index_of = {s.uuid: s.index for s in result}
-    if gpu_index_of is not None:
-        gpu_index_of.update(index_of)
-    for spec in config.engines if config is not None else ():
-        resolved = spec.with_gpus(index_of)
-        if isinstance(resolved, list):
-            results.append(
-                DoctorCheck(
-                    f"engine {spec.name} gpus",
-                    Level.FAIL,
-                    f"GPU(s) {', '.join(resolved)} not present (NVML lists {', '.join(sorted(index_of))});"
-                    " the daemon will not start the engine",
-                )
+    absent = [g for g in spec.gpus if g not in present]
+    below = [g for g in index_gaps(present) if spec.gpus and g <= max(spec.gpus)]
+    if spec.enabled and not spec.gpu_uuids and below and not absent:
+        results.append(
+            DoctorCheck(
+                name,
+                Level.FAIL,
+                f"NVML cannot read GPU(s) {below}, at or below the engine's GPU indices: CUDA may"
+                " number the GPUs without that board, so the engine would run on another GPU than"
+                " the one monitored; the daemon will not start it (name its GPUs by UUID; docs/gpu.md)",
             )
-            continue
-        spec = resolved
-        with_mig = [g for g in spec.gpus if g in mig]
-        if with_mig and spec.enabled:
-            results.append(
-                DoctorCheck(
-                    f"engine {spec.name} gpus",
-                    Level.FAIL,
-                    f"GPU(s) {with_mig} have MIG enabled: CUDA numbers their MIG devices, not the GPU, so"
-                    " the engine would run elsewhere than monitored; the daemon will not start it"
-                    " (disable MIG, or use a GPU without it; docs/gpu.md)",
-                )
-            )
-        absent = [g for g in spec.gpus if g not in present]
-        below = [g for g in index_gaps(present) if spec.gpus and g <= max(spec.gpus)]
-        if spec.enabled and not spec.gpu_uuids and below and not absent:
-            results.append(
-                DoctorCheck(
-                    f"engine {spec.name} gpus",
-                    Level.FAIL,
-                    f"NVML cannot read GPU(s) {below}, at or below the engine's GPU indices: CUDA may"
-                    " number the GPUs without that board, so the engine would run on another GPU than"
-                    " the one monitored; the daemon will not start it (name its GPUs by UUID; docs/gpu.md)",
-                )
-            )
-        if absent:
-            results.append(
-                DoctorCheck(
-                    f"engine {spec.name} gpus",
-                    Level.FAIL,
-                    f"GPU(s) {absent} not present (NVML lists {sorted(present)})",
-                )
-            )
+        )
+    if absent:
+        results.append(
+            DoctorCheck(name, Level.FAIL, f"GPU(s) {absent} not present (NVML lists {sorted(present)})")
+        )
     return results
 
 

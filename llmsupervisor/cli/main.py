@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TextIO
 
 from llmsupervisor import __version__, control, logs
 from llmsupervisor.cli import control as cli_control
@@ -271,93 +272,112 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def control_command(args: argparse.Namespace) -> int:
+    """A command that talks to the daemon: the fleet's status across hosts, or one command to
+    this host's daemon through its handler in ``CONTROL_HANDLERS`` (engine commands otherwise)."""
     if args.command == "status" and args.output == "json":
         args.json = True
     if args.command == "status" and (args.host or args.hosts_file):
-        out, err = cli_control.stream()
-        hosts = list(args.host)
-        if args.hosts_file:
-            try:
-                hosts += fleet.read_hosts_file(args.hosts_file)
-            except OSError as exc:
-                print(f"llm-supervisor: --hosts-file: {exc}", file=err)
-                return 2
-        if args.watch:
-            print("llm-supervisor: --watch is not supported with --host/--hosts-file", file=err)
-            return 2
-        return fleet.fleet_status(
-            hosts,
-            args.names,
-            as_json=args.json,
-            out=out,
-            err=err,
-            deadline_s=args.deadline,
-            wide=args.output == "wide",
-        )
+        return _fleet_status(args)
     client = _client(args)
     out, err = cli_control.stream()
-    if args.command == "status":
-        if args.watch:
-            return cli_control.watch(
-                client,
-                args.names,
-                interval_s=max(0.2, args.interval),
-                out=out,
-                err=err,
-                wide=args.output == "wide",
-            )
-        return cli_control.status(
-            client, args.names, as_json=args.json, out=out, err=err, wide=args.output == "wide"
-        )
-    if args.command == "events":
-        try:
-            since_s = render.parse_since(args.since) if args.since else None
-        except ValueError as exc:
-            print(f"llm-supervisor: --since: {exc}", file=err)
-            return 2
-        return cli_control.events(
-            client, args.engine, since_s=since_s, follow=args.follow, as_json=args.json, out=out, err=err
-        )
-    if args.command == "logs":
-        return engine_view.logs(
-            client,
-            args.engine,
-            previous=args.previous,
-            lines=args.lines,
-            follow=args.follow,
-            as_json=args.json,
-            out=out,
-            err=err,
-        )
-    if args.command == "describe":
-        return engine_view.describe(client, args.engine, as_json=args.json, out=out, err=err)
-    if args.command == "gpu":
-        from llmsupervisor.cli.gpu import gpu_command
+    handler = CONTROL_HANDLERS.get(args.command, _engine_command)
+    return handler(client, args, out, err)
 
-        window_s = getattr(args, "window", None)
-        if window_s is not None and window_s <= 0:
-            print("llm-supervisor: --window must be above 0 seconds", file=err)
+
+def _fleet_status(args: argparse.Namespace) -> int:
+    out, err = cli_control.stream()
+    hosts = list(args.host)
+    if args.hosts_file:
+        try:
+            hosts += fleet.read_hosts_file(args.hosts_file)
+        except OSError as exc:
+            print(f"llm-supervisor: --hosts-file: {exc}", file=err)
             return 2
-        return gpu_command(
-            client, args.gpu_command, args.gpu, window_s=window_s, as_json=args.json, out=out, err=err
-        )
-    if args.command == "reload":
-        if args.dry_run and args.wait:
-            print("llm-supervisor: --dry-run applies nothing: there is nothing to --wait for", file=err)
-            return 2
-        return cli_control.reload(
-            client,
-            wait_for=args.wait,
-            timeout_s=args.timeout,
-            as_json=args.json,
-            out=out,
-            err=err,
-            dry_run=args.dry_run,
-        )
-    if args.command == "wait":
-        return cli_control.wait_for_state(
-            client, args.engines, args.target, timeout_s=args.timeout, out=out, err=err
-        )
+    if args.watch:
+        print("llm-supervisor: --watch is not supported with --host/--hosts-file", file=err)
+        return 2
+    return fleet.fleet_status(
+        hosts,
+        args.names,
+        as_json=args.json,
+        out=out,
+        err=err,
+        deadline_s=args.deadline,
+        wide=args.output == "wide",
+    )
+
+
+def _status(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    wide = args.output == "wide"
+    if args.watch:
+        interval_s = max(0.2, args.interval)
+        return cli_control.watch(client, args.names, interval_s=interval_s, out=out, err=err, wide=wide)
+    return cli_control.status(client, args.names, as_json=args.json, out=out, err=err, wide=wide)
+
+
+def _events(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        since_s = render.parse_since(args.since) if args.since else None
+    except ValueError as exc:
+        print(f"llm-supervisor: --since: {exc}", file=err)
+        return 2
+    return cli_control.events(
+        client, args.engine, since_s=since_s, follow=args.follow, as_json=args.json, out=out, err=err
+    )
+
+
+def _logs(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return engine_view.logs(
+        client,
+        args.engine,
+        previous=args.previous,
+        lines=args.lines,
+        follow=args.follow,
+        as_json=args.json,
+        out=out,
+        err=err,
+    )
+
+
+def _describe(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return engine_view.describe(client, args.engine, as_json=args.json, out=out, err=err)
+
+
+def _gpu(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from llmsupervisor.cli.gpu import gpu_command
+
+    window_s = getattr(args, "window", None)
+    if window_s is not None and window_s <= 0:
+        print("llm-supervisor: --window must be above 0 seconds", file=err)
+        return 2
+    return gpu_command(
+        client, args.gpu_command, args.gpu, window_s=window_s, as_json=args.json, out=out, err=err
+    )
+
+
+def _reload(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.dry_run and args.wait:
+        print("llm-supervisor: --dry-run applies nothing: there is nothing to --wait for", file=err)
+        return 2
+    return cli_control.reload(
+        client,
+        wait_for=args.wait,
+        timeout_s=args.timeout,
+        as_json=args.json,
+        out=out,
+        err=err,
+        dry_run=args.dry_run,
+    )
+
+
+def _wait(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return cli_control.wait_for_state(
+        client, args.engines, args.target, timeout_s=args.timeout, out=out, err=err
+    )
+
+
+def _engine_command(client: Client, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """start, stop, restart, drain: named engines or ``--all``."""
     if (problem := cli_control.names_or_all(args.command, args.engines, every=args.all)) is not None:
         print(f"llm-supervisor: {problem}", file=err)
         return 2
@@ -372,6 +392,19 @@ def control_command(args: argparse.Namespace) -> int:
         out=out,
         err=err,
     )
+
+
+ControlHandler = Callable[[Client, argparse.Namespace, TextIO, TextIO], int]
+# The daemon commands that are not engine commands, by name (``control_command``).
+CONTROL_HANDLERS: Final[dict[str, ControlHandler]] = {
+    "status": _status,
+    "events": _events,
+    "logs": _logs,
+    "describe": _describe,
+    "gpu": _gpu,
+    "reload": _reload,
+    "wait": _wait,
+}
 
 
 def check_config(path: Path) -> int:
