@@ -28,6 +28,7 @@ TOP_KEYS = {
     "state_files_unsaved",
     "nvml",
     "gpu_verdicts",
+    "gpu_release",
 }
 ENGINE_KEYS = {
     "state", "hold", "phase", "reason", "for_s", "pid", "incarnation", "state_changes", "model", "port",
