@@ -268,7 +268,7 @@ class GpuReleaser:
         elif r.phase is Phase.RELEASED:
             if r.deadline_s is not None and now >= r.deadline_s:
                 log.warning(
-                    "GPU %d: its release ran %s, the window asked for: taking it back",
+                    "GPU %d: its release window (%s) ran out: taking it back",
                     r.gpu,
                     duration(r.window_s),
                     extra={"event": "action"},
